@@ -1,0 +1,96 @@
+"""Argument validation shared by every public entry point.
+
+Checks on shapes and Python settings always run. Checks on *values* (negative, NaN, rows not
+summing to one) need concrete arrays: they run when the arrays are concrete (the usual case of a
+call from Python) and are skipped when the arrays are tracers, i.e. when the caller wraps a
+specjax function in their own ``jax.jit``/``vmap``/``grad``. Under such a transformation bad
+probabilities are not detected; validate once outside (``MarkovChain(...)`` does) if in doubt.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+    """True when ``x`` holds values (not an abstract tracer)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def row_sum_tolerance(dtype) -> float:
+    """Absolute tolerance for ``sum(row) == 1`` in the given floating dtype."""
+    return 1e-9 if jnp.dtype(dtype) == jnp.float64 else 1e-4
+
+
+def check_probabilities(name: str, x, *, axis: int = -1) -> None:
+    """Raise ``ValueError`` unless ``x`` holds probability vectors along ``axis``.
+
+    Value checks are skipped for tracers (see module docstring).
+    """
+    if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+        raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
+    if not is_concrete(x):
+        return
+    values = np.asarray(x)
+    if np.isnan(values).any():
+        raise ValueError(f"{name} contains NaN probabilities")
+    if np.isinf(values).any():
+        raise ValueError(f"{name} contains infinite probabilities")
+    if (values < 0).any():
+        worst = values.min()
+        raise ValueError(f"{name} contains negative probabilities (minimum {worst:.3g})")
+    sums = values.sum(axis=axis, dtype=np.float64)
+    err = np.abs(sums - 1.0)
+    tol = row_sum_tolerance(values.dtype)
+    if (err > tol).any():
+        bad = np.unravel_index(np.argmax(err), err.shape)
+        raise ValueError(
+            f"{name} rows must sum to one (tolerance {tol:g}); row {tuple(int(i) for i in bad)} "
+            f"sums to {sums[bad]:.8g}"
+        )
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a positive Python integer."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def check_key(key) -> None:
+    """Raise ``ValueError`` unless ``key`` is a JAX PRNG key (typed or raw uint32[2])."""
+    if isinstance(key, (numbers.Number, np.integer)):
+        raise ValueError(
+            f"key must be a JAX PRNG key such as jax.random.key(0), got the number {key!r}"
+        )
+    arr = jnp.asarray(key) if not hasattr(key, "dtype") else key
+    if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        if arr.shape != ():
+            raise ValueError(f"key must be a single PRNG key, got a key array of shape {arr.shape}")
+        return
+    if arr.dtype != jnp.uint32 or arr.shape != (2,):
+        raise ValueError(
+            "key must be a JAX PRNG key (jax.random.key(seed) or jax.random.PRNGKey(seed)), "
+            f"got an array of dtype {arr.dtype} and shape {arr.shape}"
+        )
+
+
+def check_same_shape(draft, target) -> None:
+    """Raise ``ValueError`` unless draft and target agree in ``V`` and ``T``."""
+    if draft.num_states != target.num_states:
+        raise ValueError(
+            f"draft and target must have the same number of states V, got "
+            f"{draft.num_states} (draft) and {target.num_states} (target)"
+        )
+    if draft.horizon != target.horizon:
+        raise ValueError(
+            f"draft and target must have the same horizon T, got "
+            f"{draft.horizon} (draft) and {target.horizon} (target)"
+        )

@@ -1,0 +1,150 @@
+"""Markov-chain language models: the paper's abstraction of a draft ``p`` or a target ``q``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _checks
+
+
+@jax.tree_util.register_pytree_node_class
+class MarkovChain:
+    """A non-stationary Markov chain over ``V`` tokens with horizon ``T``.
+
+    Attributes:
+      init: ``(V,)`` law of the prompt token ``x_0``.
+      trans: ``(T, V, V)``; ``trans[n - 1, a, b] = P(x_n = b | x_{n-1} = a)`` for ``n = 1..T``.
+
+    Construction validates shapes always and values (no NaN, no negative entries, rows summing to
+    one) whenever the arrays are concrete; inside a transformation (``jit``, ``vmap``, ``grad``)
+    value checks are skipped because tracers carry no values. A ``MarkovChain`` is a pytree, so it
+    passes through ``jax.jit``, ``jax.vmap`` (a batch of chains: leading axes on both fields) and
+    ``jax.grad``.
+
+    Example:
+      >>> import jax.numpy as jnp, specjax
+      >>> chain = specjax.MarkovChain(jnp.array([0.5, 0.5]), jnp.full((3, 2, 2), 0.5))
+      >>> chain.num_states, chain.horizon
+      (2, 3)
+    """
+
+    __slots__ = ("init", "trans")
+
+    def __init__(self, init, trans):
+        init = jnp.asarray(init)
+        trans = jnp.asarray(trans)
+        if init.ndim != 1:
+            raise ValueError(f"init must have shape (V,), got shape {init.shape}")
+        if trans.ndim != 3 or trans.shape[1] != trans.shape[2]:
+            raise ValueError(f"trans must have shape (T, V, V), got shape {trans.shape}")
+        if trans.shape[1] != init.shape[0]:
+            raise ValueError(
+                f"init has V = {init.shape[0]} states but trans has V = {trans.shape[1]} "
+                f"(trans shape {trans.shape})"
+            )
+        if trans.shape[0] < 1:
+            raise ValueError("trans must have a horizon T >= 1, got T = 0")
+        if init.shape[0] < 1:
+            raise ValueError("init must have at least one state, got V = 0")
+        if not jnp.issubdtype(init.dtype, jnp.floating):
+            init = init.astype(jnp.result_type(float))
+        if not jnp.issubdtype(trans.dtype, jnp.floating):
+            trans = trans.astype(jnp.result_type(float))
+        _checks.check_probabilities("init", init)
+        _checks.check_probabilities("trans", trans)
+        self.init = init
+        self.trans = trans
+
+    # -- pytree protocol: unflattening bypasses validation (leaves may be tracers or sentinels).
+    def tree_flatten(self):
+        return (self.init, self.trans), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        del aux
+        obj = object.__new__(cls)
+        obj.init, obj.trans = children
+        return obj
+
+    @property
+    def num_states(self) -> int:
+        """``V``, the number of tokens."""
+        return self.init.shape[-1]
+
+    @property
+    def horizon(self) -> int:
+        """``T``, the number of generated tokens after the prompt."""
+        return self.trans.shape[-3]
+
+    @property
+    def dtype(self):
+        return self.trans.dtype
+
+    @classmethod
+    def from_logits(cls, init_logits, trans_logits) -> "MarkovChain":
+        """Builds a chain through a softmax over the last axis (differentiable in the logits).
+
+        Args:
+          init_logits: ``(V,)`` logits of the prompt law; ``-inf`` gives a zero probability.
+          trans_logits: ``(T, V, V)`` logits of the transitions.
+        """
+        init_logits = jnp.asarray(init_logits)
+        trans_logits = jnp.asarray(trans_logits)
+        if not jnp.issubdtype(init_logits.dtype, jnp.floating):
+            init_logits = init_logits.astype(jnp.result_type(float))
+        if not jnp.issubdtype(trans_logits.dtype, jnp.floating):
+            trans_logits = trans_logits.astype(jnp.result_type(float))
+        return cls(jax.nn.softmax(init_logits, axis=-1), jax.nn.softmax(trans_logits, axis=-1))
+
+    def __repr__(self) -> str:
+        return (
+            f"MarkovChain(V={self.num_states}, T={self.horizon}, "
+            f"dtype={self.trans.dtype})"
+        )
+
+
+def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -> MarkovChain:
+    """A random non-stationary chain: rows from a symmetric Dirichlet, uniform prompt.
+
+    This is the setting of the paper's simulations (Appendix "Numerical Simulation Details").
+
+    Args:
+      key: a JAX PRNG key.
+      num_states: ``V``.
+      horizon: ``T``.
+      concentration: Dirichlet concentration; small values give peaked rows with near-zeros.
+
+    Returns:
+      A ``MarkovChain`` with ``init`` uniform and ``trans`` of shape ``(T, V, V)``.
+    """
+    _checks.check_key(key)
+    _checks.check_positive_int("num_states", num_states)
+    _checks.check_positive_int("horizon", horizon)
+    if _checks.is_concrete(concentration) and not float(concentration) > 0:
+        raise ValueError(f"concentration must be positive, got {concentration!r}")
+    dtype = jnp.result_type(float)
+    alpha = jnp.full((num_states,), concentration, dtype)
+    trans = jax.random.dirichlet(key, alpha, shape=(horizon, num_states), dtype=dtype)
+    init = jnp.full((num_states,), 1.0 / num_states, dtype)
+    return MarkovChain(init, trans)
+
+
+PAPER_SEED = 10
+PAPER_NUM_STATES = 7
+PAPER_HORIZON = 50
+
+
+def paper_instance(seed: int = PAPER_SEED, num_states: int = PAPER_NUM_STATES,
+                   horizon: int = PAPER_HORIZON) -> tuple[MarkovChain, MarkovChain]:
+    """The paper's default setting: draft and target drawn at random, 7 states, ``T = 50``.
+
+    The paper (Appendix "Numerical Simulation Details") uses seed 10 with its own random
+    generator; its draws are unknown, so exact values differ from the paper's (e.g. its 16.41).
+
+    Returns:
+      ``(draft, target)``, two independent ``random_markov_chain`` draws with uniform prompt.
+    """
+    key_draft, key_target = jax.random.split(jax.random.key(seed))
+    return (random_markov_chain(key_draft, num_states, horizon),
+            random_markov_chain(key_target, num_states, horizon))
