@@ -82,7 +82,7 @@ def categorical_thresholds(masses: jax.Array) -> jax.Array:
     scaled = jnp.clip(scaled, -1, 2.0**_RESOLUTION_BITS - 256).astype(jnp.int32)
     positive = masses > 0
     thr = jax.lax.cummax(jnp.where(positive, scaled, -1), axis=masses.ndim - 1)
-    index = jnp.arange(padded, dtype=jnp.int32)
+    index = jnp.arange(padded, dtype=jnp.int32).reshape((1,) * (masses.ndim - 1) + (padded,))
     last_positive = jnp.max(jnp.where(positive, index, -1), axis=-1, keepdims=True)
     return jnp.where(index >= last_positive, _INT32_MAX, thr)
 

@@ -1,0 +1,49 @@
+"""Strict JAX numerics for the whole suite (equinox-style): no silent rank promotion."""
+
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def x64():
+    """Runs a test with ``jax_enable_x64`` on, restoring the previous setting afterwards."""
+    with jax.enable_x64(True):
+        yield
+
+
+def random_rows(rng: np.random.Generator, shape, zero_fraction=0.0, concentration=1.0):
+    """Dirichlet rows of shape ``shape + (V,)`` with about ``zero_fraction`` exact zeros per row
+    (at least one entry kept positive)."""
+    *lead, v = shape
+    rows = rng.dirichlet(np.full(v, concentration), size=tuple(lead))
+    if zero_fraction > 0:
+        mask = rng.random(rows.shape) < zero_fraction
+        keep = rng.integers(0, v, size=tuple(lead))
+        np.put_along_axis(mask, keep[..., None], False, axis=-1)
+        rows = np.where(mask, 0.0, rows)
+        rows = rows / rows.sum(-1, keepdims=True)
+    return rows
+
+
+def random_pair(seed: int, num_states: int, horizon: int, zero_fraction=0.0):
+    """A random (draft, target) pair of NumPy float64 ``(init, trans)`` tuples.
+
+    With ``zero_fraction > 0`` the rows have zeros in different places, and position 1 also gets
+    one row with disjoint supports and one row with ``p = q``, the edge cases of SD.
+    """
+    rng = np.random.default_rng(seed)
+    init = rng.dirichlet(np.ones(num_states))
+    p = random_rows(rng, (horizon, num_states, num_states), zero_fraction)
+    q = random_rows(rng, (horizon, num_states, num_states), zero_fraction)
+    if zero_fraction > 0 and num_states >= 2:
+        half = num_states // 2
+        q[0, 0] = 0.0
+        q[0, 0, :half] = 1.0 / half
+        p[0, 0] = 0.0
+        p[0, 0, half:] = 1.0 / (num_states - half)
+        if num_states >= 2:
+            p[0, 1] = q[0, 1]
+    return (init, p), (init, q)

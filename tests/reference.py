@@ -1,0 +1,294 @@
+"""Independent reference implementations used only by the tests.
+
+Nothing here imports specjax: these are the paper's pseudo-code, transcribed literally in plain
+Python/NumPy float64, so that the fast samplers can be checked against them.
+
+* ``sd_literal``, ``batch_literal``, ``general_literal``: Algorithms 1, 2 and 4 as written:
+  whole draft sequences are drafted up front (up to the lookahead), verified in order, and the
+  round restarts after a rejection (or after a bonus token).
+* Every random choice goes through a *chooser*. ``RandomChooser`` samples; ``enumerate_law`` runs
+  the algorithm once per execution path (depth-first over the choice points, by replay), so the
+  exact law of the outcome ``(tokens, rejected, calls)`` is obtained by brute force.
+* ``exact_counts``: expected rejections and calls by a forward recursion over the (token, phase)
+  state, written from the pseudo-code's semantics.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------- choosers
+class RandomChooser:
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def categorical(self, probs) -> int:
+        probs = np.asarray(probs, np.float64)
+        return int(self.rng.choice(len(probs), p=probs / probs.sum()))
+
+    def bernoulli(self, prob) -> bool:
+        return bool(self.rng.random() < prob)
+
+
+class _ReplayChooser:
+    """Follows a fixed prefix of choices, then takes the first positive option, recording it."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.taken = []  # (option index, options with positive probability)
+        self.prob = 1.0
+
+    def categorical(self, probs) -> int:
+        probs = np.asarray(probs, np.float64)
+        total = probs.sum()
+        options = [i for i in range(len(probs)) if probs[i] > 0]
+        depth = len(self.taken)
+        choice = self.prefix[depth] if depth < len(self.prefix) else options[0]
+        self.taken.append((choice, options))
+        self.prob *= probs[choice] / total
+        return choice
+
+    def bernoulli(self, prob) -> bool:
+        return bool(self.categorical([1.0 - prob, prob]))
+
+
+def enumerate_law(run) -> dict:
+    """Exact law of ``run(chooser)`` (a hashable outcome) over every execution path."""
+    law = defaultdict(float)
+    stack = [()]
+    while stack:
+        prefix = stack.pop()
+        chooser = _ReplayChooser(prefix)
+        outcome = run(chooser)
+        law[outcome] += chooser.prob
+        for depth in range(len(prefix), len(chooser.taken)):
+            taken, options = chooser.taken[depth]
+            head = tuple(c for c, _ in chooser.taken[:depth])
+            for option in options:
+                if option != taken:
+                    stack.append(head + (option,))
+    return dict(law)
+
+
+# ----------------------------------------------------------------------------- rules
+def sd_accept(p, q):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p > 0, np.minimum(1.0, q / np.where(p > 0, p, 1.0)), 1.0)
+
+
+def positive_part(w):
+    w = np.maximum(w, 0.0)
+    s = w.sum()
+    return w / s if s > 0 else w
+
+
+def sd_residual(p, q, b):
+    return positive_part(q - p)
+
+
+# ----------------------------------------------------------------------------- algorithms
+def general_literal(chooser, draft, target, accept, residual, lookahead=None):
+    """Algorithm 2 with lookahead ``K`` (``None``: ``K = T``), bonus token after ``K`` accepts.
+
+    ``draft`` and ``target`` are ``(init (V,), trans (T, V, V))`` NumPy pairs.
+    Returns ``(tokens x_0..x_T, rejected R_1..R_T, calls)``.
+    """
+    p_init, p_trans = draft
+    q_init, q_trans = target
+    horizon = q_trans.shape[0]
+    k = horizon if lookahead is None else lookahead
+    x = [chooser.categorical(q_init)]
+    rejected = []
+    calls = 0
+    n = 1  # next position to fill
+    while n <= horizon:
+        calls += 1
+        # Draft the whole block first (positions n .. n + K - 1, clipped to T).
+        last = min(n + k - 1, horizon)
+        drafts = []
+        prev = x[-1]
+        for t in range(n, last + 1):
+            tok = chooser.categorical(p_trans[t - 1, prev])
+            drafts.append(tok)
+            prev = tok
+        # Verify in order.
+        prev = x[-1]
+        all_accepted = True
+        for t, tok in zip(range(n, last + 1), drafts):
+            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
+            b = accept(p_row, q_row)
+            if chooser.bernoulli(b[tok]):
+                x.append(tok)
+                rejected.append(False)
+                prev = tok
+            else:
+                x.append(chooser.categorical(positive_part(residual(p_row, q_row, b))))
+                rejected.append(True)
+                all_accepted = False
+                break
+        if all_accepted and last - n + 1 == k and last < horizon:
+            # All K drafts accepted and positions remain: the target's bonus token.
+            x.append(chooser.categorical(q_trans[last, x[-1]]))
+            rejected.append(False)
+        n = len(x)
+    return tuple(x), tuple(rejected), calls
+
+
+def sd_literal(chooser, draft, target, lookahead=None):
+    """Algorithm 1 (``lookahead=None``) or practical SD with lookahead ``K``."""
+    return general_literal(chooser, draft, target, sd_accept, sd_residual, lookahead)
+
+
+def batch_literal(chooser, draft, target, num_drafts, literal_reading=False):
+    """Algorithm 4 with ``K = T``.
+
+    ``literal_reading=False`` follows the appendix proof: after all ``M`` first tokens are
+    rejected, the token is drawn from ``q^{M+1}``. ``literal_reading=True`` reads line 28 of the
+    pseudo-code literally: ``[q_n - p_n]_+`` with ``q_n`` already replaced by ``q^{M+1}``, i.e.
+    from ``q^{M+2}``.
+    """
+    p_init, p_trans = draft
+    q_init, q_trans = target
+    horizon = q_trans.shape[0]
+    x = [chooser.categorical(q_init)]
+    rejected = []
+    calls = 0
+    n = 1
+    while n <= horizon:
+        calls += 1
+        n0 = n
+        root = x[-1]
+        # M whole draft sequences from position n to T.
+        drafts = []
+        for _ in range(num_drafts):
+            seq, prev = [], root
+            for t in range(n, horizon + 1):
+                tok = chooser.categorical(p_trans[t - 1, prev])
+                seq.append(tok)
+                prev = tok
+            drafts.append(seq)
+        q_n = q_trans[n0 - 1, root].copy()  # the root's target row, replaced by residuals
+        p_n = p_trans[n0 - 1, root]
+        sampled = False
+        for seq in drafts:
+            for t, tok in zip(range(n0, horizon + 1), seq):
+                prev = x[-1]
+                if t == n0:
+                    q_row, p_row = q_n, p_n
+                else:
+                    q_row, p_row = q_trans[t - 1, prev], p_trans[t - 1, prev]
+                if chooser.bernoulli(sd_accept(p_row, q_row)[tok]):
+                    x.append(tok)
+                    rejected.append(False)
+                    sampled = True
+                elif t == n0:
+                    q_n = positive_part(q_n - p_n)  # next draft is verified against q^{m+1}
+                    break
+                else:
+                    x.append(chooser.categorical(positive_part(q_row - p_row)))
+                    rejected.append(True)
+                    break
+            if sampled:
+                break
+        if not sampled:
+            final = positive_part(q_n - p_n) if literal_reading else q_n
+            x.append(chooser.categorical(final))
+            rejected.append(True)
+        n = len(x)
+    return tuple(x), tuple(rejected), calls
+
+
+# ----------------------------------------------------------------------------- exact helpers
+def target_sequence_law(target) -> dict:
+    """``{x_0..x_T: q(x_0..x_T)}`` by enumeration."""
+    q_init, q_trans = target
+    law = {(a,): q_init[a] for a in range(len(q_init)) if q_init[a] > 0}
+    for n in range(q_trans.shape[0]):
+        new = {}
+        for seq, pr in law.items():
+            row = q_trans[n, seq[-1]]
+            for b in np.nonzero(row > 0)[0]:
+                new[seq + (int(b),)] = pr * row[b]
+        law = new
+    return law
+
+
+def marginalise_tokens(law: dict) -> dict:
+    out = defaultdict(float)
+    for (tokens, _, _), pr in law.items():
+        out[tokens] += pr
+    return dict(out)
+
+
+def forward_marginals(init, trans):
+    """``(T + 1, V)`` marginals of ``x_0..x_T`` of a Markov chain."""
+    out = [np.asarray(init, np.float64)]
+    for n in range(trans.shape[0]):
+        out.append(out[-1] @ trans[n])
+    return np.stack(out)
+
+
+def tv(p, q):
+    return 0.5 * np.abs(p - q).sum(-1)
+
+
+def theorem1_rejections(draft, target) -> float:
+    """Theorem 1: ``sum_n E_{x_{n-1} ~ q} TV(p_n, q_n)``."""
+    _, p_trans = draft
+    q_init, q_trans = target
+    marg = forward_marginals(q_init, q_trans)
+    return float(sum(marg[n] @ tv(p_trans[n], q_trans[n]) for n in range(q_trans.shape[0])))
+
+
+def exact_counts(draft, target, *, kind="sd", lookahead=None, num_drafts=1):
+    """Exact ``(E[N_rej], E[calls])`` by a forward recursion over ``(token, phase)``.
+
+    ``kind="sd"``: SD with lookahead ``K``: phase ``j`` = drafts accepted since the last call,
+    ``j == K`` emits the bonus token. ``kind="batch"``: phase 0 = root of a draft tree (the ``M``
+    drafts are verified against ``q^1..q^M``), phase 1 = inside an accepted draft.
+    """
+    _, p_trans = draft
+    q_init, q_trans = target
+    horizon, num_states, _ = q_trans.shape
+    k = horizon if lookahead is None else min(lookahead, horizon)
+    phases = k + 1 if kind == "sd" else 2
+    dist = np.zeros((num_states, phases))
+    dist[:, 0] = q_init
+    rejections = calls = 0.0
+    for n in range(horizon):
+        new = np.zeros_like(dist)
+        calls += dist[:, 0].sum()
+        for a in range(num_states):
+            p, q = p_trans[n, a], q_trans[n, a]
+            for j in range(phases):
+                mass = dist[a, j]
+                if mass == 0:
+                    continue
+                if kind == "sd" and j == k:  # bonus token from q
+                    new[:, 0] += mass * q
+                    continue
+                if kind == "batch" and j == 0:
+                    acc, rej = batch_root_masses(p, q, num_drafts)
+                else:
+                    acc, rej = np.minimum(p, q), np.maximum(q - p, 0.0)
+                nxt = j + 1 if kind == "sd" else 1
+                new[:, nxt] += mass * acc
+                new[:, 0] += mass * rej
+                rejections += mass * rej.sum()
+        dist = new
+    return rejections, calls
+
+
+def batch_root_masses(p, q, num_drafts):
+    """Root of batch SD: accepted masses and the final residual mass ``w^{M+1}``."""
+    acc = np.zeros_like(q)
+    reach, q_m = 1.0, q.copy()
+    for _ in range(num_drafts):
+        acc += reach * np.minimum(p, q_m)
+        r = np.maximum(q_m - p, 0.0).sum()
+        q_m = positive_part(q_m - p)
+        reach *= r
+    return acc, reach * q_m
