@@ -100,7 +100,8 @@ def _search(thresholds_at, u: jax.Array, width: int) -> jax.Array:
 
 def uniform_int31(key, shape) -> jax.Array:
     """Uniform integers in ``[0, 2**31)`` as int32."""
-    return jax.lax.shift_right_logical(jax.random.bits(key, shape), jnp.uint32(1)).astype(jnp.int32)
+    bits = jax.random.bits(key, shape, dtype=jnp.uint32)
+    return jax.lax.shift_right_logical(bits, jnp.uint32(1)).astype(jnp.int32)
 
 
 def law_table(root: VerificationLaw, verify: VerificationLaw, bonus: VerificationLaw) -> jax.Array:

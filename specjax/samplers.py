@@ -271,3 +271,5 @@ class _UserResidual(_UserAccept):
 
     def __eq__(self, other):
         return isinstance(other, _UserResidual) and other.fn is self.fn
+
+    __hash__ = _UserAccept.__hash__

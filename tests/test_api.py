@@ -1,0 +1,254 @@
+"""Public API: models, validation errors, determinism, jit/vmap safety, dtypes, trace fields."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import samplers
+
+KEY = jax.random.key(0)
+
+
+def small_pair(v=4, t=5, seed=0):
+    kd, kt = jax.random.split(jax.random.key(seed))
+    return specjax.random_markov_chain(kd, v, t), specjax.random_markov_chain(kt, v, t)
+
+
+
+
+def _accept(p, q):
+    return jnp.minimum(1.0, jnp.where(p > 0, q / jnp.where(p > 0, p, 1.0), 1.0))
+
+
+def _residual(p, q, b):
+    return specjax.residual_distribution(q, p)
+
+
+SAMPLERS = [
+    lambda k, d, t, c: specjax.speculative_decoding(k, d, t, c),
+    lambda k, d, t, c: specjax.speculative_decoding(k, d, t, c, lookahead=2),
+    lambda k, d, t, c: specjax.batch_speculative_decoding(k, d, t, c, num_drafts=3),
+    lambda k, d, t, c: specjax.biased_speculative_decoding(k, d, t, c, epsilon=0.2),
+    lambda k, d, t, c: specjax.rejection_decoding(k, d, t, c, accept_prob=_accept,
+                                                  residual=_residual),
+    lambda k, d, t, c: specjax.autoregressive_decoding(k, t, c),
+]
+IDS = ["sd", "sd_k2", "batch", "biased", "rejection", "autoregressive"]
+
+
+# ----------------------------------------------------------------------------- models
+def test_markov_chain_fields_and_pytree():
+    d, _ = small_pair()
+    assert d.init.shape == (4,) and d.trans.shape == (5, 4, 4)
+    assert (d.num_states, d.horizon) == (4, 5)
+    np.testing.assert_allclose(d.init, 0.25)
+    np.testing.assert_allclose(d.trans.sum(-1), 1.0, atol=1e-6)
+    leaves = jax.tree_util.tree_leaves(d)
+    assert len(leaves) == 2
+    doubled = jax.jit(lambda m: jax.tree_util.tree_map(lambda x: 2 * x, m))(d)
+    assert isinstance(doubled, specjax.MarkovChain)
+
+
+def test_from_logits_is_softmax_and_differentiable():
+    logits = jnp.zeros((1, 3, 3)).at[0, 0].set(jnp.array([0.0, -jnp.inf, 1.0]))
+    chain = specjax.MarkovChain.from_logits(jnp.zeros(3), logits)
+    np.testing.assert_allclose(chain.init, 1 / 3, rtol=1e-6)
+    assert chain.trans[0, 0, 1] == 0.0
+    g = jax.grad(lambda l: specjax.MarkovChain.from_logits(jnp.zeros(3), l).trans[0, 0, 0])(
+        jnp.zeros((1, 3, 3)))
+    assert jnp.isfinite(g).all()
+
+
+def test_random_markov_chain_is_deterministic_and_concentration_matters():
+    a = specjax.random_markov_chain(KEY, 5, 3)
+    b = specjax.random_markov_chain(KEY, 5, 3)
+    np.testing.assert_array_equal(a.trans, b.trans)
+    peaked = specjax.random_markov_chain(KEY, 50, 3, concentration=0.05)
+    flat = specjax.random_markov_chain(KEY, 50, 3, concentration=50.0)
+    assert peaked.trans.max(-1).mean() > flat.trans.max(-1).mean()
+
+
+def test_paper_instance_shape():
+    d, t = specjax.paper_instance()
+    assert (d.num_states, d.horizon) == (7, 50)
+    np.testing.assert_allclose(t.init, 1 / 7, rtol=1e-6)
+    assert not np.allclose(d.trans, t.trans)
+
+
+@pytest.mark.parametrize("init, trans, match", [
+    (jnp.ones((2, 2)) / 2, jnp.ones((3, 2, 2)) / 2, "init must have shape"),
+    (jnp.ones(2) / 2, jnp.ones((3, 2, 3)) / 2, "trans must have shape"),
+    (jnp.ones(3) / 3, jnp.ones((3, 2, 2)) / 2, "init has V = 3"),
+    (jnp.array([0.5, jnp.nan]), jnp.ones((3, 2, 2)) / 2, "init contains NaN"),
+    (jnp.array([1.5, -0.5]), jnp.ones((3, 2, 2)) / 2, "init contains negative"),
+    (jnp.ones(2) / 2, jnp.ones((3, 2, 2)), "trans rows must sum to one"),
+    (jnp.ones(2) / 2, jnp.ones((0, 2, 2)), "horizon T >= 1"),
+])
+def test_markov_chain_validation(init, trans, match):
+    with pytest.raises(ValueError, match=match):
+        specjax.MarkovChain(init, trans)
+
+
+def test_markov_chain_inside_jit_skips_value_checks():
+    """Documented behaviour: under jit, values cannot be checked; shapes still are."""
+    bad = jnp.ones((2, 2, 2))  # rows sum to 2
+    out = jax.jit(lambda t: specjax.MarkovChain(jnp.ones(2) / 2, t).trans.sum())(bad)
+    assert out == 8.0
+    with pytest.raises(ValueError, match="trans must have shape"):
+        jax.jit(lambda t: specjax.MarkovChain(jnp.ones(2) / 2, t))(jnp.ones((2, 2, 3)))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_states=0, horizon=3), "num_states must be a positive integer"),
+    (dict(num_states=3, horizon=-1), "horizon must be a positive integer"),
+    (dict(num_states=3, horizon=2.5), "horizon must be a positive integer"),
+    (dict(num_states=3, horizon=2, concentration=0.0), "concentration must be positive"),
+])
+def test_random_markov_chain_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        specjax.random_markov_chain(KEY, **kwargs)
+
+
+# ----------------------------------------------------------------------------- sampler validation
+def test_sampler_validation_errors():
+    d, t = small_pair()
+    other_v, _ = small_pair(v=3)
+    other_t, _ = small_pair(t=6)
+    with pytest.raises(ValueError, match="same number of states V"):
+        specjax.speculative_decoding(KEY, other_v, t, 10)
+    with pytest.raises(ValueError, match="same horizon T"):
+        specjax.batch_speculative_decoding(KEY, d, other_t, 10, num_drafts=2)
+    with pytest.raises(ValueError, match="num_chains must be a positive integer"):
+        specjax.speculative_decoding(KEY, d, t, 0)
+    with pytest.raises(ValueError, match="num_chains must be a positive integer"):
+        specjax.autoregressive_decoding(KEY, t, 2.0)
+    with pytest.raises(ValueError, match="lookahead must be a positive integer"):
+        specjax.speculative_decoding(KEY, d, t, 10, lookahead=0)
+    with pytest.raises(ValueError, match="num_drafts must be a positive integer"):
+        specjax.batch_speculative_decoding(KEY, d, t, 10, num_drafts=0)
+    with pytest.raises(ValueError, match="epsilon must be non-negative"):
+        specjax.biased_speculative_decoding(KEY, d, t, 10, epsilon=-0.1)
+    with pytest.raises(ValueError, match="epsilon must be non-negative"):
+        specjax.biased_speculative_decoding(KEY, d, t, 10, epsilon=float("nan"))
+    with pytest.raises(ValueError, match="residual must be one of"):
+        specjax.biased_speculative_decoding(KEY, d, t, 10, epsilon=0.1, residual="best")
+    with pytest.raises(ValueError, match="key must be a JAX PRNG key"):
+        specjax.speculative_decoding(0, d, t, 10)
+    with pytest.raises(ValueError, match="draft must be a specjax.MarkovChain"):
+        specjax.speculative_decoding(KEY, (d.init, d.trans), t, 10)
+    with pytest.raises(ValueError, match="accept_prob must be a function"):
+        specjax.rejection_decoding(KEY, d, t, 10, accept_prob=0.5, residual=_residual)
+
+
+# ----------------------------------------------------------------------------- behaviour
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=IDS)
+def test_trace_fields_and_determinism(sampler):
+    d, t = small_pair()
+    a = sampler(KEY, d, t, 64)
+    b = sampler(KEY, d, t, 64)
+    c = sampler(jax.random.key(1), d, t, 64)
+    assert a.tokens.shape == (64, 6) and a.tokens.dtype == jnp.int32
+    assert a.rejected.shape == (64, 5) and a.rejected.dtype == jnp.bool_
+    assert a.num_rejections.shape == (64,) and a.num_rejections.dtype == jnp.int32
+    assert a.num_calls.shape == (64,) and a.num_calls.dtype == jnp.int32
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.tokens, c.tokens)
+    np.testing.assert_array_equal(a.num_rejections, a.rejected.sum(-1))
+    np.testing.assert_array_equal(a.num_calls, a.new_call.sum(-1))
+    assert (a.tokens >= 0).all() and (a.tokens < 4).all()
+    assert a.new_call[:, 0].all()
+
+
+def test_calls_structure():
+    d, t = small_pair(t=8)
+    sd = specjax.speculative_decoding(KEY, d, t, 500)
+    # K = T: a call at n = 1 and after every rejection before T.
+    np.testing.assert_array_equal(sd.num_calls, 1 + sd.rejected[:, :-1].sum(-1))
+    ar = specjax.autoregressive_decoding(KEY, t, 10)
+    assert (ar.num_calls == 8).all() and (ar.num_rejections == 0).all()
+    k2 = specjax.speculative_decoding(KEY, d, t, 500, lookahead=2)
+    # No block is longer than K + 1 tokens: at most 2 drafts and a bonus per call.
+    starts = np.asarray(k2.new_call)
+    for row in starts:
+        gaps = np.diff(np.append(np.nonzero(row)[0], 8))
+        assert (gaps <= 3).all()
+    big = specjax.speculative_decoding(KEY, d, t, 100, lookahead=100)
+    none = specjax.speculative_decoding(KEY, d, t, 100)
+    np.testing.assert_array_equal(big.tokens, none.tokens)
+
+
+def test_identical_draft_and_target_never_rejects():
+    _, t = small_pair()
+    trace = specjax.speculative_decoding(KEY, t, t, 1000)
+    assert (trace.num_rejections == 0).all() and (trace.num_calls == 1).all()
+    batch = specjax.batch_speculative_decoding(KEY, t, t, 1000, num_drafts=4)
+    assert (batch.num_rejections == 0).all()
+
+
+def test_disjoint_supports_always_reject():
+    v, horizon = 4, 6
+    p_row = jnp.array([0.5, 0.5, 0.0, 0.0])
+    q_row = jnp.array([0.0, 0.0, 0.5, 0.5])
+    d = specjax.MarkovChain(jnp.ones(v) / v, jnp.broadcast_to(p_row, (horizon, v, v)))
+    t = specjax.MarkovChain(jnp.ones(v) / v, jnp.broadcast_to(q_row, (horizon, v, v)))
+    for trace in (specjax.speculative_decoding(KEY, d, t, 2000),
+                  specjax.batch_speculative_decoding(KEY, d, t, 2000, num_drafts=3)):
+        assert (trace.num_rejections == horizon).all()
+        assert (trace.tokens[:, 1:] >= 2).all()
+
+
+def test_no_recompilation_for_new_values():
+    d, t = small_pair()
+    d2, t2 = small_pair(seed=5)
+    specjax.speculative_decoding(KEY, d, t, 32)
+    before = samplers._run._cache_size()
+    specjax.speculative_decoding(jax.random.key(3), d2, t2, 32)
+    specjax.biased_speculative_decoding(KEY, d, t, 32, epsilon=0.1)
+    after_first_biased = samplers._run._cache_size()
+    specjax.biased_speculative_decoding(KEY, d2, t2, 32, epsilon=0.3)
+    assert samplers._run._cache_size() == after_first_biased == before + 1
+
+
+def test_user_jit_and_vmap_over_keys():
+    d, t = small_pair()
+    run = jax.jit(lambda k, d, t: specjax.speculative_decoding(k, d, t, 16).num_rejections)
+    keys = jax.random.split(KEY, 3)
+    out = jax.vmap(run, in_axes=(0, None, None))(keys, d, t)
+    assert out.shape == (3, 16)
+    direct = specjax.speculative_decoding(keys[1], d, t, 16).num_rejections
+    np.testing.assert_array_equal(out[1], direct)
+
+
+def test_raw_uint32_key_accepted():
+    d, t = small_pair()
+    trace = specjax.speculative_decoding(jax.random.PRNGKey(0), d, t, 8)
+    assert trace.tokens.shape == (8, 6)
+
+
+def test_prefix_of_chains_is_stable():
+    """Chain c's randomness does not depend on num_chains (partitionable Threefry)."""
+    d, t = small_pair()
+    small = specjax.speculative_decoding(KEY, d, t, 10)
+    large = specjax.speculative_decoding(KEY, d, t, 1000)
+    np.testing.assert_array_equal(small.tokens, large.tokens[:10])
+
+
+def test_float64_under_x64(x64):
+    d, t = small_pair()
+    assert d.trans.dtype == jnp.float64
+    trace = specjax.speculative_decoding(KEY, d, t, 8)
+    assert trace.tokens.dtype == jnp.int32
+
+
+def test_tiny_probabilities_and_zero_tokens_in_float32():
+    """A token of probability 1e-30 is legal; one of probability 0 is never drawn."""
+    v, horizon = 3, 4
+    q_row = jnp.array([1.0 - 1e-30, 1e-30, 0.0])
+    p_row = jnp.array([0.0, 0.5, 0.5])
+    d = specjax.MarkovChain(jnp.array([1.0, 0, 0]), jnp.broadcast_to(p_row, (horizon, v, v)))
+    t = specjax.MarkovChain(jnp.array([1.0, 0, 0]), jnp.broadcast_to(q_row, (horizon, v, v)))
+    trace = specjax.speculative_decoding(KEY, d, t, 20000)
+    assert (trace.tokens != 2).all()
