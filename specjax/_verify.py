@@ -168,4 +168,4 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts: int) -> VerificationL
         w = reach * law.rejected
         reach = jnp.sum(w, axis=-1, keepdims=True)
         q_m = safe_normalize(w)
-    return VerificationLaw(accepted, reach * q_m)
+    return VerificationLaw(accepted, w)  # w^{M+1} = s_{M+1} q^{M+1}

@@ -22,9 +22,6 @@ from specjax import _verify
 from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
 
-RESIDUALS = ("optimal", "target", "standard")
-
-
 def _check_model(name: str, model) -> None:
     if not isinstance(model, MarkovChain):
         raise ValueError(f"{name} must be a specjax.MarkovChain, got {type(model).__name__}")
@@ -202,7 +199,8 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
     """
     _check_pair(draft, target, key, num_chains)
     if residual not in _BIASED_RESIDUALS:
-        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        raise ValueError(
+            f"residual must be one of {tuple(_BIASED_RESIDUALS)}, got {residual!r}")
     epsilon = jnp.asarray(epsilon, dtype=target.dtype)
     if epsilon.shape != ():
         raise ValueError(f"epsilon must be a scalar, got shape {epsilon.shape}")
