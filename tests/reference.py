@@ -74,9 +74,18 @@ def enumerate_law(run) -> dict:
 
 
 # ----------------------------------------------------------------------------- rules
+def biased_accept(p, q, eps):
+    """``min(1, (q + eps) / p)``, 1 where ``p = 0``; ``eps = 0`` is SD."""
+    return np.where(p > 0, np.minimum(1.0, (q + eps) / np.where(p > 0, p, 1.0)), 1.0)
+
+
 def sd_accept(p, q):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(p > 0, np.minimum(1.0, q / np.where(p > 0, p, 1.0)), 1.0)
+    return biased_accept(p, q, 0.0)
+
+
+def optimal_residual(p, q, b):
+    """Theorem 4's P*: normalised ``[q - b p]_+``."""
+    return positive_part(q - b * p)
 
 
 def positive_part(w):

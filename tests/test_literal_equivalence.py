@@ -102,14 +102,9 @@ def test_literal_biased_matches_kernel(x64, lookahead):
     draft, target = random_pair(2, 3, 3)
     eps = 0.15
 
-    def accept(p, q):
-        return np.where(p > 0, np.minimum(1.0, (q + eps) / np.where(p > 0, p, 1.0)), 1.0)
-
-    def residual(p, q, b):
-        return ref.positive_part(q - b * p)
-
-    law = ref.enumerate_law(
-        lambda ch: ref.general_literal(ch, draft, target, accept, residual, lookahead))
+    law = ref.enumerate_law(lambda ch: ref.general_literal(
+        ch, draft, target, lambda p, q: ref.biased_accept(p, q, eps), ref.optimal_residual,
+        lookahead))
     k = 3 if lookahead is None else lookahead
     fast = kernel_law(target[0], *specjax_laws(draft, target, "biased", epsilon=eps), k)
     assert_laws_equal(fast, law)
@@ -185,9 +180,7 @@ def test_samplers_fit_literal_law(kind, kw):
     else:
         eps = kw["epsilon"]
         law = ref.enumerate_law(lambda ch: ref.general_literal(
-            ch, draft, target,
-            lambda p, q: np.where(p > 0, np.minimum(1.0, (q + eps) / np.where(p > 0, p, 1.0)), 1),
-            lambda p, q, b: ref.positive_part(q - b * p)))
+            ch, draft, target, lambda p, q: ref.biased_accept(p, q, eps), ref.optimal_residual))
     d, t = to_chain(draft), to_chain(target)
     n = 200_000
     key = jax.random.key(2024)

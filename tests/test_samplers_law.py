@@ -37,8 +37,7 @@ def chains():
 
 def biased_transition(draft, target, eps, residual):
     p, q = draft[1], target[1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b = np.where(p > 0, np.minimum(1.0, (q + eps) / np.where(p > 0, p, 1.0)), 1.0)
+    b = ref.biased_accept(p, q, eps)
     if residual == "optimal":
         res = np.maximum(q - b * p, 0.0)
     elif residual == "target":
