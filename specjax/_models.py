@@ -104,6 +104,24 @@ class MarkovChain:
         )
 
 
+def check_chain(name: str, model) -> None:
+    """Raise ``ValueError`` unless ``model`` is one ``MarkovChain`` (not a stacked batch)."""
+    if not isinstance(model, MarkovChain):
+        raise ValueError(f"{name} must be a specjax.MarkovChain, got {type(model).__name__}")
+    if model.init.ndim != 1 or model.trans.ndim != 3:
+        raise ValueError(
+            f"{name} must be a single chain (init (V,), trans (T, V, V)); got init "
+            f"{model.init.shape} and trans {model.trans.shape}; use jax.vmap for a batch"
+        )
+
+
+def check_pair(draft, target) -> None:
+    """Raise ``ValueError`` unless draft and target are single chains with the same ``V`` and ``T``."""
+    check_chain("draft", draft)
+    check_chain("target", target)
+    _checks.check_same_shape(draft, target)
+
+
 def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -> MarkovChain:
     """A random non-stationary chain: rows from a symmetric Dirichlet, uniform prompt.
 

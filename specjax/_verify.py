@@ -18,6 +18,8 @@ gives a finite acceptance probability.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -67,11 +69,6 @@ def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:
       Section 2.1 of the paper; Algorithm 1, line 8.
     """
     return safe_normalize(jnp.maximum(q - p, 0))
-
-
-def speculative_acceptance(p: jax.Array, q: jax.Array) -> jax.Array:
-    """SD's acceptance probability ``min(1, q / p)``; 1 where ``p = 0`` (never drafted)."""
-    return jnp.minimum(1, _safe_ratio(q, p, 1))
 
 
 def acceptance_probability(p: jax.Array, q: jax.Array, *, epsilon) -> jax.Array:
@@ -130,8 +127,15 @@ def verification_law(p: jax.Array, accept_prob: jax.Array, residual: jax.Array) 
 
 
 def speculative_law(p: jax.Array, q: jax.Array) -> VerificationLaw:
-    """One SD verification step: ``b = min(1, q / p)``, residual ``[q - p]_+`` (Algorithm 1)."""
-    return verification_law(p, speculative_acceptance(p, q), residual_distribution(q, p))
+    """One SD verification step (Algorithm 1): accept ``min(p, q)``, reject into ``[q - p]_+``.
+
+    This is ``verification_law(p, min(1, q / p), [q - p]_+)`` written without division: the
+    accepted mass is ``b p = min(p, q)`` and the rejected mass ``(1 - sum min(p, q))`` times the
+    normalised ``[q - p]_+`` is ``[q - p]_+`` itself, because ``sum [q - p]_+ = 1 - sum min(p, q)``
+    for probability rows. Values and gradients are finite at ``p = 0``, ``p = q`` and disjoint
+    supports.
+    """
+    return VerificationLaw(jnp.minimum(p, q), jnp.maximum(q - p, 0))
 
 
 def bonus_law(q: jax.Array) -> VerificationLaw:
@@ -139,7 +143,52 @@ def bonus_law(q: jax.Array) -> VerificationLaw:
     return VerificationLaw(q, jnp.zeros_like(q))
 
 
-def batch_root_law(p: jax.Array, q: jax.Array, num_drafts: int) -> VerificationLaw:
+def _check_num_drafts(num_drafts) -> None:
+    if num_drafts == math.inf:
+        return
+    if isinstance(num_drafts, bool) or not isinstance(num_drafts, numbers.Integral) \
+            or num_drafts <= 0:
+        raise ValueError(f"num_drafts must be a positive integer or math.inf, got {num_drafts!r}")
+
+
+def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
+    """Un-normalised ``w^{M+1}``: the mass left to the target after ``M`` rejected drafts.
+
+    The paper's residual chain is ``q^1 = q``, ``q^{m+1} = [q^m - p]_+ / r_m`` with
+    ``r_m = TV(q^m, p)``. Carried un-normalised, ``w^m = (prod_{j<m} r_j) q^m`` obeys
+    ``w^{m+1} = [w^m - s_m p]_+`` with ``s_m = sum w^m``, and by induction
+    ``w^{m+1} = [q - S_m p]_+`` with ``S_m = s_1 + ... + s_m``: the whole chain reduces to a scalar
+    recursion per row, ``S_{m+1} = S_m + sum [q - S_m p]_+``. No division, no normalisation, so
+    nothing breaks when a residual runs out of mass (then ``w`` is zero from there on).
+
+    ``sum w^{M+1} = prod_{m <= M} TV(q^m, p)``, the probability that all ``M`` drafts are rejected.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static), or ``math.inf`` for the limit ``M -> infinity``, which is
+        ``q`` restricted to the tokens the draft can never propose (``p = 0``). (The paper's
+        Proposition "increasing batch size doesn't help" assumes the product of TVs tends to 0;
+        that holds exactly when ``q`` puts no mass where ``p = 0``.)
+
+    Returns:
+      ``(..., V)`` non-negative masses.
+
+    References:
+      Theorem 3 and its appendix proof (the residual chain ``q^{m+1} = [q^m - p]_+``).
+    """
+    _check_num_drafts(num_drafts)
+    if num_drafts == math.inf:
+        return jnp.where(p > 0, jnp.zeros_like(q), q)
+    cum = jnp.sum(q, axis=-1, keepdims=True)  # S_1 = s_1 = sum q
+    if num_drafts > 1:
+        def more(_, cum):
+            return cum + jnp.sum(jnp.maximum(q - cum * p, 0), axis=-1, keepdims=True)
+        cum = jax.lax.fori_loop(0, num_drafts - 1, more, cum, unroll=num_drafts <= 16)
+    return jnp.maximum(q - cum * p, 0)
+
+
+def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
     """The first token after a target call in batch SD: ``M`` drafts verified in turn.
 
     Draft ``m`` is verified by SD against ``q^m``, where ``q^1 = q`` and
@@ -147,25 +196,86 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts: int) -> VerificationL
     ``q^{M+1}``, as in the appendix proof of unbiasedness (step 1). Algorithm 4's pseudo-code, read
     literally, would draw it from ``q^{M+2}``, which is biased; specjax follows the proof.
 
-    The masses are carried un-normalised (``w^1 = q``, ``w^{m+1} = s_m [q^m - p]_+``, with
-    ``s_m = sum w^m`` the probability that the first ``m - 1`` drafts were rejected), so the
-    returned ``rejected`` mass is ``w^{M+1}``, summing to ``prod_m TV(q^m, p)``.
+    The token is ``x`` and rejected with mass ``w^{M+1}(x)`` (``batch_residual_mass``); accepted
+    otherwise, so ``accepted = q - w^{M+1}`` and the step is unbiased by construction.
 
     Args:
       p: ``(..., V)`` draft probabilities.
       q: ``(..., V)`` target probabilities.
-      num_drafts: ``M >= 1`` (static).
+      num_drafts: ``M >= 1`` (static) or ``math.inf``.
 
     References:
       Algorithm 4 and Theorem "Unbiasedness of batch SD" (appendix), Theorem 3.
     """
-    accepted = jnp.zeros_like(q)
-    reach = jnp.ones_like(q[..., :1])  # s_m: probability that drafts 1..m-1 were all rejected
-    q_m = q
-    for _ in range(num_drafts):
-        law = speculative_law(p, q_m)
-        accepted = accepted + reach * law.accepted
-        w = reach * law.rejected
-        reach = jnp.sum(w, axis=-1, keepdims=True)
-        q_m = safe_normalize(w)
-    return VerificationLaw(accepted, w)  # w^{M+1} = s_{M+1} q^{M+1}
+    rejected = batch_residual_mass(p, q, num_drafts)
+    return VerificationLaw(q - rejected, rejected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Single-token quantities of the theory.
+
+
+def tv_distance(p: jax.Array, q: jax.Array) -> jax.Array:
+    """Total variation distance ``(1/2) sum |p - q|`` over the last axis: ``(..., V) -> (...)``."""
+    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+
+
+def rejection_probability(p: jax.Array, accept_prob: jax.Array) -> jax.Array:
+    """``P(reject) = sum (1 - b) p`` for a draft row ``p`` and acceptance probabilities ``b``.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      accept_prob: ``(..., V)`` acceptance probabilities ``b``.
+
+    Returns:
+      ``(...)``.
+
+    References:
+      Section 4, footnote to Theorem 5.
+    """
+    return jnp.sum((1 - accept_prob) * p, axis=-1)
+
+
+def tv_loss_star(p: jax.Array, q: jax.Array, accept_prob: jax.Array) -> jax.Array:
+    """Theorem 4's optimal bias ``Loss*_TV(b) = (1/2) sum |q - b p| - (1/2) sum (1 - b) p``.
+
+    The smallest TV distance to the target ``q`` that any rejection distribution can reach for
+    the acceptance probabilities ``b``; zero when ``b <= min(1, q / p)`` (unbiased rules).
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      accept_prob: ``(..., V)`` acceptance probabilities ``b``.
+
+    Returns:
+      ``(...)``, non-negative (clipped at 0 against rounding).
+
+    References:
+      Theorem 4 (Optimal solution to optimization (2)).
+    """
+    loss = 0.5 * jnp.sum(jnp.abs(q - accept_prob * p), axis=-1) \
+        - 0.5 * rejection_probability(p, accept_prob)
+    return jnp.maximum(loss, 0)
+
+
+def batch_improvement(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
+    """Single-token batch improvement ``TV(q, p) - prod_{m <= M} TV(q^m, p)``.
+
+    The drop in rejection probability at the root of a call when ``M`` drafts are verified in
+    turn instead of one. Closed forms (the paper, Section 3.2): ``q`` uniform on ``V / r`` of the
+    ``V`` tokens and ``p`` uniform on all of them gives ``(1 - 1/r) - (1 - 1/r)^M``;
+    ``p = Ber(u)``, ``q = Ber(v)``, ``u >= v`` gives ``|u - v| (1 - u^{M - 1})``.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static) or ``math.inf``.
+
+    Returns:
+      ``(...)``; zero for ``M = 1``.
+
+    References:
+      Theorem 3 (batch improvement), Figure 4.
+    """
+    single = jnp.sum(jnp.maximum(q - p, 0), axis=-1)
+    return single - jnp.sum(batch_residual_mass(p, q, num_drafts), axis=-1)

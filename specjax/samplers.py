@@ -14,33 +14,23 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from specjax import _checks
 from specjax import _engine
+from specjax import _rules
 from specjax import _verify
 from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
-
-def _check_model(name: str, model) -> None:
-    if not isinstance(model, MarkovChain):
-        raise ValueError(f"{name} must be a specjax.MarkovChain, got {type(model).__name__}")
-    if model.init.ndim != 1 or model.trans.ndim != 3:
-        raise ValueError(
-            f"{name} must be a single chain (init (V,), trans (T, V, V)); got init "
-            f"{model.init.shape} and trans {model.trans.shape}; vmap the sampler for a batch"
-        )
-
+from specjax._models import check_chain
+from specjax._models import check_pair
 
 def _check_pair(draft, target, key, num_chains) -> None:
     _checks.check_key(key)
-    _check_model("draft", draft)
-    _check_model("target", target)
-    _checks.check_same_shape(draft, target)
+    check_pair(draft, target)
     _checks.check_positive_int("num_chains", num_chains)
 
 
-def _resolve_lookahead(lookahead, horizon: int) -> int:
+def resolve_lookahead(lookahead, horizon: int) -> int:
     """``None`` means the paper's ``K = T``; larger values behave the same."""
     _checks.check_positive_int("lookahead", lookahead, allow_none=True)
     return horizon if lookahead is None else min(lookahead, horizon)
@@ -49,24 +39,8 @@ def _resolve_lookahead(lookahead, horizon: int) -> int:
 @functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "rule"))
 def _run(key, draft, target, extra, *, num_chains, lookahead, rule):
     """Builds the law table for ``rule`` and simulates. ``extra`` holds traced rule parameters."""
-    p, q = draft.trans, target.trans
-    bonus = _verify.bonus_law(q)
-    if rule[0] == "autoregressive":
-        verify = root = bonus
-    elif rule[0] == "speculative":
-        verify = root = _verify.speculative_law(p, q)
-    elif rule[0] == "batch":
-        verify = _verify.speculative_law(p, q)
-        root = _verify.batch_root_law(p, q, num_drafts=rule[1])
-    elif rule[0] == "general":
-        accept_prob_fn, residual_fn = rule[1], rule[2]
-        rows = lambda f: jax.vmap(jax.vmap(f))  # noqa: E731 - map a (V,)-row rule over (T, V)
-        b = rows(lambda pr, qr: accept_prob_fn(pr, qr, *extra))(p, q)
-        res = rows(lambda pr, qr, br: residual_fn(pr, qr, br, *extra))(p, q, b)
-        verify = root = _verify.verification_law(p, b, res)
-    else:  # pragma: no cover - internal misuse
-        raise AssertionError(rule)
-    thresholds = _engine.law_table(root, verify, bonus)
+    root, verify = _rules.laws(rule, draft.trans, target.trans, extra)
+    thresholds = _engine.law_table(root, verify, _verify.bonus_law(target.trans))
     return _engine.simulate(key, target.init, thresholds, num_chains, lookahead)
 
 
@@ -87,10 +61,10 @@ def autoregressive_decoding(key, model: MarkovChain, num_chains: int) -> Decodin
       Algorithm 3 (Auto-Regressive Model Decoding).
     """
     _checks.check_key(key)
-    _check_model("model", model)
+    check_chain("model", model)
     _checks.check_positive_int("num_chains", num_chains)
     return _run(key, model, model, (), num_chains=num_chains, lookahead=0,
-                rule=("autoregressive",))
+                rule=_rules.AUTOREGRESSIVE)
 
 
 def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
@@ -113,8 +87,8 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
       Algorithm 1 (Speculative Decoding); Leviathan et al. 2023 for the bonus token.
     """
     _check_pair(draft, target, key, num_chains)
-    k = _resolve_lookahead(lookahead, target.horizon)
-    return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=("speculative",))
+    k = resolve_lookahead(lookahead, target.horizon)
+    return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=_rules.SPECULATIVE)
 
 
 def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
@@ -144,35 +118,9 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
     """
     _check_pair(draft, target, key, num_chains)
     _checks.check_positive_int("num_drafts", num_drafts)
-    k = _resolve_lookahead(lookahead, target.horizon)
+    k = resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, (), num_chains=num_chains, lookahead=k,
-                rule=("batch", num_drafts))
-
-
-def _biased_accept(p, q, epsilon):
-    return _verify.acceptance_probability(p, q, epsilon=epsilon)
-
-
-def _residual_optimal(p, q, b, epsilon):
-    del epsilon
-    return _verify.optimal_residual(p, q, b)
-
-
-def _residual_target(p, q, b, epsilon):
-    del p, b, epsilon
-    return q
-
-
-def _residual_standard(p, q, b, epsilon):
-    del b, epsilon
-    return _verify.residual_distribution(q, p)
-
-
-_BIASED_RESIDUALS = {
-    "optimal": _residual_optimal,
-    "target": _residual_target,
-    "standard": _residual_standard,
-}
+                rule=_rules.batch(num_drafts))
 
 
 def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
@@ -198,17 +146,9 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
       Section 4, Theorems 4-5, Table 1 (Decoding-OPT vs Decoding-UNO).
     """
     _check_pair(draft, target, key, num_chains)
-    if residual not in _BIASED_RESIDUALS:
-        raise ValueError(
-            f"residual must be one of {tuple(_BIASED_RESIDUALS)}, got {residual!r}")
-    epsilon = jnp.asarray(epsilon, dtype=target.dtype)
-    if epsilon.shape != ():
-        raise ValueError(f"epsilon must be a scalar, got shape {epsilon.shape}")
-    if _checks.is_concrete(epsilon) and not bool(epsilon >= 0):
-        raise ValueError(f"epsilon must be non-negative and not NaN, got {float(epsilon)}")
-    k = _resolve_lookahead(lookahead, target.horizon)
-    rule = ("general", _biased_accept, _BIASED_RESIDUALS[residual])
-    return _run(key, draft, target, (epsilon,), num_chains=num_chains, lookahead=k, rule=rule)
+    rule, extra = _rules.biased(epsilon, residual, target.dtype)
+    k = resolve_lookahead(lookahead, target.horizon)
+    return _run(key, draft, target, extra, num_chains=num_chains, lookahead=k, rule=rule)
 
 
 def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
@@ -236,38 +176,6 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
       Algorithm 2 (Framework for Rejection-based Decoding); Theorem 2.
     """
     _check_pair(draft, target, key, num_chains)
-    if not callable(accept_prob):
-        raise ValueError(f"accept_prob must be a function (p, q) -> b, got {accept_prob!r}")
-    if not callable(residual):
-        raise ValueError(f"residual must be a function (p, q, b) -> P, got {residual!r}")
-    k = _resolve_lookahead(lookahead, target.horizon)
-    rule = ("general", _UserAccept(accept_prob), _UserResidual(residual))
+    rule = _rules.general(accept_prob, residual)
+    k = resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=rule)
-
-
-class _UserAccept:
-    """Adapts a user's ``accept_prob(p, q)`` to the internal signature; hashes by the function."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, p, q, *extra):
-        return self.fn(p, q)
-
-    def __hash__(self):
-        return hash(self.fn)
-
-    def __eq__(self, other):
-        return isinstance(other, _UserAccept) and other.fn is self.fn
-
-
-class _UserResidual(_UserAccept):
-    """Adapts a user's ``residual(p, q, b)``."""
-
-    def __call__(self, p, q, b, *extra):
-        return self.fn(p, q, b)
-
-    def __eq__(self, other):
-        return isinstance(other, _UserResidual) and other.fn is self.fn
-
-    __hash__ = _UserAccept.__hash__

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax import _rules
 from specjax import _verify
 import reference as ref
 import stats
@@ -60,17 +61,17 @@ def assert_laws_equal(a, b, atol=1e-12):
 
 
 def specjax_laws(draft, target, kind, **kw):
+    """The (root, verify, bonus) laws the samplers and the exact theory use, from ``_rules``."""
     p, q = jnp.asarray(draft[1]), jnp.asarray(target[1])
-    bonus = _verify.bonus_law(q)
+    extra = ()
     if kind == "sd":
-        verify = root = _verify.speculative_law(p, q)
+        rule = _rules.SPECULATIVE
     elif kind == "batch":
-        verify = _verify.speculative_law(p, q)
-        root = _verify.batch_root_law(p, q, kw["num_drafts"])
+        rule = _rules.batch(kw["num_drafts"])
     else:  # biased, optimal residual
-        b = _verify.acceptance_probability(p, q, epsilon=kw["epsilon"])
-        verify = root = _verify.verification_law(p, b, _verify.optimal_residual(p, q, b))
-    return root, verify, bonus
+        rule, extra = _rules.biased(kw["epsilon"], "optimal", q.dtype)
+    root, verify = _rules.laws(rule, p, q, extra)
+    return root, verify, _verify.bonus_law(q)
 
 
 SD_CASES = [None, 1, 2]
