@@ -301,3 +301,54 @@ def batch_root_masses(p, q, num_drafts):
         q_m = positive_part(q_m - p)
         reach *= r
     return acc, reach * q_m
+
+
+def theorem3_rejections(draft, target, num_drafts) -> float:
+    """Theorem 3 exactly as printed: ``sum_n E_q[TV(q, p)] - sum_n E_f[TV(q, p) - prod_m TV(q^m, p)]``.
+
+    The residual chain is normalised at every step, ``q^{m+1} = [q^m - p]_+ / r_m`` (an exhausted
+    residual ends the product at 0), and the pseudo-measure ``f`` follows equation (ff),
+    marginalised to the last token, starting from ``f_0 = q(x_0)`` (the first position is always
+    the root of a tree).
+    """
+    _, p_trans = draft
+    q_init, q_trans = target
+    horizon, num_states, _ = q_trans.shape
+    mu = forward_marginals(q_init, q_trans)
+    f = np.asarray(q_init, np.float64)
+    total = 0.0
+    for n in range(horizon):
+        new_f = np.zeros(num_states)
+        for a in range(num_states):
+            p, q = p_trans[n, a], q_trans[n, a]
+            h = np.maximum(q - p, 0.0)
+            q_m, prod = q.copy(), 1.0
+            for _ in range(num_drafts):
+                r = np.maximum(q_m - p, 0.0).sum()
+                prod *= r
+                q_m = np.maximum(q_m - p, 0.0) / r if r > 0 else np.zeros_like(q_m)
+            tv_a = h.sum()
+            total += mu[n, a] * tv_a - f[a] * (tv_a - prod)
+            new_f += h * mu[n, a] - (h - prod * q_m) * f[a]
+        f = new_f
+    return float(total)
+
+
+def sequence_kl(law_a: dict, law_b: dict) -> float:
+    """``KL(A || B)`` between two laws over whole sequences given as ``{sequence: prob}``."""
+    total = 0.0
+    for seq, pa in law_a.items():
+        if pa <= 0:
+            continue
+        pb = law_b.get(seq, 0.0)
+        if pb <= 0:
+            return float("inf")
+        total += pa * np.log(pa / pb)
+    return total
+
+
+def expected_counts_from_law(law: dict):
+    """``(E[N_rej], E[calls])`` from an enumerated law of ``(tokens, rejected, calls)``."""
+    rej = sum(pr * sum(r) for (_, r, _), pr in law.items())
+    calls = sum(pr * c for (_, _, c), pr in law.items())
+    return rej, calls

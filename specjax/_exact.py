@@ -1,0 +1,132 @@
+"""Exact forward recursion over the decoder's state: the expected-value twin of ``_engine``.
+
+A decoder is a Markov chain over ``(previous token, phase)`` (see ``specjax._engine``): phase
+``j`` counts the drafts accepted since the last target call, ``j = 0`` opens a call (the *root*,
+where batch SD verifies its ``M`` drafts), ``j = K`` emits the target's bonus token. This module
+propagates the exact law ``pi_n[j, x] = P(phase j, x_n = x)`` through the same per-position laws
+the samplers draw from (``specjax._rules.laws``), so every expected count is a sum of masses:
+
+* ``P(x_n = x, R_n = 1) = sum_j (pi_{n-1}[j] @ rejected_j)[x]`` (the paper's ``f`` of
+  Theorem 3, marginalised to the last token);
+* ``P(a call starts at n) = sum_x pi_{n-1}[0, x]``.
+
+Cost per position: one law evaluation on ``(V, V)`` rows and ``O(K)`` vector-matrix products,
+i.e. ``O(T V^2)`` overall (times the ``M`` passes of the batch residual chain). Memory is that of
+the inputs; under ``jax.grad`` the law evaluation is rematerialised (``jax.checkpoint``) so the
+stored residuals stay ``O(T V^2)`` whatever ``M``.
+
+When ``K >= T`` no bonus is ever reached and all in-call phases share one law, so the state
+shrinks to ``(root, in-call)``, and to a single phase when the root law equals the in-call law
+(every rule but batch SD): this is Theorem 1's ``sum_n E_{x_{n-1}}[TV(p_n, q_n)]``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _rules
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class ExactDecoding(NamedTuple):
+    """Exact per-position statistics of a decoder (expected values, no sampling).
+
+    Attributes:
+      rejected: ``P(x_n = x and x_n was drawn after a rejection)`` for ``n = 1..T``; summed over
+        ``x`` it is ``E[R_n]``. For batch SD this is the paper's pseudo-measure ``f`` (Theorem 3)
+        marginalised to the last token.
+      new_call: ``P(a target call starts at position n)``.
+      marginals: the law of ``x_n`` for ``n = 0..T`` (the target's marginals for unbiased rules).
+
+    ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls`` and
+    ``rejection_rate`` (``E[R_n]``, shape ``(T,)``) are derived properties; they sum over the
+    trailing axes only, so they also work on a ``vmap``-ped batch of results.
+    """
+
+    rejected: jax.Array  # shape=(T, V)
+    new_call: jax.Array  # shape=(T,)
+    marginals: jax.Array  # shape=(T + 1, V)
+
+    @property
+    def rejection_rate(self) -> jax.Array:
+        """``E[R_n]`` for ``n = 1..T``, shape ``(..., T)``."""
+        return jnp.sum(self.rejected, axis=-1)
+
+    @property
+    def expected_rejections(self) -> jax.Array:
+        """``E[N_rej] = sum_n E[R_n]``, shape ``(...)``."""
+        return jnp.sum(self.rejected, axis=(-2, -1))
+
+    @property
+    def expected_calls(self) -> jax.Array:
+        """Expected number of target calls, shape ``(...)``."""
+        return jnp.sum(self.new_call, axis=-1)
+
+
+def _vecmat(x, a):
+    """``x @ a`` at full precision (no TF32/bfloat16 passes on accelerators)."""
+    return jnp.dot(x, a, precision=_HIGHEST)
+
+
+def forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
+    """Exact statistics of ``rule`` with lookahead ``K`` for drafts ``p`` and targets ``q``.
+
+    Args:
+      init: ``(V,)`` law of ``x_0``.
+      p: ``(T, V, V)`` draft transitions.
+      q: ``(T, V, V)`` target transitions.
+      rule: a rule tuple from ``specjax._rules`` (static).
+      extra: traced rule parameters (e.g. ``(epsilon,)``).
+      lookahead: ``K`` (static); ``K >= T`` is the paper's setting (no bonus token).
+
+    Returns:
+      ``ExactDecoding``.
+    """
+    horizon = p.shape[0]
+    in_call_only = lookahead >= horizon
+    one_phase = in_call_only and _rules.same_root(rule)
+
+    @jax.checkpoint
+    def step_laws(p_n, q_n):
+        return _rules.laws(rule, p_n, q_n, extra)
+
+    def step(pi, pq):
+        p_n, q_n = pq
+        root, verify = step_laws(p_n, q_n)
+        if one_phase:  # pi: (V,), every position is verified the same way
+            rejected = _vecmat(pi, root.rejected)
+            new_pi = rejected + _vecmat(pi, root.accepted)
+            return new_pi, (rejected, new_pi, pi[:0])
+        if in_call_only:  # pi: (2, V) = (root, in-call)
+            rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
+            accepted = _vecmat(pi[0], root.accepted) + _vecmat(pi[1], verify.accepted)
+            return jnp.stack([rejected, accepted]), (rejected, rejected + accepted, pi[0])
+        # pi: (K + 1, V): root, K - 1 in-call phases, bonus.
+        inside = pi[1:lookahead]
+        rejected = _vecmat(pi[0], root.rejected) + _vecmat(jnp.sum(inside, 0), verify.rejected)
+        bonus = _vecmat(pi[lookahead], q_n)
+        new_pi = jnp.concatenate([
+            (rejected + bonus)[None],
+            _vecmat(pi[0], root.accepted)[None],
+            _vecmat(inside, verify.accepted),
+        ])
+        return new_pi, (rejected, jnp.sum(new_pi, 0), pi[0])
+
+    if one_phase:
+        pi0 = init
+    else:
+        num_phases = 2 if in_call_only else lookahead + 1
+        pi0 = jnp.zeros((num_phases,) + init.shape, init.dtype).at[0].set(init)
+    _, (rejected, marginals, root_mass) = jax.lax.scan(step, pi0, (p, q))
+    marginals = jnp.concatenate([init[None], marginals])
+    if one_phase:
+        # A call starts at n = 1 and right after every rejection.
+        rate = jnp.sum(rejected, axis=-1)
+        new_call = jnp.concatenate([jnp.ones((1,), rate.dtype), rate[:-1]])
+    else:
+        new_call = jnp.sum(root_mass, axis=-1)
+    return ExactDecoding(rejected=rejected, new_call=new_call, marginals=marginals)
