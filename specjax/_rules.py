@@ -13,6 +13,8 @@ Samplers and exact theory therefore cannot disagree about what a decoder does.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -32,6 +34,17 @@ def batch(num_drafts) -> tuple:
 def same_root(rule) -> bool:
     """True when the root and in-call laws coincide (every rule but batch SD)."""
     return rule[0] != "batch"
+
+
+def root_scale(rule, p, q):
+    """For unbiased rules whose rejected mass is ``[q - S p]_+`` (SD: ``S = 1``; batch SD's root:
+    ``S = S_M``, see ``specjax._verify.batch_scale``), the root's ``S`` as ``(..., 1)``; else
+    ``None``. Their accepted mass is ``q - [q - S p]_+``, so one pass over ``(p, q)`` gives both."""
+    if rule == SPECULATIVE:
+        return jnp.ones(q.shape[:-1] + (1,), q.dtype)
+    if rule[0] == "batch" and rule[1] != math.inf:
+        return _verify.batch_scale(p, q, rule[1])
+    return None
 
 
 def laws(rule, p, q, extra=()) -> tuple[_verify.VerificationLaw, _verify.VerificationLaw]:

@@ -18,6 +18,7 @@ gives a finite acceptance probability.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import NamedTuple
@@ -135,7 +136,7 @@ def speculative_law(p: jax.Array, q: jax.Array) -> VerificationLaw:
     for probability rows. Values and gradients are finite at ``p = 0``, ``p = q`` and disjoint
     supports.
     """
-    return VerificationLaw(jnp.minimum(p, q), jnp.maximum(q - p, 0))
+    return VerificationLaw(jnp.minimum(p, q), scaled_residual(p, q, 1))
 
 
 def bonus_law(q: jax.Array) -> VerificationLaw:
@@ -151,17 +152,112 @@ def _check_num_drafts(num_drafts) -> None:
         raise ValueError(f"num_drafts must be a positive integer or math.inf, got {num_drafts!r}")
 
 
-def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
-    """Un-normalised ``w^{M+1}``: the mass left to the target after ``M`` rejected drafts.
+def scaled_residual(p: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array:
+    """``[q - S p]_+``: SD's rejection mass for ``S = 1``, batch SD's root for ``S = S_M``."""
+    return jnp.maximum(q - scale * p, 0)
+
+
+def _indicator(x):
+    """``1[x > 0]`` for ``x >= 0`` by arithmetic (XLA CPU vectorises it better than a select)."""
+    return jnp.sign(x)
+
+
+def _scale_sweep(p, q, num_drafts):
+    """``S_1 = 1, S_{m+1} = S_m + sum [q - S_m p]_+``; returns ``S_M`` and ``S_1..S_{M-1}``."""
+    cum = jnp.ones(q.shape[:-1] + (1,), q.dtype)
+    if num_drafts - 1 <= _UNROLL_DRAFTS:  # unrolled: each pass is one fused reduction
+        cums = []
+        for _ in range(num_drafts - 1):
+            cums.append(cum)
+            cum = cum + jnp.sum(scaled_residual(p, q, cum), axis=-1, keepdims=True)
+        return cum, jnp.concatenate(cums, axis=-1)
+
+    def step(cum, _):
+        return cum + jnp.sum(scaled_residual(p, q, cum), axis=-1, keepdims=True), cum[..., 0]
+
+    cum, cums = jax.lax.scan(step, cum, None, length=num_drafts - 1)
+    return cum, jnp.moveaxis(cums, 0, -1)
+
+
+_UNROLL_DRAFTS = 32
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def batch_scale(p: jax.Array, q: jax.Array, num_drafts: int) -> jax.Array:
+    """``S_M`` of the batch residual chain (``(..., 1)``), so that ``w^{M+1} = [q - S_M p]_+``.
 
     The paper's residual chain is ``q^1 = q``, ``q^{m+1} = [q^m - p]_+ / r_m`` with
     ``r_m = TV(q^m, p)``. Carried un-normalised, ``w^m = (prod_{j<m} r_j) q^m`` obeys
     ``w^{m+1} = [w^m - s_m p]_+`` with ``s_m = sum w^m``, and by induction
     ``w^{m+1} = [q - S_m p]_+`` with ``S_m = s_1 + ... + s_m``: the whole chain reduces to a scalar
-    recursion per row, ``S_{m+1} = S_m + sum [q - S_m p]_+``. No division, no normalisation, so
-    nothing breaks when a residual runs out of mass (then ``w`` is zero from there on).
+    recursion per row, ``S_1 = 1``, ``S_{m+1} = S_m + sum [q - S_m p]_+``. No division and no
+    normalisation, so nothing breaks when a residual runs out of mass (``w`` is zero from there).
 
-    ``sum w^{M+1} = prod_{m <= M} TV(q^m, p)``, the probability that all ``M`` drafts are rejected.
+    The gradient is written by hand: with ``A_m = {x : q(x) > S_m p(x)}``,
+    ``dS_{m+1} = (1 - p(A_m)) dS_m + sum_{A_m} (dq - S_m dp)``.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static).
+    """
+    if num_drafts == 1:
+        return jnp.ones(q.shape[:-1] + (1,), q.dtype)
+    return _scale_sweep(p, q, num_drafts)[0]
+
+
+def _batch_scale_fwd(p, q, num_drafts):
+    if num_drafts == 1:
+        return batch_scale(p, q, 1), (p, q, None)
+    cum, cums = _scale_sweep(p, q, num_drafts)
+    return cum, (p, q, cums)
+
+
+def _batch_scale_bwd(num_drafts, res, g):
+    p, q, cums = res
+    if num_drafts == 1:
+        return jnp.zeros_like(p), jnp.zeros_like(q)
+    steps = num_drafts - 1
+    active = [_indicator(scaled_residual(p, q, cums[..., m:m + 1])) for m in range(steps)] \
+        if steps <= _UNROLL_DRAFTS else None
+    if active is None:  # long chains: one step at a time
+        def active_at(m):
+            return _indicator(scaled_residual(p, q, jax.lax.dynamic_slice_in_dim(cums, m, 1, -1)))
+    else:
+        def active_at(m):
+            return active[m]
+    # Cotangent of S_{m+1} (m = M-1 .. 1): c_M = g, c_m = c_{m+1} (1 - P_m), P_m = p(A_m).
+    coeff = g
+    grad_p = jnp.zeros_like(p)
+    grad_q = jnp.zeros_like(q)
+
+    def back(m, carry):
+        coeff, grad_p, grad_q = carry
+        a = active_at(m)
+        cum_m = jax.lax.dynamic_slice_in_dim(cums, m, 1, -1)
+        grad_q = grad_q + coeff * a
+        grad_p = grad_p - (coeff * cum_m) * a
+        coeff = coeff * (1 - jnp.sum(a * p, axis=-1, keepdims=True))
+        return coeff, grad_p, grad_q
+
+    carry = (coeff, grad_p, grad_q)
+    if active is not None:
+        for m in reversed(range(steps)):
+            carry = back(m, carry)
+    else:
+        carry = jax.lax.fori_loop(0, steps, lambda i, c: back(steps - 1 - i, c), carry)
+    _, grad_p, grad_q = carry
+    return grad_p, grad_q
+
+
+batch_scale.defvjp(_batch_scale_fwd, _batch_scale_bwd)
+
+
+def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
+    """Un-normalised ``w^{M+1} = [q - S_M p]_+``: the mass left after ``M`` rejected drafts.
+
+    ``sum w^{M+1} = prod_{m <= M} TV(q^m, p)``, the probability that all ``M`` drafts are
+    rejected; see ``batch_scale`` for the closed form of the residual chain.
 
     Args:
       p: ``(..., V)`` draft probabilities.
@@ -169,7 +265,9 @@ def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
       num_drafts: ``M >= 1`` (static), or ``math.inf`` for the limit ``M -> infinity``, which is
         ``q`` restricted to the tokens the draft can never propose (``p = 0``). (The paper's
         Proposition "increasing batch size doesn't help" assumes the product of TVs tends to 0;
-        that holds exactly when ``q`` puts no mass where ``p = 0``.)
+        that holds exactly when ``q`` puts no mass where ``p = 0``.) Convergence to the limit is
+        geometric with rate ``1 - p(x*)`` at the token ``x*`` maximising ``q / p``, so it can
+        be slow when the draft rarely proposes that token.
 
     Returns:
       ``(..., V)`` non-negative masses.
@@ -180,12 +278,7 @@ def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
     _check_num_drafts(num_drafts)
     if num_drafts == math.inf:
         return jnp.where(p > 0, jnp.zeros_like(q), q)
-    cum = jnp.sum(q, axis=-1, keepdims=True)  # S_1 = s_1 = sum q
-    if num_drafts > 1:
-        def more(_, cum):
-            return cum + jnp.sum(jnp.maximum(q - cum * p, 0), axis=-1, keepdims=True)
-        cum = jax.lax.fori_loop(0, num_drafts - 1, more, cum, unroll=num_drafts <= 16)
-    return jnp.maximum(q - cum * p, 0)
+    return scaled_residual(p, q, batch_scale(p, q, num_drafts))
 
 
 def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
@@ -277,5 +370,5 @@ def batch_improvement(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
     References:
       Theorem 3 (batch improvement), Figure 4.
     """
-    single = jnp.sum(jnp.maximum(q - p, 0), axis=-1)
+    single = jnp.sum(scaled_residual(p, q, 1), axis=-1)
     return single - jnp.sum(batch_residual_mass(p, q, num_drafts), axis=-1)
