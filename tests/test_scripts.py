@@ -36,3 +36,18 @@ def test_benchmark_samplers_tiny():
         # (standard errors are about 0.01 with 20,000 chains and T = 8).
         assert abs(rej_jax - rej_np) < 0.1, row
         assert np.isfinite(row[1:]).all()
+
+
+def test_benchmark_theory_tiny():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import benchmark_theory
+    finally:
+        sys.path.pop(0)
+    out = benchmark_theory.main(["--states", "16", "--horizon", "6", "--num-drafts", "3",
+                                 "--repeats", "1", "--numpy-repeats", "1"])
+    # The plain NumPy recursion and specjax compute the same number.
+    for row in out["rows"]:
+        tol = 1e-9 if row["dtype"] == "float64" else 1e-4
+        assert abs(row["value"] - out["numpy_value"]) < tol * max(1.0, out["numpy_value"])
+        assert row["finite_grad"]
