@@ -15,23 +15,14 @@ Usage: python scripts/benchmark_samplers.py [--num-chains 200000] [--repeats 5]
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import specjax
-
-
-def best_time(fn, repeats: int) -> float:
-    jax.block_until_ready(fn(0))
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(i + 1))
-        times.append(time.perf_counter() - start)
-    return min(times)
+from _timing import best_time
+from _timing import timed
 
 
 # ----------------------------------------------------------------------------- NumPy reference
@@ -167,7 +158,7 @@ def main(argv=None):
         t_jax = best_time(lambda i: run(jax.random.fold_in(key, i)), args.repeats)
         decoder = NumpyDecoder(draft, target, **np_kwargs)
         decoder.run(0, min(c, 1000))
-        t_np = min(_timed(lambda: decoder.run(i, c)) for i in range(args.numpy_repeats))
+        t_np = min(timed(lambda: decoder.run(i, c)) for i in range(args.numpy_repeats))
         # Same algorithm, two implementations: their mean rejections agree within Monte Carlo error.
         rej_jax = float(run(jax.random.fold_in(key, 99)).num_rejections.mean())
         rej_np = float(decoder.run(99, c)[1].mean())
@@ -179,12 +170,6 @@ def main(argv=None):
     print("x NumPy: NumPy time / specjax time. % floor: floor time / specjax time (scan floor; "
           "'% mat.' against the materialised floor).")
     return rows
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

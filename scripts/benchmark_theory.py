@@ -18,23 +18,14 @@ Usage: python scripts/benchmark_theory.py [--states 512] [--horizon 128] [--num-
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import specjax
-
-
-def best_time(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
+from _timing import best_time
+from _timing import timed
 
 
 def numpy_batch_rejections(init, p, q, num_drafts: int) -> float:
@@ -83,7 +74,7 @@ def main(argv=None):
         init = np.asarray(target.init)
         p_np, q_np = np.asarray(draft.trans), np.asarray(target.trans)
         numpy_value = numpy_batch_rejections(init, p_np, q_np, m)
-        t_numpy = min(_timed(lambda: numpy_batch_rejections(init, p_np, q_np, m))
+        t_numpy = min(timed(lambda: numpy_batch_rejections(init, p_np, q_np, m))
                       for _ in range(args.numpy_repeats))
         array_bytes = {np.float64: p_np.nbytes, np.float32: p_np.nbytes // 2}
 
@@ -99,9 +90,9 @@ def main(argv=None):
             grad = jax.grad(value, argnums=(0, 1))
             value_jit, grad_jit = jax.jit(value), jax.jit(grad)
             one_pass = jax.jit(lambda d, tg: jnp.sum(jnp.maximum(tg.trans - d.trans, 0)))
-            t_value = best_time(lambda: value_jit(d, tg), args.repeats)
-            t_grad = best_time(lambda: grad_jit(d, tg), args.repeats)
-            t_pass = best_time(lambda: one_pass(d, tg), args.repeats)
+            t_value = best_time(lambda i: value_jit(d, tg), args.repeats)
+            t_grad = best_time(lambda i: grad_jit(d, tg), args.repeats)
+            t_pass = best_time(lambda i: one_pass(d, tg), args.repeats)
             got = float(value_jit(d, tg))
             g_d, g_t = grad_jit(d, tg)
             finite = bool(jnp.isfinite(g_d.trans).all() & jnp.isfinite(g_t.trans).all())
@@ -134,12 +125,6 @@ def main(argv=None):
     for r in rows:
         assert r["finite_grad"], f"non-finite gradient in {r['dtype']}"
     return dict(numpy_ms=t_numpy * 1e3, numpy_value=numpy_value, rows=rows)
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -363,20 +363,3 @@ def pareto_front(p: jax.Array, q: jax.Array, epsilons) -> ParetoFront:
     reject, loss = jax.vmap(point)(epsilons)
     return ParetoFront(epsilons, reject, loss, _verify.tv_distance(p, q))
 
-
-__all__ = [
-    "ExactDecoding",
-    "ParetoFront",
-    "batch_expected_rejections",
-    "biased_output_chain",
-    "exact_batch_speculative_decoding",
-    "exact_biased_speculative_decoding",
-    "exact_rejection_decoding",
-    "exact_speculative_decoding",
-    "expected_calls",
-    "expected_rejections",
-    "marginals",
-    "output_chain",
-    "pareto_front",
-    "sequence_kl",
-]

@@ -1,5 +1,6 @@
 """Smoke tests: the main command and the scripts run end to end at tiny sizes."""
 
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -21,12 +22,16 @@ def test_main_command_tiny():
     assert "SD, K = T (Alg. 1)" in out and "batch SD, M = 4" in out
 
 
-def test_benchmark_samplers_tiny():
+def import_script(name):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import benchmark_samplers
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def test_benchmark_samplers_tiny():
+    benchmark_samplers = import_script("benchmark_samplers")
     rows = benchmark_samplers.main(["--num-chains", "20000", "--horizon", "8", "--repeats", "1",
                                     "--numpy-repeats", "1"])
     assert len(rows) == 4
@@ -39,11 +44,7 @@ def test_benchmark_samplers_tiny():
 
 
 def test_benchmark_theory_tiny():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import benchmark_theory
-    finally:
-        sys.path.pop(0)
+    benchmark_theory = import_script("benchmark_theory")
     out = benchmark_theory.main(["--states", "16", "--horizon", "6", "--num-drafts", "3",
                                  "--repeats", "1", "--numpy-repeats", "1"])
     # The plain NumPy recursion and specjax compute the same number.
