@@ -23,7 +23,6 @@ shrinks to ``(root, in-call)``, and to a single phase when the root law equals t
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -89,9 +88,7 @@ def forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
     Returns:
       ``ExactDecoding``.
     """
-    horizon = p.shape[0]
-    if lookahead >= horizon and rule == _rules.SPECULATIVE or (
-            lookahead >= horizon and rule[0] == "batch" and rule[1] != math.inf):
+    if lookahead >= p.shape[0] and _rules.has_root_scale(rule):
         return _unbiased_forward(init, p, q, rule)
     return _general_forward(init, p, q, rule, extra, lookahead)
 

@@ -36,15 +36,24 @@ def same_root(rule) -> bool:
     return rule[0] != "batch"
 
 
+def has_root_scale(rule) -> bool:
+    """True for the unbiased rules whose rejected mass is ``[q - S p]_+`` (SD: ``S = 1``; batch
+    SD's root with finite ``M``: ``S = S_M``); their accepted mass is ``q - [q - S p]_+``."""
+    return rule == SPECULATIVE or (rule[0] == "batch" and rule[1] != math.inf)
+
+
 def root_scale(rule, p, q):
-    """For unbiased rules whose rejected mass is ``[q - S p]_+`` (SD: ``S = 1``; batch SD's root:
-    ``S = S_M``, see ``specjax._verify.batch_scale``), the root's ``S`` as ``(..., 1)``; else
-    ``None``. Their accepted mass is ``q - [q - S p]_+``, so one pass over ``(p, q)`` gives both."""
+    """The root's ``S`` as ``(..., 1)`` for a rule with ``has_root_scale(rule)``."""
     if rule == SPECULATIVE:
         return jnp.ones(q.shape[:-1] + (1,), q.dtype)
-    if rule[0] == "batch" and rule[1] != math.inf:
-        return _verify.batch_scale(p, q, rule[1])
-    return None
+    return _verify.batch_scale(p, q, rule[1])
+
+
+def resolve_lookahead(lookahead, horizon: int) -> int:
+    """Validates ``lookahead``; ``None`` means the paper's ``K = T``, and larger values act the
+    same, so they are clamped to ``T`` (one compilation for all of them)."""
+    _checks.check_positive_int("lookahead", lookahead, allow_none=True)
+    return horizon if lookahead is None else min(lookahead, horizon)
 
 
 def laws(rule, p, q, extra=()) -> tuple[_verify.VerificationLaw, _verify.VerificationLaw]:

@@ -218,14 +218,6 @@ def _batch_scale_bwd(num_drafts, res, g):
     if num_drafts == 1:
         return jnp.zeros_like(p), jnp.zeros_like(q)
     steps = num_drafts - 1
-    active = [_indicator(scaled_residual(p, q, cums[..., m:m + 1])) for m in range(steps)] \
-        if steps <= _UNROLL_DRAFTS else None
-    if active is None:  # long chains: one step at a time
-        def active_at(m):
-            return _indicator(scaled_residual(p, q, jax.lax.dynamic_slice_in_dim(cums, m, 1, -1)))
-    else:
-        def active_at(m):
-            return active[m]
     # Cotangent of S_{m+1} (m = M-1 .. 1): c_M = g, c_m = c_{m+1} (1 - P_m), P_m = p(A_m).
     coeff = g
     grad_p = jnp.zeros_like(p)
@@ -233,15 +225,15 @@ def _batch_scale_bwd(num_drafts, res, g):
 
     def back(m, carry):
         coeff, grad_p, grad_q = carry
-        a = active_at(m)
         cum_m = jax.lax.dynamic_slice_in_dim(cums, m, 1, -1)
+        a = _indicator(scaled_residual(p, q, cum_m))  # 1[x in A_m]
         grad_q = grad_q + coeff * a
         grad_p = grad_p - (coeff * cum_m) * a
         coeff = coeff * (1 - jnp.sum(a * p, axis=-1, keepdims=True))
         return coeff, grad_p, grad_q
 
     carry = (coeff, grad_p, grad_q)
-    if active is not None:
+    if steps <= _UNROLL_DRAFTS:
         for m in reversed(range(steps)):
             carry = back(m, carry)
     else:

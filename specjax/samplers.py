@@ -30,12 +30,6 @@ def _check_pair(draft, target, key, num_chains) -> None:
     _checks.check_positive_int("num_chains", num_chains)
 
 
-def resolve_lookahead(lookahead, horizon: int) -> int:
-    """``None`` means the paper's ``K = T``; larger values behave the same."""
-    _checks.check_positive_int("lookahead", lookahead, allow_none=True)
-    return horizon if lookahead is None else min(lookahead, horizon)
-
-
 @functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "rule"))
 def _run(key, draft, target, extra, *, num_chains, lookahead, rule):
     """Builds the law table for ``rule`` and simulates. ``extra`` holds traced rule parameters."""
@@ -87,7 +81,7 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
       Algorithm 1 (Speculative Decoding); Leviathan et al. 2023 for the bonus token.
     """
     _check_pair(draft, target, key, num_chains)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=_rules.SPECULATIVE)
 
 
@@ -118,7 +112,7 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
     """
     _check_pair(draft, target, key, num_chains)
     _checks.check_positive_int("num_drafts", num_drafts)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, (), num_chains=num_chains, lookahead=k,
                 rule=_rules.batch(num_drafts))
 
@@ -147,7 +141,7 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
     """
     _check_pair(draft, target, key, num_chains)
     rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, extra, num_chains=num_chains, lookahead=k, rule=rule)
 
 
@@ -177,5 +171,5 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
     """
     _check_pair(draft, target, key, num_chains)
     rule = _rules.general(accept_prob, residual)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=rule)

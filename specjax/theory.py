@@ -35,7 +35,6 @@ from specjax._exact import ExactDecoding
 from specjax._models import MarkovChain
 from specjax._models import check_chain
 from specjax._models import check_pair
-from specjax.samplers import resolve_lookahead
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "lookahead"))
@@ -65,7 +64,7 @@ def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       Theorem 1; Leviathan et al. 2023 for the bonus token.
     """
     check_pair(draft, target)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _forward(draft, target, (), rule=_rules.SPECULATIVE, lookahead=k)
 
 
@@ -93,7 +92,7 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
     """
     check_pair(draft, target)
     rule = _rules.batch(num_drafts)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _forward(draft, target, (), rule=rule, lookahead=k)
 
 
@@ -118,7 +117,7 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
     """
     check_pair(draft, target)
     rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _forward(draft, target, extra, rule=rule, lookahead=k)
 
 
@@ -147,7 +146,7 @@ def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_
     """
     check_pair(draft, target)
     rule = _rules.general(accept_prob, residual)
-    k = resolve_lookahead(lookahead, target.horizon)
+    k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _forward(draft, target, (), rule=rule, lookahead=k)
 
 
@@ -308,7 +307,8 @@ def sequence_kl(model_a: MarkovChain, model_b: MarkovChain) -> jax.Array:
     mu = marginals(model_a)[:-1]  # (T, V): law of x_{n-1}
     rows = _kl_rows(model_a.trans, model_b.trans)  # (T, V)
     reached = mu > 0
-    weighted = jnp.where(reached, mu * jnp.where(reached, rows, 0), 0)
+    # Unreached rows may have an infinite KL: zero them before weighting (0 * inf is NaN).
+    weighted = mu * jnp.where(reached, rows, 0)
     return _kl_rows(model_a.init, model_b.init) + jnp.sum(weighted)
 
 

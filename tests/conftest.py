@@ -47,3 +47,11 @@ def random_pair(seed: int, num_states: int, horizon: int, zero_fraction=0.0):
         if num_states >= 2:
             p[0, 1] = q[0, 1]
     return (init, p), (init, q)
+
+
+def chain(pair):
+    """A ``specjax.MarkovChain`` from a NumPy ``(init, trans)`` pair (dtype kept)."""
+    import jax.numpy as jnp
+    import specjax
+    init, trans = pair
+    return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))

@@ -8,15 +8,11 @@ import pytest
 
 import specjax
 import reference as ref
+from conftest import chain
 from conftest import random_pair
 from conftest import random_rows
 
 TIGHT = 1e-10  # float64 exact identities
-
-
-def chain(pair):
-    init, trans = pair
-    return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))
 
 
 def chains(draft, target):

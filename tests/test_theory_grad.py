@@ -10,13 +10,9 @@ import pytest
 
 import specjax
 from specjax import theory
+from conftest import chain
 from conftest import random_pair
 from conftest import random_rows
-
-
-def chain(pair):
-    init, trans = pair
-    return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))
 
 
 def edge_pair(num_states=4, horizon=4):
