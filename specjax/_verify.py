@@ -40,19 +40,44 @@ class VerificationLaw(NamedTuple):
     rejected: jax.Array  # shape=(..., V)
 
 
+@jax.custom_jvp
+def _divide(num: jax.Array, den: jax.Array) -> jax.Array:
+    """``num / den`` for ``den`` at least the smallest normal float, with the derivative written
+    as ``(d num - (num / den) d den) / den``: the default rule forms ``den ** -2``, which
+    overflows to inf (and then NaN) once ``den`` is below about 1e-19 in float32."""
+    return num / den
+
+
+@_divide.defjvp
+def _divide_jvp(primals, tangents):
+    num, den = primals
+    d_num, d_den = tangents
+    ratio = num / den
+    return ratio, (d_num - ratio * d_den) / den
+
+
+def _tiny(x: jax.Array):
+    return jnp.finfo(jnp.asarray(x).dtype).tiny
+
+
 def safe_normalize(w: jax.Array) -> jax.Array:
-    """``w / sum(w)`` over the last axis; all zeros (value and gradient finite) when the sum is 0."""
+    """``w / sum(w)`` over the last axis; all zeros (value and gradient finite) when the sum is 0.
+
+    A sum below the smallest normal float (about 1e-38 in float32) counts as 0, so the division
+    and its gradient never overflow.
+    """
     total = jnp.sum(w, axis=-1, keepdims=True)
-    positive = total > 0
+    positive = total >= _tiny(total)
     safe_total = jnp.where(positive, total, jnp.ones_like(total))
-    return jnp.where(positive, w / safe_total, jnp.zeros_like(w))
+    return jnp.where(positive, _divide(w, safe_total), jnp.zeros_like(w))
 
 
 def _safe_ratio(num: jax.Array, den: jax.Array, fill) -> jax.Array:
-    """``num / den`` where ``den > 0``, ``fill`` elsewhere, with finite gradients."""
-    positive = den > 0
+    """``num / den`` where ``den`` is at least the smallest normal float, ``fill`` elsewhere
+    (``den = 0`` included), with finite values and gradients."""
+    positive = den >= _tiny(den)
     safe_den = jnp.where(positive, den, jnp.ones_like(den))
-    return jnp.where(positive, num / safe_den, jnp.full_like(num, fill))
+    return jnp.where(positive, _divide(num, safe_den), jnp.full_like(num, fill))
 
 
 def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:

@@ -55,3 +55,24 @@ def chain(pair):
     import specjax
     init, trans = pair
     return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))
+
+
+def edge_pair(num_states=4, horizon=4):
+    """Rows covering every edge case: p = q, disjoint supports, one-hot rows, zeros, a residual
+    that runs out of mass within two drafts, and p = 0 where q > 0."""
+    rng = np.random.default_rng(0)
+    p = random_rows(rng, (horizon, num_states, num_states), zero_fraction=0.3)
+    q = random_rows(rng, (horizon, num_states, num_states), zero_fraction=0.3)
+    p[0, 0], q[0, 0] = q[0, 0], q[0, 0]  # p = q
+    p[0, 1] = [0.5, 0.5, 0, 0]
+    q[0, 1] = [0, 0, 0.5, 0.5]  # disjoint supports
+    p[0, 2] = [1, 0, 0, 0]
+    q[0, 2] = [0, 1, 0, 0]  # one-hot, disjoint
+    p[0, 3] = [1, 0, 0, 0]
+    q[0, 3] = [1, 0, 0, 0]  # one-hot, equal
+    p[1, 0] = [0.25, 0.25, 0.25, 0.25]
+    q[1, 0] = [0.5, 0.5, 0, 0]  # residual exhausted after the second draft
+    p[1, 1] = [0, 0.5, 0.5, 0]
+    q[1, 1] = [0.4, 0.2, 0.2, 0.2]  # p = 0 where q > 0
+    init = np.array([0.25, 0.25, 0.5, 0.0])
+    return (init, p), (init, q)

@@ -11,29 +11,8 @@ import pytest
 import specjax
 from specjax import theory
 from conftest import chain
+from conftest import edge_pair
 from conftest import random_pair
-from conftest import random_rows
-
-
-def edge_pair(num_states=4, horizon=4):
-    """Rows covering every edge case: p = q, disjoint supports, one-hot rows, zeros, a residual
-    that runs out of mass within two drafts, and p = 0 where q > 0."""
-    rng = np.random.default_rng(0)
-    p = random_rows(rng, (horizon, num_states, num_states), zero_fraction=0.3)
-    q = random_rows(rng, (horizon, num_states, num_states), zero_fraction=0.3)
-    p[0, 0], q[0, 0] = q[0, 0], q[0, 0]  # p = q
-    p[0, 1] = [0.5, 0.5, 0, 0]
-    q[0, 1] = [0, 0, 0.5, 0.5]  # disjoint supports
-    p[0, 2] = [1, 0, 0, 0]
-    q[0, 2] = [0, 1, 0, 0]  # one-hot, disjoint
-    p[0, 3] = [1, 0, 0, 0]
-    q[0, 3] = [1, 0, 0, 0]  # one-hot, equal
-    p[1, 0] = [0.25, 0.25, 0.25, 0.25]
-    q[1, 0] = [0.5, 0.5, 0, 0]  # residual exhausted after the second draft
-    p[1, 1] = [0, 0.5, 0.5, 0]
-    q[1, 1] = [0.4, 0.2, 0.2, 0.2]  # p = 0 where q > 0
-    init = np.array([0.25, 0.25, 0.5, 0.0])
-    return (init, p), (init, q)
 
 
 OBJECTIVES = {
@@ -120,6 +99,22 @@ def test_single_token_gradients_finite_at_edge_cases(name):
     draft, target = edge_pair()
     p = jnp.asarray(draft[1][:2].reshape(-1, 4), jnp.float32)
     q = jnp.asarray(target[1][:2].reshape(-1, 4), jnp.float32)
+    fn = SINGLE_TOKEN[name]
+    grads = jax.grad(lambda p, q: jnp.sum(fn(p, q)), argnums=(0, 1))(p, q)
+    for g in grads:
+        assert bool(jnp.all(jnp.isfinite(g))), name
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE_TOKEN))
+def test_single_token_gradients_finite_at_tiny_probabilities(name):
+    """Probabilities far below float32's 1e-19 (where the default derivative of a division,
+    ``den ** -2``, overflows), as a softmax of very negative logits produces: both rows tiny at
+    the same token, the draft tiny where the target is not, and the reverse."""
+    tiny = np.float32(1e-30)
+    p = jnp.array([[0.5, 0.5 - tiny, tiny, 0.0], [tiny, 1.0, 0.0, tiny],
+                   [0.25, 0.25, 0.5 - 2e-30, 2e-30]], jnp.float32)
+    q = jnp.array([[0.5, 0.5 - 2e-30, 2e-30, 0.0], [0.5, 0.5, 0.0, 0.0],
+                   [0.25, 0.25, 0.5, 0.0]], jnp.float32)
     fn = SINGLE_TOKEN[name]
     grads = jax.grad(lambda p, q: jnp.sum(fn(p, q)), argnums=(0, 1))(p, q)
     for g in grads:
