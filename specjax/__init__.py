@@ -17,6 +17,12 @@ from specjax._verify import residual_distribution
 from specjax._verify import tv_distance
 from specjax._verify import tv_loss_star
 from specjax._verify import verification_law
+from specjax.drafts import ContextFreeDraft
+from specjax.drafts import DraftFamily
+from specjax.drafts import FullDraft
+from specjax.drafts import LowRankDraft
+from specjax.drafts import StationaryDraft
+from specjax.drafts import draft_family
 from specjax.samplers import autoregressive_decoding
 from specjax.samplers import batch_speculative_decoding
 from specjax.samplers import biased_speculative_decoding
@@ -36,29 +42,52 @@ from specjax.theory import marginals
 from specjax.theory import output_chain
 from specjax.theory import pareto_front
 from specjax.theory import sequence_kl
+from specjax.tuning import Objective
+from specjax.tuning import TuneResult
+from specjax.tuning import batch_rejections
+from specjax.tuning import biased_tradeoff
+from specjax.tuning import kl_divergence
+from specjax.tuning import kl_fit
+from specjax.tuning import make_objective
+from specjax.tuning import sd_rejections
+from specjax.tuning import target_calls
+from specjax.tuning import tune_draft
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContextFreeDraft",
     "DecodingTrace",
+    "DraftFamily",
     "ExactDecoding",
+    "FullDraft",
+    "LowRankDraft",
     "MarkovChain",
+    "Objective",
     "ParetoFront",
+    "StationaryDraft",
+    "TuneResult",
     "VerificationLaw",
     "acceptance_probability",
     "autoregressive_decoding",
     "batch_expected_rejections",
     "batch_improvement",
+    "batch_rejections",
     "batch_residual_mass",
     "batch_speculative_decoding",
     "biased_output_chain",
     "biased_speculative_decoding",
+    "biased_tradeoff",
+    "draft_family",
     "exact_batch_speculative_decoding",
     "exact_biased_speculative_decoding",
     "exact_rejection_decoding",
     "exact_speculative_decoding",
     "expected_calls",
     "expected_rejections",
+    "kl_divergence",
+    "kl_fit",
+    "make_objective",
     "marginals",
     "optimal_residual",
     "output_chain",
@@ -68,8 +97,11 @@ __all__ = [
     "rejection_decoding",
     "rejection_probability",
     "residual_distribution",
+    "sd_rejections",
     "sequence_kl",
     "speculative_decoding",
+    "target_calls",
+    "tune_draft",
     "tv_distance",
     "tv_loss_star",
     "verification_law",

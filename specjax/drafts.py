@@ -1,0 +1,250 @@
+"""Draft families: unconstrained parameters -> a draft ``MarkovChain``, for tuning with optax.
+
+A family is a small frozen (hashable) description of the draft's shape: ``V``, ``T`` and, for the
+low-rank family, the rank. Its parameters are logits, a pytree of arrays that any optax optimiser
+can update freely; ``family.chain(params)`` maps them through a softmax to a draft
+``MarkovChain`` (always a valid chain, whatever the parameter values).
+
+| family | parameters | transition ``p_n(b | a)`` |
+| --- | --- | --- |
+| ``FullDraft`` | ``(T, V, V)`` logits | one matrix per position (contains every target) |
+| ``StationaryDraft`` | ``(V, V)`` logits | one matrix shared by all positions |
+| ``LowRankDraft`` | ``(V, r)``, ``(r, V)``, ``(V,)`` | stationary, logits ``U @ W + b`` of rank ``r`` |
+| ``ContextFreeDraft`` | ``(T, V)`` logits | one distribution per position, ignoring ``a`` |
+
+The draft's prompt law ``init`` is uniform in every family: decoding never uses it (the prompt
+``x_0`` is the target's), so it is not a parameter.
+
+``specjax.kl_fit(family, target)`` is the baseline users would otherwise use: the maximum-likelihood
+(forward-KL) fit ``argmin_p E_{x ~ q}[-log p(x_{1:T})]``, in closed form for the full, stationary
+and context-free families and by optax for the low-rank family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _checks
+from specjax._models import MarkovChain
+from specjax._models import check_chain
+from specjax.theory import marginals
+
+
+def _dtype():
+    return jnp.result_type(float)
+
+
+def _uniform_init(num_states, dtype):
+    return jnp.full((num_states,), 1.0 / num_states, dtype)
+
+
+def _logits_of(probs):
+    """Finite logits of probabilities: ``log(max(probs, tiny))`` (a zero becomes about -87 in
+    float32, -708 in float64: a probability that underflows to 0 under the softmax)."""
+    tiny = jnp.finfo(probs.dtype).tiny
+    return jnp.log(jnp.maximum(probs, tiny))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftFamily:
+    """Base class: a parametrisation of draft chains with ``V`` states and horizon ``T``.
+
+    Subclasses define ``init`` (random parameters), ``chain`` (parameters -> ``MarkovChain``) and
+    ``kl_fit_closed_form`` (or ``None`` when there is none). Families are frozen dataclasses, so
+    they are hashable and can be static arguments of ``jax.jit``.
+    """
+
+    num_states: int
+    horizon: int
+
+    def __post_init__(self):
+        _checks.check_positive_int("num_states", self.num_states)
+        _checks.check_positive_int("horizon", self.horizon)
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def shapes(self):
+        """The parameters' pytree of shapes."""
+        raise NotImplementedError
+
+    def init(self, key, scale: float = 1.0):
+        """Random parameters: logits ``scale * N(0, 1)``, one independent draw per leaf."""
+        _checks.check_key(key)
+        shapes = self.shapes()
+        leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
+        keys = jax.random.split(key, len(leaves))
+        return jax.tree_util.tree_unflatten(
+            treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, leaves)])
+
+    def uniform(self):
+        """Parameters of the uniform draft (all logits zero)."""
+        shapes = self.shapes()
+        return jax.tree_util.tree_map(lambda s: jnp.zeros(s, _dtype()), shapes,
+                                      is_leaf=lambda s: isinstance(s, tuple))
+
+    def transitions(self, params) -> jax.Array:
+        """The ``(T, V, V)`` transition logits (up to a per-row constant)."""
+        raise NotImplementedError
+
+    def chain(self, params) -> MarkovChain:
+        """The draft ``MarkovChain``: uniform prompt law, softmax of ``transitions(params)``."""
+        trans = jax.nn.softmax(self.transitions(params), axis=-1)
+        return MarkovChain.tree_unflatten(None, (_uniform_init(self.num_states, trans.dtype), trans))
+
+    def kl_fit_closed_form(self, target: MarkovChain):
+        """Forward-KL fit in closed form (parameters), or ``None`` when the family has none."""
+        del target
+        return None
+
+    def check_target(self, target) -> None:
+        """Raise ``ValueError`` unless ``target`` is a chain with this family's ``V`` and ``T``."""
+        check_chain("target", target)
+        if (target.num_states, target.horizon) != (self.num_states, self.horizon):
+            raise ValueError(
+                f"target has V = {target.num_states}, T = {target.horizon} but the draft family "
+                f"{self!r} has V = {self.num_states}, T = {self.horizon}")
+
+
+def _target_weights(target):
+    """``(T, V)``: ``mu_{n-1}(a)``, the target's law of the context ``x_{n-1}`` at position n."""
+    return marginals(target)[:-1]
+
+
+def _stationary_fit(target, horizon):
+    """``(V, V)``: the forward-KL optimal stationary transition matrix (probabilities)."""
+    # argmin_p sum_n sum_a mu_{n-1}(a) KL(q_n(.|a) || p(.|a)): for each row a, the average of
+    # the target's rows q_n(.|a) weighted by mu_{n-1}(a). A context never reached (total
+    # weight 0) does not matter; it gets the plain average.
+    weights = _target_weights(target)  # (T, V)
+    total = jnp.sum(weights, axis=0)  # (V,)
+    reached = total > 0
+    weights = jnp.where(reached, weights, 1.0)
+    total = jnp.where(reached, total, float(horizon))
+    return jnp.einsum("na,nab->ab", weights, target.trans,
+                      precision=jax.lax.Precision.HIGHEST) / total[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class FullDraft(DraftFamily):
+    """One transition matrix per position: parameters ``(T, V, V)`` logits."""
+
+    @property
+    def name(self):
+        return "full"
+
+    def shapes(self):
+        return (self.horizon, self.num_states, self.num_states)
+
+    def transitions(self, params):
+        return params
+
+    def kl_fit_closed_form(self, target):
+        # The family contains the target: the fit is the target itself.
+        return _logits_of(target.trans)
+
+
+@dataclasses.dataclass(frozen=True)
+class StationaryDraft(DraftFamily):
+    """One matrix shared by all positions (a small model approximating a non-stationary one)."""
+
+    @property
+    def name(self):
+        return "stationary"
+
+    def shapes(self):
+        return (self.num_states, self.num_states)
+
+    def transitions(self, params):
+        return jnp.broadcast_to(params, (self.horizon,) + params.shape)
+
+    def kl_fit_closed_form(self, target):
+        return _logits_of(_stationary_fit(target, self.horizon))
+
+
+@dataclasses.dataclass(frozen=True)
+class LowRankDraft(DraftFamily):
+    """Stationary with rank-``r`` logits ``U @ W + b``: parameters ``{"u", "w", "bias"}``.
+
+    ``bias`` (a ``(V,)`` row added to every context) lets a draft of small rank still match the
+    average next-token law. There is no closed-form KL fit; ``specjax.kl_fit`` runs optax from
+    ``spectral_start``.
+    """
+
+    rank: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        _checks.check_positive_int("rank", self.rank)
+
+    @property
+    def name(self):
+        return "lowrank"
+
+    def shapes(self):
+        return {"u": (self.num_states, self.rank), "w": (self.rank, self.num_states),
+                "bias": (self.num_states,)}
+
+    def spectral_start(self, target):
+        """Deterministic starting parameters for fitting: the rank-``r`` truncated SVD of the
+        (row-centred) logits of the stationary forward-KL fit, probabilities floored at 1e-6."""
+        logits = jnp.log(_stationary_fit(target, self.horizon) + 1e-6)
+        logits = logits - jnp.mean(logits, axis=-1, keepdims=True)
+        bias = jnp.mean(logits, axis=0)
+        u, s, vt = jnp.linalg.svd(logits - bias[None, :], full_matrices=False)
+        root = jnp.sqrt(s[:self.rank])
+        u, vt = u[:, :self.rank] * root[None, :], vt[:self.rank] * root[:, None]
+        pad = self.rank - u.shape[1]  # rank > V: extra zero factors
+        u = jnp.pad(u, ((0, 0), (0, pad)))
+        vt = jnp.pad(vt, ((0, pad), (0, 0)))
+        return {"u": u, "w": vt, "bias": bias}
+
+    def transitions(self, params):
+        logits = jnp.dot(params["u"], params["w"], precision=jax.lax.Precision.HIGHEST)
+        logits = logits + params["bias"][None, :]
+        return jnp.broadcast_to(logits, (self.horizon,) + logits.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextFreeDraft(DraftFamily):
+    """One distribution per position that ignores the previous token: ``(T, V)`` logits."""
+
+    @property
+    def name(self):
+        return "contextfree"
+
+    def shapes(self):
+        return (self.horizon, self.num_states)
+
+    def transitions(self, params):
+        return jnp.broadcast_to(params[:, None, :],
+                                (self.horizon, self.num_states, self.num_states))
+
+    def kl_fit_closed_form(self, target):
+        # argmin sum_a mu_{n-1}(a) KL(q_n(.|a) || p_n): the mixture sum_a mu_{n-1}(a) q_n(.|a),
+        # i.e. the target's marginal law of x_n.
+        return _logits_of(marginals(target)[1:])
+
+
+FAMILIES = {"full": FullDraft, "stationary": StationaryDraft, "lowrank": LowRankDraft,
+            "contextfree": ContextFreeDraft}
+
+
+def draft_family(name: str, num_states: int, horizon: int, *, rank: int = 2) -> DraftFamily:
+    """A draft family by name: ``"full"``, ``"stationary"``, ``"lowrank"`` or ``"contextfree"``.
+
+    Args:
+      name: the family.
+      num_states: ``V``.
+      horizon: ``T``.
+      rank: ``r`` for ``"lowrank"`` (ignored otherwise).
+    """
+    if name not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {name!r}")
+    if name == "lowrank":
+        return LowRankDraft(num_states, horizon, rank)
+    return FAMILIES[name](num_states, horizon)

@@ -1,0 +1,401 @@
+"""Tune a draft for what decoding costs: exact, differentiable objectives and an optax loop.
+
+The exact quantities of ``specjax.theory`` are differentiable in the draft, so a draft family
+(``specjax.drafts``) can be tuned by gradient descent on the cost of decoding itself instead of
+being distilled by maximum likelihood (``kl_fit``) in the hope that acceptance follows.
+
+Example:
+  >>> import jax, specjax
+  >>> draft, target = specjax.paper_instance()
+  >>> family = specjax.StationaryDraft(num_states=7, horizon=50)
+  >>> fit = specjax.kl_fit(family, target)
+  >>> result = specjax.tune_draft(family, fit, target, specjax.sd_rejections(), num_steps=200)
+  >>> bool(result.value < specjax.expected_rejections(family.chain(fit), target))
+  True
+
+References:
+  Theorem 1 (SD), Theorem 3 (batch SD) and Theorems 4-5 (the biased trade-off) of the paper;
+  Zhou et al. 2023 (DistillSpec) on TV rather than KL as the distillation target for SD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import sys
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax import _checks
+from specjax import _verify
+from specjax._models import MarkovChain
+from specjax.drafts import DraftFamily
+from specjax.theory import batch_expected_rejections
+from specjax.theory import exact_biased_speculative_decoding
+from specjax.theory import expected_calls
+from specjax.theory import expected_rejections
+from specjax.theory import sequence_kl
+
+# --- objectives ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """An exact, differentiable cost of decoding: ``objective(draft, target) -> scalar``.
+
+    Build one with ``sd_rejections``, ``batch_rejections``, ``target_calls``,
+    ``biased_tradeoff`` or ``kl_divergence`` (or ``make_objective`` by name). Objectives are
+    frozen dataclasses: hashable, so ``tune_draft`` compiles once per objective. Any other
+    callable ``(draft, target) -> scalar`` works with ``tune_draft`` too.
+
+    Attributes:
+      kind: ``"sd"``, ``"batch"``, ``"calls"``, ``"biased"`` or ``"kl"``.
+      num_drafts: ``M`` for ``"batch"``.
+      lookahead: ``K`` for ``"calls"`` (and optionally ``"sd"``/``"batch"``); ``None`` is ``T``.
+      epsilon: the over-acceptance ``eps`` of ``"biased"``.
+      weight: ``lambda``, the price of one unit of ``Loss*_TV`` in ``"biased"``.
+    """
+
+    kind: str
+    num_drafts: Any = None
+    lookahead: int | None = None
+    epsilon: float = 0.0
+    weight: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: ``sd``, ``batch(M=4)``, ``calls(K=4)``, ..."""
+        k = "" if self.lookahead is None else f"K={self.lookahead}"
+        if self.kind == "sd":
+            return "sd" if not k else f"sd({k})"
+        if self.kind == "batch":
+            return f"batch(M={self.num_drafts}{', ' + k if k else ''})"
+        if self.kind == "calls":
+            return f"calls({k or 'K=T'})"
+        if self.kind == "biased":
+            return f"biased(eps={self.epsilon:g}, lambda={self.weight:g})"
+        return self.kind
+
+    def __call__(self, draft: MarkovChain, target: MarkovChain) -> jax.Array:
+        if self.kind == "sd":
+            return expected_rejections(draft, target, lookahead=self.lookahead)
+        if self.kind == "batch":
+            return batch_expected_rejections(draft, target, num_drafts=self.num_drafts,
+                                             lookahead=self.lookahead)
+        if self.kind == "calls":
+            return expected_calls(draft, target, lookahead=self.lookahead)
+        if self.kind == "biased":
+            return _biased_tradeoff(draft, target, self.epsilon, self.weight)
+        if self.kind == "kl":
+            # The prompt term KL(q_0 || p_0) does not depend on the draft's transitions and the
+            # draft's prompt law is never used by decoding: compare transitions only.
+            return sequence_kl(target, MarkovChain.tree_unflatten(None, (target.init, draft.trans)))
+        raise ValueError(f"unknown objective kind {self.kind!r}")
+
+
+def _biased_tradeoff(draft, target, epsilon, weight):
+    exact = exact_biased_speculative_decoding(draft, target, epsilon=epsilon)
+    b = _verify.acceptance_probability(draft.trans, target.trans, epsilon=epsilon)
+    loss = _verify.tv_loss_star(draft.trans, target.trans, b)  # (T, V), per context
+    context = exact.marginals[:-1]  # (T, V): the biased decoder's own law of x_{n-1}
+    return exact.expected_rejections + weight * jnp.sum(context * loss)
+
+
+def _check_lookahead(lookahead):
+    _checks.check_positive_int("lookahead", lookahead, allow_none=True)
+
+
+def _check_finite_non_negative(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+
+
+def sd_rejections(*, lookahead: int | None = None) -> Objective:
+    """Expected rejections of SD: Theorem 1's ``sum_n E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` (K = T)."""
+    _check_lookahead(lookahead)
+    return Objective("sd", lookahead=lookahead)
+
+
+def batch_rejections(num_drafts, *, lookahead: int | None = None) -> Objective:
+    """Expected rejections of batch SD with ``M`` drafts (Theorem 3)."""
+    _verify._check_num_drafts(num_drafts)
+    _check_lookahead(lookahead)
+    return Objective("batch", num_drafts=num_drafts, lookahead=lookahead)
+
+
+def target_calls(*, lookahead: int | None) -> Objective:
+    """Expected target calls of SD with lookahead ``K`` (bonus token after ``K`` accepts)."""
+    _check_lookahead(lookahead)
+    return Objective("calls", lookahead=lookahead)
+
+
+def biased_tradeoff(epsilon: float, *, weight: float = 1.0) -> Objective:
+    """Biased SD's trade-off ``E[N_rej] + lambda * sum_n E[Loss*_TV(b_n)]`` at fixed ``eps``.
+
+    ``b = min(1, (q + eps) / p)`` with Theorem 4's optimal residual (Decoding-OPT), ``K = T``.
+    The bias term is the paper's single-token ``Loss*_TV`` of each position, averaged over the
+    biased decoder's own law of the context ``x_{n-1}`` and summed over positions: the paper
+    solves the trade-off one token at a time (its remark after Theorem 4 notes the
+    whole-sequence problem has no closed form). By Theorem 5 each term is
+    ``P(reject) + Loss* = TV(p, q)`` per context, so ``lambda = 1`` gives SD's objective under
+    the biased decoder's context law; ``lambda > 1`` favours less bias, ``lambda < 1`` fewer
+    rejections.
+
+    Args:
+      epsilon: ``eps >= 0``.
+      weight: ``lambda >= 0``.
+    """
+    _check_finite_non_negative("epsilon", epsilon)
+    _check_finite_non_negative("weight", weight)
+    return Objective("biased", epsilon=float(epsilon), weight=float(weight))
+
+
+def kl_divergence() -> Objective:
+    """Forward ``KL(q || p)`` of whole sequences, up to the prompt term: maximum likelihood.
+
+    It is ``+inf`` (never NaN, gradient finite) when the draft gives probability 0 to a token the
+    target can produce, e.g. when logits far below the row's maximum (about 87 in float32) make
+    the softmax underflow; ``tune_draft`` then skips the update. Start from moderate logits.
+    """
+    return Objective("kl")
+
+
+OBJECTIVES = ("sd", "batch", "calls", "biased", "kl")
+
+
+def make_objective(name: str, *, num_drafts=4, lookahead: int | None = 4, epsilon: float = 0.05,
+                   weight: float = 1.0) -> Objective:
+    """An objective by name (for command lines); settings that do not apply are ignored.
+
+    ``"sd"`` (K = T), ``"batch"`` (``num_drafts``, K = T), ``"calls"`` (``lookahead``),
+    ``"biased"`` (``epsilon``, ``weight``), ``"kl"``.
+    """
+    if name == "sd":
+        return sd_rejections()
+    if name == "batch":
+        return batch_rejections(num_drafts)
+    if name == "calls":
+        return target_calls(lookahead=lookahead)
+    if name == "biased":
+        return biased_tradeoff(epsilon, weight=weight)
+    if name == "kl":
+        return kl_divergence()
+    raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {name!r}")
+
+
+# --- the tuner -------------------------------------------------------------------------------------
+
+
+class TuneResult(NamedTuple):
+    """What ``tune_draft`` returns.
+
+    Attributes:
+      params: the best parameters seen (lowest objective); ``value <= history[0]`` always.
+      draft: ``family.chain(params)``.
+      value: the objective at ``params``.
+      history: the objective at every iterate ``0..num_steps`` (iterate 0 is the start).
+      best_step: the index in ``history`` of ``params``.
+      final_params: the last iterate (to continue from).
+      skipped: updates skipped because the objective, gradient or new parameters were not finite.
+    """
+
+    params: Any
+    draft: MarkovChain
+    value: jax.Array  # shape=(), dtype=float
+    history: jax.Array  # shape=(num_steps + 1,), dtype=float
+    best_step: jax.Array  # shape=(), dtype=int32
+    final_params: Any
+    skipped: jax.Array  # shape=(), dtype=int32
+
+
+class _Carry(NamedTuple):
+    params: Any
+    opt_state: Any
+    best_params: Any
+    best_value: jax.Array  # shape=()
+    best_step: jax.Array  # shape=(), int32
+    step: jax.Array  # shape=(), int32
+    skipped: jax.Array  # shape=(), int32
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return functools.reduce(jnp.logical_and, leaves, jnp.array(True))
+
+
+def _select(flag, new, old):
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
+
+
+def _record(carry, value):
+    """Keeps ``carry.params`` as the best so far when ``value`` beats it (NaN never does)."""
+    better = value < carry.best_value
+    return carry._replace(best_params=_select(better, carry.params, carry.best_params),
+                          best_value=jnp.where(better, value, carry.best_value),
+                          best_step=jnp.where(better, carry.step, carry.best_step))
+
+
+@functools.partial(jax.jit, static_argnames=("family", "objective", "optimizer", "num_steps"))
+def _steps(carry, target, *, family, objective, optimizer, num_steps):
+    def loss(params):
+        return objective(family.chain(params), target)
+
+    def step(carry, _):
+        value, grads = jax.value_and_grad(loss)(carry.params)
+        carry = _record(carry, value)
+        updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
+        params = optax.apply_updates(carry.params, updates)
+        ok = jnp.isfinite(value) & _all_finite(grads) & _all_finite(params)
+        carry = carry._replace(params=_select(ok, params, carry.params),
+                               opt_state=_select(ok, opt_state, carry.opt_state),
+                               step=carry.step + 1,
+                               skipped=carry.skipped + jnp.where(ok, 0, 1).astype(jnp.int32))
+        return carry, value
+
+    return jax.lax.scan(step, carry, None, length=num_steps)
+
+
+@functools.partial(jax.jit, static_argnames=("family", "objective"))
+def _finish(carry, target, *, family, objective):
+    value = objective(family.chain(carry.params), target)
+    return _record(carry, value), value
+
+
+_DEFAULT_LEARNING_RATE = 0.05
+_DEFAULT_OPTIMIZER = optax.adam(_DEFAULT_LEARNING_RATE)
+
+
+def _check_params(family, params):
+    want = jax.tree_util.tree_map(lambda s: s, family.shapes(),
+                                  is_leaf=lambda s: isinstance(s, tuple))
+    try:
+        got = jax.tree_util.tree_map(lambda s, x: tuple(jnp.shape(x)), want, params,
+                                     is_leaf=lambda s: isinstance(s, tuple))
+    except ValueError as err:
+        raise ValueError(f"params must have the structure of {family!r}'s parameters "
+                         f"{want}; {err}") from None
+    if got != want:
+        raise ValueError(f"params must have shapes {want} for {family!r}, got {got}")
+    for x in jax.tree_util.tree_leaves(params):
+        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+            raise ValueError(f"params must be floating-point arrays, got dtype {jnp.asarray(x).dtype}")
+        if _checks.is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+            raise ValueError("params contain NaN or infinite values")
+
+
+def _print_progress(step, num_steps, value, best):
+    print(f"tune_draft: step {step:>6d}/{num_steps}  objective {value:.6g}  best {best:.6g}",
+          file=sys.stderr, flush=True)
+
+
+def tune_draft(family: DraftFamily, params, target: MarkovChain,
+               objective: Callable[[MarkovChain, MarkovChain], jax.Array], *,
+               num_steps: int = 500, optimizer: optax.GradientTransformation | None = None,
+               log_every: int | None = None,
+               callback: Callable[[int, float, float], None] | None = None,
+               progress: bool = False) -> TuneResult:
+    """Minimises an exact objective over a draft family with an optax optimiser.
+
+    Each step evaluates ``objective(family.chain(params), target)`` and its gradient in the
+    parameters (logits) and applies one optimiser update. The loop runs under ``jit`` as a
+    ``lax.scan`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
+    progress line) sees the step and the objective. An update whose objective, gradient or new
+    parameters are not finite is skipped (``TuneResult.skipped`` counts them), so the
+    parameters never become NaN. The result is the best iterate seen, so the returned draft is
+    never worse on the objective than the starting one.
+
+    Args:
+      family: a ``DraftFamily`` (``specjax.StationaryDraft(V, T)``, ...).
+      params: starting parameters, e.g. ``family.init(key)``, ``family.uniform()`` or
+        ``kl_fit(family, target)``.
+      target: the target ``MarkovChain`` ``q`` (traced: a new target does not recompile).
+      objective: ``sd_rejections()``, ``batch_rejections(M)``, ``target_calls(lookahead=K)``,
+        ``biased_tradeoff(eps, weight=lam)``, ``kl_divergence()`` or any hashable callable
+        ``(draft, target) -> scalar``.
+      num_steps: number of optimiser steps (``>= 1``).
+      optimizer: any ``optax.GradientTransformation``; default ``optax.adam(0.05)``. It is a
+        static argument of the compiled loop: reuse the same object to avoid recompiling.
+      log_every: steps per compiled chunk, i.e. how often ``callback`` runs; default all steps
+        in one chunk, or a tenth of them when ``callback`` or ``progress`` is set.
+      callback: ``callback(step, objective, best)`` with Python numbers, after each chunk
+        (``objective`` is the value at the chunk's last evaluated iterate).
+      progress: print a progress line to standard error after each chunk.
+
+    Returns:
+      ``TuneResult`` (``params``, ``draft``, ``value``, ``history``, ``best_step``,
+      ``final_params``, ``skipped``).
+    """
+    if not isinstance(family, DraftFamily):
+        raise ValueError(f"family must be a specjax DraftFamily, got {type(family).__name__}")
+    family.check_target(target)
+    _check_params(family, params)
+    if not callable(objective):
+        raise ValueError(f"objective must be callable (draft, target) -> scalar, got {objective!r}")
+    _checks.check_positive_int("num_steps", num_steps)
+    _checks.check_positive_int("log_every", log_every, allow_none=True)
+    optimizer = _DEFAULT_OPTIMIZER if optimizer is None else optimizer
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise ValueError(f"optimizer must be an optax.GradientTransformation, got {optimizer!r}")
+    if log_every is None:
+        log_every = max(1, num_steps // 10) if (callback or progress) else num_steps
+
+    dtype = jnp.result_type(float)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+    carry = _Carry(params, optimizer.init(params), params, jnp.array(jnp.inf, dtype),
+                   jnp.array(0, jnp.int32), jnp.array(0, jnp.int32), jnp.array(0, jnp.int32))
+    chunks, done = [], 0
+    while done < num_steps:
+        size = min(log_every, num_steps - done)
+        carry, values = _steps(carry, target, family=family, objective=objective,
+                               optimizer=optimizer, num_steps=size)
+        chunks.append(values)
+        done += size
+        if callback is not None or progress:
+            last, best = float(values[-1]), float(carry.best_value)
+            if progress:
+                _print_progress(done, num_steps, last, best)
+            if callback is not None:
+                callback(done, last, best)
+    carry, final = _finish(carry, target, family=family, objective=objective)
+    history = jnp.concatenate(chunks + [final[None]])
+    return TuneResult(carry.best_params, family.chain(carry.best_params), carry.best_value,
+                      history, carry.best_step, carry.params, carry.skipped)
+
+
+def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
+           optimizer: optax.GradientTransformation | None = None):
+    """Maximum-likelihood (forward-KL) fit of a draft family to the target: the usual distillation.
+
+    Minimises ``sum_n E_{x_{n-1} ~ q}[KL(q_n(.|x_{n-1}) || p_n(.|x_{n-1}))]``, the whole-sequence
+    ``KL(q || p)`` without the prompt term (which no draft parameter affects). In closed form for
+    the full family (the target itself), the stationary family (the target's rows averaged with
+    the target's marginals as weights) and the context-free family (the target's marginals); for
+    the low-rank family by ``tune_draft`` on ``kl_divergence()`` from ``spectral_start``.
+
+    Args:
+      family: a ``DraftFamily``.
+      target: the target ``MarkovChain`` ``q``.
+      num_steps: optimiser steps when there is no closed form.
+      optimizer: optax optimiser when there is no closed form (default ``optax.adam(0.05)``).
+
+    Returns:
+      The fitted parameters (``family.chain(params)`` is the fitted draft). Zero probabilities
+      of a closed-form fit become logits ``log(tiny)``, so the parameters are finite.
+    """
+    if not isinstance(family, DraftFamily):
+        raise ValueError(f"family must be a specjax DraftFamily, got {type(family).__name__}")
+    family.check_target(target)
+    params = family.kl_fit_closed_form(target)
+    if params is not None:
+        return params
+    start = family.spectral_start(target)
+    return tune_draft(family, start, target, kl_divergence(), num_steps=num_steps,
+                      optimizer=optimizer).params

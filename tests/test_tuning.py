@@ -1,0 +1,309 @@
+"""Draft families, objectives and the optax tuner (issue 4)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import specjax
+from specjax import tuning
+from conftest import chain
+from conftest import edge_pair
+from conftest import random_pair
+
+V, T = 5, 12
+
+
+def families(num_states=V, horizon=T):
+    return [specjax.FullDraft(num_states, horizon), specjax.StationaryDraft(num_states, horizon),
+            specjax.LowRankDraft(num_states, horizon, 2),
+            specjax.ContextFreeDraft(num_states, horizon)]
+
+
+def objectives():
+    return [specjax.sd_rejections(), specjax.sd_rejections(lookahead=3),
+            specjax.batch_rejections(3), specjax.batch_rejections(math.inf),
+            specjax.target_calls(lookahead=3), specjax.biased_tradeoff(0.05, weight=2.0),
+            specjax.kl_divergence()]
+
+
+def target_chain(seed, num_states=V, horizon=T, zero_fraction=0.0):
+    _, target = random_pair(seed, num_states, horizon, zero_fraction)
+    return chain(target)
+
+
+# --- families ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", families(), ids=lambda f: f.name)
+def test_family_chain_is_valid_and_has_its_structure(family):
+    params = family.init(jax.random.key(0))
+    draft = family.chain(params)
+    specjax.MarkovChain(draft.init, draft.trans)  # validates rows (concrete arrays)
+    assert draft.trans.shape == (T, V, V)
+    trans = np.asarray(draft.trans)
+    if family.name in ("stationary", "lowrank"):
+        np.testing.assert_array_equal(trans, np.broadcast_to(trans[0], trans.shape))
+    if family.name == "contextfree":
+        np.testing.assert_array_equal(trans, np.broadcast_to(trans[:, :1], trans.shape))
+    if family.name == "lowrank":
+        logits = np.log(trans[0])
+        centred = logits - logits.mean(axis=0, keepdims=True)
+        centred -= centred.mean(axis=1, keepdims=True)
+        assert np.linalg.matrix_rank(centred, tol=1e-4) <= family.rank
+    uniform = family.chain(family.uniform())
+    np.testing.assert_allclose(np.asarray(uniform.trans), 1.0 / V, rtol=1e-6)
+
+
+def test_family_validation():
+    with pytest.raises(ValueError, match="family must be one of"):
+        specjax.draft_family("nope", V, T)
+    with pytest.raises(ValueError, match="rank"):
+        specjax.LowRankDraft(V, T, 0)
+    with pytest.raises(ValueError, match="num_states"):
+        specjax.StationaryDraft(0, T)
+    family = specjax.StationaryDraft(V, T)
+    with pytest.raises(ValueError, match="V = 4, T = 12"):
+        specjax.kl_fit(family, target_chain(0, num_states=4))
+    with pytest.raises(ValueError, match="target must be a specjax.MarkovChain"):
+        specjax.kl_fit(family, np.eye(V))
+    target = target_chain(0)
+    with pytest.raises(ValueError, match=r"params must have shapes \(5, 5\)"):
+        specjax.tune_draft(family, jnp.zeros((T, V, V)), target, specjax.sd_rejections())
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        specjax.tune_draft(family, jnp.full((V, V), jnp.nan), target, specjax.sd_rejections())
+    with pytest.raises(ValueError, match="num_steps"):
+        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(), num_steps=0)
+    with pytest.raises(ValueError, match="objective must be callable"):
+        specjax.tune_draft(family, family.uniform(), target, "sd")
+    with pytest.raises(ValueError, match="optimizer must be an optax"):
+        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(),
+                           optimizer=0.1)
+    with pytest.raises(ValueError, match="num_drafts"):
+        specjax.batch_rejections(0)
+    with pytest.raises(ValueError, match="epsilon"):
+        specjax.biased_tradeoff(-0.1)
+    with pytest.raises(ValueError, match="weight"):
+        specjax.biased_tradeoff(0.1, weight=float("nan"))
+    with pytest.raises(ValueError, match="lookahead"):
+        specjax.target_calls(lookahead=0)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        specjax.make_objective("tv")
+
+
+def test_objective_labels_and_names():
+    assert [o.label for o in objectives()] == [
+        "sd", "sd(K=3)", "batch(M=3)", "batch(M=inf)", "calls(K=3)",
+        "biased(eps=0.05, lambda=2)", "kl"]
+    for name in tuning.OBJECTIVES:
+        assert specjax.make_objective(name).kind == name
+
+
+# --- the KL-fit baseline -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["full", "stationary", "contextfree"])
+def test_kl_fit_closed_form_is_stationary_point(x64, name):
+    """The closed form is the forward-KL optimum: the KL gradient in the logits vanishes there,
+    zeros of the target included (their logits are log(tiny))."""
+    target = target_chain(1, zero_fraction=0.3)
+    family = specjax.draft_family(name, V, T)
+    fit = specjax.kl_fit(family, target)
+    objective = specjax.kl_divergence()
+    grad = jax.grad(lambda prm: objective(family.chain(prm), target))(fit)
+    assert np.isfinite(np.asarray(grad)).all()
+    np.testing.assert_allclose(np.asarray(grad), 0.0, atol=1e-12)
+    # ... and no random draft of the family does better.
+    value = float(objective(family.chain(fit), target))
+    for i in range(5):
+        other = family.init(jax.random.key(i))
+        assert value <= float(objective(family.chain(other), target))
+    if name == "full":
+        assert value == pytest.approx(0.0, abs=1e-12)
+        assert float(specjax.expected_rejections(family.chain(fit), target)) < 1e-12
+
+
+def test_stationary_kl_fit_formula(x64):
+    """Target rows averaged with the target's marginals as weights, written out with NumPy."""
+    target = target_chain(2)
+    mu = np.asarray(specjax.marginals(target))[:-1]
+    q = np.asarray(target.trans)
+    want = np.einsum("na,nab->ab", mu, q) / mu.sum(0)[:, None]
+    fit = specjax.StationaryDraft(V, T).chain(specjax.kl_fit(specjax.StationaryDraft(V, T), target))
+    np.testing.assert_allclose(np.asarray(fit.trans[0]), want, rtol=1e-12)
+
+
+def test_lowrank_kl_fit_of_full_rank_matches_stationary_closed_form(x64):
+    """Cross-check of the numerical fit: with rank V the low-rank family is the stationary one."""
+    target = target_chain(3)
+    kl = specjax.kl_divergence()
+    stationary = specjax.StationaryDraft(V, T)
+    best = float(kl(stationary.chain(specjax.kl_fit(stationary, target)), target))
+    lowrank = specjax.LowRankDraft(V, T, V)
+    got = float(kl(lowrank.chain(specjax.kl_fit(lowrank, target, num_steps=1500)), target))
+    assert best - 1e-12 <= got <= best * (1 + 1e-4)
+    small = specjax.LowRankDraft(V, T, 1)
+    assert float(kl(small.chain(specjax.kl_fit(small, target)), target)) >= best
+
+
+# --- the tuner -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("objective", objectives(), ids=lambda o: o.label)
+@pytest.mark.parametrize("family", families(), ids=lambda f: f.name)
+def test_tuning_never_increases_its_objective(family, objective):
+    target = target_chain(4)
+    start = family.init(jax.random.key(1))
+    result = specjax.tune_draft(family, start, target, objective, num_steps=60)
+    history = np.asarray(result.history)
+    assert history.shape == (61,) and np.isfinite(history).all()
+    initial = float(objective(family.chain(start), target))
+    assert history[0] == pytest.approx(initial, rel=1e-5)
+    value = float(result.value)
+    # The result is the best iterate, its value is the objective of the returned draft ...
+    assert value == history.min() == history[int(result.best_step)]
+    assert float(objective(result.draft, target)) == pytest.approx(value, rel=1e-5)
+    assert value <= initial
+    # ... and the optimiser really descends: 60 Adam steps remove a good part of the excess.
+    assert value < initial - 0.05 * abs(initial)
+    assert int(result.skipped) == 0
+    for leaf in jax.tree_util.tree_leaves((result.params, result.final_params)):
+        assert np.isfinite(np.asarray(leaf)).all()
+
+
+def test_bad_step_size_still_never_increases_and_stays_finite():
+    """SGD with a huge step overshoots; the best iterate is kept and parameters stay finite."""
+    family = specjax.StationaryDraft(V, T)
+    target = target_chain(5)
+    start = family.init(jax.random.key(2))
+    result = specjax.tune_draft(family, start, target, specjax.sd_rejections(), num_steps=30,
+                                optimizer=optax.sgd(1e4))
+    assert float(result.value) <= float(result.history[0])
+    assert np.isfinite(np.asarray(result.final_params)).all()
+
+
+def _nan_gradient_objective(draft, target):
+    p = draft.trans[0, 0, 0]
+    return specjax.expected_rejections(draft, target) + 0.0 * jnp.sqrt(p - p)
+
+
+def _nan_value_objective(draft, target):
+    return specjax.expected_rejections(draft, target) * jnp.nan
+
+
+@pytest.mark.parametrize("objective", [_nan_gradient_objective, _nan_value_objective])
+def test_non_finite_updates_are_skipped(objective):
+    family = specjax.ContextFreeDraft(V, T)
+    start = family.init(jax.random.key(3))
+    result = specjax.tune_draft(family, start, target_chain(6), objective, num_steps=5)
+    assert int(result.skipped) == 5
+    np.testing.assert_array_equal(np.asarray(result.final_params), np.asarray(start))
+    np.testing.assert_array_equal(np.asarray(result.params), np.asarray(start))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tuned_stationary_draft_beats_kl_fit_on_sd(x64, seed):
+    """From a random start (not from the KL fit), the SD-tuned stationary draft has fewer
+    expected rejections than the maximum-likelihood draft, on random targets, and reaches the
+    global optimum: for a stationary draft Theorem 1's sum is convex in the probabilities, a
+    linear program per row, solved here independently with scipy's HiGHS."""
+    from scipy.optimize import linprog
+    num_states, horizon = 4 + seed, 10 + 5 * seed
+    target = target_chain(10 + seed, num_states, horizon)
+    family = specjax.StationaryDraft(num_states, horizon)
+    kl_value = float(specjax.expected_rejections(family.chain(specjax.kl_fit(family, target)),
+                                                 target))
+    optimizer = optax.adam(optax.cosine_decay_schedule(0.05, 1500))
+    result = specjax.tune_draft(family, family.init(jax.random.key(seed)), target,
+                                specjax.sd_rejections(), num_steps=1500, optimizer=optimizer)
+    tuned = float(result.value)
+    assert tuned < kl_value - 1e-3
+
+    mu = np.asarray(specjax.marginals(target))[:-1]
+    q = np.asarray(target.trans)
+    optimum = 0.0
+    n_vars = num_states + horizon * num_states
+    for a in range(num_states):
+        # variables (p, t): minimise sum_n mu_n(a) / 2 sum_b t_nb, t_nb >= |p_b - q_n(a, b)|
+        cost = np.concatenate([np.zeros(num_states), np.repeat(mu[:, a] / 2, num_states)])
+        eye = np.eye(num_states)
+        lift = -np.eye(horizon * num_states)
+        tile = np.tile(eye, (horizon, 1))
+        a_ub = np.block([[tile, lift], [-tile, lift]])
+        b_ub = np.concatenate([q[:, a].ravel(), -q[:, a].ravel()])
+        a_eq = np.concatenate([np.ones(num_states), np.zeros(horizon * num_states)])[None]
+        lp = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=[1.0],
+                     bounds=[(0, None)] * n_vars, method="highs")
+        assert lp.status == 0
+        optimum += lp.fun
+    assert optimum <= tuned + 1e-9
+    assert tuned == pytest.approx(optimum, rel=1e-5)
+
+
+def test_biased_tradeoff_with_unit_weight_is_tv_under_biased_contexts(x64):
+    """Theorem 5 per context: P(reject) + Loss*_TV = TV(p, q), so with lambda = 1 the objective is
+    the TV summed over the biased decoder's own context law."""
+    draft, target = (chain(x) for x in random_pair(7, V, T, zero_fraction=0.2))
+    eps = 0.07
+    value = float(specjax.biased_tradeoff(eps, weight=1.0)(draft, target))
+    context = specjax.exact_biased_speculative_decoding(draft, target,
+                                                        epsilon=eps).marginals[:-1]
+    tv = specjax.tv_distance(draft.trans, target.trans)
+    assert value == pytest.approx(float(jnp.sum(context * tv)), rel=1e-12)
+    # eps = 0 is unbiased SD: Loss* = 0 and the contexts follow the target.
+    assert float(specjax.biased_tradeoff(0.0, weight=3.0)(draft, target)) == pytest.approx(
+        float(specjax.expected_rejections(draft, target)), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
+    """p = q, disjoint supports, one-hot rows, exhausted residuals, p = 0 < q (``edge_pair``),
+    drafts at the KL fit of that target (zeros as log(tiny) logits) and extreme logits."""
+    with jax.enable_x64(dtype == "float64"):
+        _, target = edge_pair()
+        target = chain(target)
+        target = specjax.MarkovChain(target.init.astype(dtype), target.trans.astype(dtype))
+        v, t = target.num_states, target.horizon
+        for family in families(v, t):
+            starts = [specjax.kl_fit(family, target), family.init(jax.random.key(0), scale=50.0),
+                      family.uniform()]
+            for objective in objectives():
+                for params in starts:
+                    value, grad = jax.value_and_grad(
+                        lambda prm: objective(family.chain(prm), target))(params)
+                    if objective.kind == "kl" and params is starts[1]:
+                        # Logits of scale 50 underflow some draft probabilities to exactly 0
+                        # where the target has mass: the KL is then +inf (never NaN).
+                        assert not np.isnan(float(value))
+                    else:
+                        assert np.isfinite(float(value)), (family.name, objective.label)
+                    for leaf in jax.tree_util.tree_leaves(grad):
+                        assert leaf.dtype == jnp.dtype(dtype)
+                        assert np.isfinite(np.asarray(leaf)).all(), (family.name, objective.label)
+
+
+def test_new_target_does_not_recompile_and_callbacks_report(capsys):
+    family = specjax.StationaryDraft(V, T)
+    objective = specjax.sd_rejections()
+    optimizer = optax.adam(0.05)
+    seen = []
+    specjax.tune_draft(family, family.uniform(), target_chain(8), objective, num_steps=10,
+                       optimizer=optimizer, log_every=4,
+                       callback=lambda step, value, best: seen.append((step, value, best)))
+    assert [s for s, _, _ in seen] == [4, 8, 10]
+    assert all(best <= value + 1e-6 for _, value, best in seen)
+    size = tuning._steps._cache_size()
+    specjax.tune_draft(family, family.uniform(), target_chain(9), objective, num_steps=10,
+                       optimizer=optimizer, log_every=4, progress=True)
+    assert tuning._steps._cache_size() == size
+    err = capsys.readouterr().err
+    assert "tune_draft: step      4/10" in err and "step     10/10" in err
+
+
+def test_module_docstring_example():
+    import doctest
+    result = doctest.testmod(tuning)
+    assert result.attempted >= 1 and result.failed == 0
