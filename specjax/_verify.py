@@ -74,7 +74,8 @@ def safe_normalize(w: jax.Array) -> jax.Array:
 
 def _safe_ratio(num: jax.Array, den: jax.Array, fill) -> jax.Array:
     """``num / den`` where ``den`` is at least the smallest normal float, ``fill`` elsewhere
-    (``den = 0`` included), with finite values and gradients."""
+    (``den = 0`` included), with finite values and reverse-mode gradients (forward-mode
+    derivatives can still overflow when ``num / den`` itself is huge)."""
     positive = den >= _tiny(den)
     safe_den = jnp.where(positive, den, jnp.ones_like(den))
     return jnp.where(positive, _divide(num, safe_den), jnp.full_like(num, fill))

@@ -23,6 +23,8 @@ and context-free families and by optax for the low-rank family.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +77,9 @@ class DraftFamily:
     def init(self, key, scale: float = 1.0):
         """Random parameters: logits ``scale * N(0, 1)``, one independent draw per leaf."""
         _checks.check_key(key)
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
+                math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scale must be a finite non-negative number, got {scale!r}")
         shapes = self.shapes()
         leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
         keys = jax.random.split(key, len(leaves))
@@ -175,7 +180,7 @@ class LowRankDraft(DraftFamily):
     ``spectral_start``.
     """
 
-    rank: int = 1
+    rank: int = 2
 
     def __post_init__(self):
         super().__post_init__()

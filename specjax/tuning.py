@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 import sys
+import warnings
 from typing import Any
 from typing import Callable
 from typing import NamedTuple
@@ -111,10 +112,18 @@ def _check_lookahead(lookahead):
     _checks.check_positive_int("lookahead", lookahead, allow_none=True)
 
 
-def _check_finite_non_negative(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0):
+def _check_finite_non_negative(name, value) -> float:
+    """Returns ``float(value)``; raises ``ValueError`` unless it is a finite number >= 0 (a
+    Python or NumPy number or a 0-d array; not a tracer: objectives are static settings)."""
+    try:
+        if isinstance(value, bool) or jnp.ndim(value) != 0:
+            raise TypeError
+        number = float(value)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}") from None
+    if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return number
 
 
 def sd_rejections(*, lookahead: int | None = None) -> Objective:
@@ -152,9 +161,9 @@ def biased_tradeoff(epsilon: float, *, weight: float = 1.0) -> Objective:
       epsilon: ``eps >= 0``.
       weight: ``lambda >= 0``.
     """
-    _check_finite_non_negative("epsilon", epsilon)
-    _check_finite_non_negative("weight", weight)
-    return Objective("biased", epsilon=float(epsilon), weight=float(weight))
+    epsilon = _check_finite_non_negative("epsilon", epsilon)
+    weight = _check_finite_non_negative("weight", weight)
+    return Objective("biased", epsilon=epsilon, weight=weight)
 
 
 def kl_divergence() -> Objective:
@@ -162,7 +171,7 @@ def kl_divergence() -> Objective:
 
     It is ``+inf`` (never NaN, gradient finite) when the draft gives probability 0 to a token the
     target can produce, e.g. when logits far below the row's maximum (about 87 in float32) make
-    the softmax underflow; ``tune_draft`` then skips the update. Start from moderate logits.
+    the softmax underflow; ``tune_draft`` refuses such a start. Start from moderate logits.
     """
     return Objective("kl")
 
@@ -170,17 +179,18 @@ def kl_divergence() -> Objective:
 OBJECTIVES = ("sd", "batch", "calls", "biased", "kl")
 
 
-def make_objective(name: str, *, num_drafts=4, lookahead: int | None = 4, epsilon: float = 0.05,
-                   weight: float = 1.0) -> Objective:
+def make_objective(name: str, *, num_drafts=4, lookahead: int | None = None,
+                   epsilon: float = 0.05, weight: float = 1.0) -> Objective:
     """An objective by name (for command lines); settings that do not apply are ignored.
 
-    ``"sd"`` (K = T), ``"batch"`` (``num_drafts``, K = T), ``"calls"`` (``lookahead``),
-    ``"biased"`` (``epsilon``, ``weight``), ``"kl"``.
+    ``"sd"`` (``lookahead``), ``"batch"`` (``num_drafts``, ``lookahead``), ``"calls"``
+    (``lookahead``), ``"biased"`` (``epsilon``, ``weight``; ``K = T``), ``"kl"``. ``lookahead``
+    ``None`` is ``K = T``.
     """
     if name == "sd":
-        return sd_rejections()
+        return sd_rejections(lookahead=lookahead)
     if name == "batch":
-        return batch_rejections(num_drafts)
+        return batch_rejections(num_drafts, lookahead=lookahead)
     if name == "calls":
         return target_calls(lookahead=lookahead)
     if name == "biased":
@@ -203,7 +213,8 @@ class TuneResult(NamedTuple):
       history: the objective at every iterate ``0..num_steps`` (iterate 0 is the start).
       best_step: the index in ``history`` of ``params``.
       final_params: the last iterate (to continue from).
-      skipped: updates skipped because the objective, gradient or new parameters were not finite.
+      skipped: updates skipped because the objective, gradient or new parameters were not
+        finite (a skip repeats until the end: tuning stopped at the first one).
     """
 
     params: Any
@@ -236,8 +247,9 @@ def _select(flag, new, old):
 
 
 def _record(carry, value):
-    """Keeps ``carry.params`` as the best so far when ``value`` beats it (NaN never does)."""
-    better = value < carry.best_value
+    """Keeps ``carry.params`` as the best so far when ``value`` beats it (a non-finite value
+    never does)."""
+    better = jnp.isfinite(value) & (value < carry.best_value)
     return carry._replace(best_params=_select(better, carry.params, carry.best_params),
                           best_value=jnp.where(better, value, carry.best_value),
                           best_step=jnp.where(better, carry.step, carry.best_step))
@@ -276,6 +288,11 @@ _DEFAULT_OPTIMIZER = optax.adam(_DEFAULT_LEARNING_RATE)
 def _check_params(family, params):
     want = jax.tree_util.tree_map(lambda s: s, family.shapes(),
                                   is_leaf=lambda s: isinstance(s, tuple))
+    want_tree = jax.tree_util.tree_structure(family.uniform())
+    if jax.tree_util.tree_structure(params) != want_tree:
+        raise ValueError(f"params must be a pytree of arrays shaped like {want} for {family!r} "
+                         f"(e.g. family.init(key)), got structure "
+                         f"{jax.tree_util.tree_structure(params)}")
     try:
         got = jax.tree_util.tree_map(lambda s, x: tuple(jnp.shape(x)), want, params,
                                      is_leaf=lambda s: isinstance(s, tuple))
@@ -307,10 +324,17 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     Each step evaluates ``objective(family.chain(params), target)`` and its gradient in the
     parameters (logits) and applies one optimiser update. The loop runs under ``jit`` as a
     ``lax.scan`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
-    progress line) sees the step and the objective. An update whose objective, gradient or new
-    parameters are not finite is skipped (``TuneResult.skipped`` counts them), so the
-    parameters never become NaN. The result is the best iterate seen, so the returned draft is
-    never worse on the objective than the starting one.
+    progress line) sees the step and the objective. The result is the best iterate seen, so the
+    returned draft is never worse on the objective than the starting one.
+
+    Non-finite values: a start where the objective is not finite raises ``ValueError``. Later,
+    an update whose objective, gradient or new parameters are not finite is skipped, so the
+    parameters never become NaN; the state is then unchanged, so every later step repeats the
+    skip: tuning has stopped there (``TuneResult.skipped`` counts the skipped steps and a
+    ``RuntimeWarning`` says so). Lower the step size if that happens.
+
+    Compilation: once per family, objective, optimiser, chunk length (``log_every`` and the
+    remainder) and dtype; a new target or new parameter values do not recompile.
 
     Args:
       family: a ``DraftFamily`` (``specjax.StationaryDraft(V, T)``, ...).
@@ -344,6 +368,8 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     optimizer = _DEFAULT_OPTIMIZER if optimizer is None else optimizer
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise ValueError(f"optimizer must be an optax.GradientTransformation, got {optimizer!r}")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be callable (step, objective, best), got {callback!r}")
     if log_every is None:
         log_every = max(1, num_steps // 10) if (callback or progress) else num_steps
 
@@ -351,6 +377,12 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
     carry = _Carry(params, optimizer.init(params), params, jnp.array(jnp.inf, dtype),
                    jnp.array(0, jnp.int32), jnp.array(0, jnp.int32), jnp.array(0, jnp.int32))
+    _, start = _finish(carry, target, family=family, objective=objective)
+    if not bool(jnp.isfinite(start)):
+        raise ValueError(
+            f"the objective at the starting params is {float(start)}, not finite; no update can "
+            "be taken from there (for kl_divergence: logits so spread out that the draft's "
+            "softmax underflows to 0 where the target has mass; start from smaller logits)")
     chunks, done = [], 0
     while done < num_steps:
         size = min(log_every, num_steps - done)
@@ -366,6 +398,13 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
                 callback(done, last, best)
     carry, final = _finish(carry, target, family=family, objective=objective)
     history = jnp.concatenate(chunks + [final[None]])
+    if int(carry.skipped):
+        warnings.warn(
+            f"tune_draft skipped {int(carry.skipped)} of {num_steps} updates whose objective, "
+            "gradient or new parameters were not finite; a skipped update leaves the state "
+            "unchanged, so the steps after it repeat it: tuning stopped at the first one. The "
+            "result is the best iterate before it; try a smaller step size.",
+            RuntimeWarning, stacklevel=2)
     return TuneResult(carry.best_params, family.chain(carry.best_params), carry.best_value,
                       history, carry.best_step, carry.params, carry.skipped)
 

@@ -92,6 +92,16 @@ def test_family_validation():
         specjax.target_calls(lookahead=0)
     with pytest.raises(ValueError, match="objective must be one of"):
         specjax.make_objective("tv")
+    with pytest.raises(ValueError, match="scale"):
+        family.init(jax.random.key(0), scale=float("nan"))
+    with pytest.raises(ValueError, match="params must be a pytree of arrays"):
+        specjax.tune_draft(family, [[0.0] * V] * V, target, specjax.sd_rejections())
+    with pytest.raises(ValueError, match="callback must be callable"):
+        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(),
+                           callback=3)
+    # NumPy numbers and 0-d arrays are numbers too.
+    assert specjax.biased_tradeoff(np.float32(0.25), weight=jnp.array(2.0)).epsilon == 0.25
+    assert specjax.make_objective("sd", lookahead=3) == specjax.sd_rejections(lookahead=3)
 
 
 def test_objective_labels_and_names():
@@ -175,7 +185,8 @@ def test_tuning_never_increases_its_objective(family, objective):
 
 
 def test_bad_step_size_still_never_increases_and_stays_finite():
-    """SGD with a huge step overshoots; the best iterate is kept and parameters stay finite."""
+    """SGD with a huge step overshoots: the best iterate is kept. With an infinite step the new
+    parameters are not finite: every update is skipped, with a warning, and nothing moves."""
     family = specjax.StationaryDraft(V, T)
     target = target_chain(5)
     start = family.init(jax.random.key(2))
@@ -183,6 +194,12 @@ def test_bad_step_size_still_never_increases_and_stays_finite():
                                 optimizer=optax.sgd(1e4))
     assert float(result.value) <= float(result.history[0])
     assert np.isfinite(np.asarray(result.final_params)).all()
+    with pytest.warns(RuntimeWarning, match="skipped 30 of 30 updates"):
+        result = specjax.tune_draft(family, start, target, specjax.sd_rejections(),
+                                    num_steps=30, optimizer=optax.sgd(float("inf")))
+    assert int(result.skipped) == 30
+    np.testing.assert_array_equal(np.asarray(result.final_params), np.asarray(start))
+    np.testing.assert_array_equal(np.asarray(result.params), np.asarray(start))
 
 
 def _nan_gradient_objective(draft, target):
@@ -194,14 +211,59 @@ def _nan_value_objective(draft, target):
     return specjax.expected_rejections(draft, target) * jnp.nan
 
 
-@pytest.mark.parametrize("objective", [_nan_gradient_objective, _nan_value_objective])
-def test_non_finite_updates_are_skipped(objective):
+def _infinite_once_moved(draft, target):
+    """SD rejections at the uniform draft, +inf (with a finite gradient) anywhere else."""
+    moved = jnp.abs(draft.trans[0, 0, 0] - 1.0 / V) > 1e-6
+    return specjax.expected_rejections(draft, target) + jnp.where(moved, jnp.inf, 0.0)
+
+
+def test_non_finite_gradient_updates_are_skipped():
     family = specjax.ContextFreeDraft(V, T)
     start = family.init(jax.random.key(3))
-    result = specjax.tune_draft(family, start, target_chain(6), objective, num_steps=5)
+    with pytest.warns(RuntimeWarning, match="skipped 5 of 5"):
+        result = specjax.tune_draft(family, start, target_chain(6), _nan_gradient_objective,
+                                    num_steps=5)
     assert int(result.skipped) == 5
     np.testing.assert_array_equal(np.asarray(result.final_params), np.asarray(start))
     np.testing.assert_array_equal(np.asarray(result.params), np.asarray(start))
+
+
+def test_non_finite_value_after_a_step_is_skipped_and_never_best():
+    family = specjax.ContextFreeDraft(V, T)
+    start = family.uniform()
+    with pytest.warns(RuntimeWarning, match="skipped 4 of 5"):
+        result = specjax.tune_draft(family, start, target_chain(6), _infinite_once_moved,
+                                    num_steps=5)
+    history = np.asarray(result.history)
+    assert np.isfinite(history[0]) and np.isinf(history[1:]).all()
+    assert int(result.best_step) == 0 and float(result.value) == history[0]
+    np.testing.assert_array_equal(np.asarray(result.params), np.asarray(start))
+    assert np.isfinite(np.asarray(result.final_params)).all()
+
+
+def test_non_finite_start_is_refused():
+    family = specjax.ContextFreeDraft(V, T)
+    target = target_chain(6)
+    with pytest.raises(ValueError, match="objective at the starting params is nan"):
+        specjax.tune_draft(family, family.uniform(), target, _nan_value_objective)
+    wild = family.init(jax.random.key(0), scale=60.0)  # the softmax underflows to exact zeros
+    with pytest.raises(ValueError, match="objective at the starting params is inf"):
+        specjax.tune_draft(family, wild, target, specjax.kl_divergence())
+
+
+def test_result_does_not_depend_on_log_every():
+    family = specjax.LowRankDraft(V, T, 2)
+    target = target_chain(7)
+    start = family.init(jax.random.key(4))
+    optimizer = optax.adam(0.05)
+    runs = [specjax.tune_draft(family, start, target, specjax.batch_rejections(2),
+                               num_steps=12, optimizer=optimizer, log_every=k)
+            for k in (None, 1, 5, 12)]
+    for other in runs[1:]:
+        np.testing.assert_array_equal(np.asarray(other.history), np.asarray(runs[0].history))
+        for a, b in zip(jax.tree_util.tree_leaves((other.params, other.final_params)),
+                        jax.tree_util.tree_leaves((runs[0].params, runs[0].final_params))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("seed", range(4))
