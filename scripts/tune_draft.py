@@ -30,7 +30,7 @@ import optax
 
 import specjax
 from specjax import _models
-from specjax.__main__ import _mean_se
+from specjax.reproduce import mean_se
 
 
 def parse_args(argv):
@@ -70,15 +70,15 @@ def monte_carlo(key, draft, target, objectives, num_chains):
         if obj.kind == "sd":
             trace = specjax.speculative_decoding(k, draft, target, num_chains,
                                                  lookahead=obj.lookahead)
-            out[obj.label] = _mean_se(trace.num_rejections)
+            out[obj.label] = mean_se(trace.num_rejections)
         elif obj.kind == "batch":
             trace = specjax.batch_speculative_decoding(k, draft, target, num_chains,
                                                        num_drafts=obj.num_drafts)
-            out[obj.label] = _mean_se(trace.num_rejections)
+            out[obj.label] = mean_se(trace.num_rejections)
         elif obj.kind == "calls":
             trace = specjax.speculative_decoding(k, draft, target, num_chains,
                                                  lookahead=obj.lookahead)
-            out[obj.label] = _mean_se(trace.num_calls)
+            out[obj.label] = mean_se(trace.num_calls)
         # "biased" mixes rejections with Loss*_TV (not a sampled quantity); "kl" is not sampled.
     return out
 
@@ -140,6 +140,16 @@ def print_table(objectives, table, mc):
             print(f"  {name:<12} " + "; ".join(cells))
 
 
+def _finite_or_none(obj):
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def main(argv=None):
     args = parse_args(argv)
     with jax.enable_x64(args.x64):
@@ -164,7 +174,9 @@ def main(argv=None):
         "history": histories,
         "tuning_seconds": seconds,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+    # JSON has no inf/NaN: a non-finite figure (e.g. an infinite KL) is written as null.
+    (out / "results.json").write_text(json.dumps(_finite_or_none(results), indent=2,
+                                                 allow_nan=False))
     print(f"\nwrote {out / 'results.json'} and {len(chains) + 1} chains (.npz) to {out}/")
     for name, estimates in mc.items():
         worst = max((abs(e["z"]) for e in estimates.values()), default=0.0)

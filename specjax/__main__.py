@@ -1,8 +1,11 @@
-"""``python -m specjax``: simulate SD and batch SD on the paper's default instance.
+"""``python -m specjax``: reproduce the paper, or simulate the default instance.
 
-Prints mean rejections and target calls with their Monte Carlo standard errors beside the exact
-values of the theory (Theorem 1, Theorem 3, lookahead K). Later versions grow this into the
-paper's full reproduction.
+* ``python -m specjax reproduce --out DIR`` (also ``python -m specjax`` with no arguments, into
+  ``figures``): every figure of the paper's numerical simulations as PNG files, and
+  ``summary.md`` / ``summary.json`` with every number, exact values beside simulated ones and the
+  paper's beside ours (``specjax.reproduce``).
+* ``python -m specjax simulate``: mean rejections and target calls of SD, SD with lookahead 4 and
+  batch SD with their Monte Carlo standard errors beside the exact values (Theorem 1, Theorem 3).
 """
 
 from __future__ import annotations
@@ -12,27 +15,77 @@ import math
 import time
 
 import jax
-import numpy as np
 
 import specjax
+from specjax import _checks
 from specjax import _models
+from specjax.reproduce import mean_se
 
 
-def _mean_se(x) -> tuple[float, float]:
-    x = np.asarray(x, np.float64)
-    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
+def _instance_arguments(parser):
+    parser.add_argument("--seed", type=int, default=_models.PAPER_SEED,
+                        help="seed of the random draft/target instance (paper: 10)")
+    parser.add_argument("--states", type=int, default=_models.PAPER_NUM_STATES, help="V")
+    parser.add_argument("--horizon", type=int, default=_models.PAPER_HORIZON, help="T")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-chains", type=int, default=200_000, help="chains per decoder")
-    parser.add_argument("--seed", type=int, default=_models.PAPER_SEED,
-                        help="seed of the random draft/target instance (paper: 10)")
-    parser.add_argument("--states", type=int, default=_models.PAPER_NUM_STATES, help="V")
-    parser.add_argument("--horizon", type=int, default=_models.PAPER_HORIZON, help="T")
+    commands = parser.add_subparsers(dest="command")
+    rep = commands.add_parser("reproduce", help="the paper's figures and numbers")
+    rep.add_argument("--out", default="figures", help="output folder (default: figures)")
+    rep.add_argument("--quick", action="store_true", help="toy sizes (seconds; for tests)")
+    rep.add_argument("--num-runs", type=int, default=None,
+                     help="runs per running-mean curve (default 20,000)")
+    rep.add_argument("--seed", type=int, default=_models.PAPER_SEED,
+                     help="seed of the random instance (paper: 10)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sim = commands.add_parser("simulate", help="Monte Carlo vs exact table on one instance")
+    sim.add_argument("--num-chains", type=int, default=200_000, help="chains per decoder")
+    _instance_arguments(sim)
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        simulate(args)
+    else:
+        if args.command is None:
+            args = rep.parse_args([])
+        run_reproduce(args)
 
+
+def run_reproduce(args) -> None:
+    import dataclasses
+    import pathlib
+
+    from specjax import reproduce
+    settings = reproduce.Settings.quick() if args.quick else reproduce.Settings()
+    settings = dataclasses.replace(settings, seed=args.seed)
+    if args.num_runs is not None:
+        _checks.check_positive_int("--num-runs", args.num_runs)
+        settings = dataclasses.replace(settings, num_runs=args.num_runs)
+    start = time.perf_counter()
+    print(f"specjax {specjax.__version__}: reproducing the paper's numerical simulations into "
+          f"{args.out}/ on {jax.devices()[0].platform} ...", flush=True)
+    results = reproduce.reproduce(args.out, settings, progress=not args.no_progress)
+    sd = results["convergence"]["sd"]
+    failed = [c for c in results["checks"] if not c["ok"]]
+    t = settings.horizon
+    print(f"SD, T = {t}: E[N_rej] = {sd['exact']:.3f} exact (Theorem 1), {sd['mean']:.3f} ± "
+          f"{sd['se']:.3f} simulated; acceleration T / E[N_rej] = {t / sd['exact']:.2f} "
+          f"(paper, with its own random instance: {reproduce.PAPER['expected_rejections_T50']}"
+          f" and {reproduce.PAPER['acceleration_T50']}).")
+    for m, e in results["convergence"]["batch"].items():
+        print(f"batch SD, M = {m}: E[N_rej] = {e['exact']:.3f} exact (Theorem 3), "
+              f"{e['mean']:.3f} ± {e['se']:.3f} simulated.")
+    print(f"batch SD as M -> infinity: {results['scaling']['limit']:.3f} (never 0).")
+    print(f"checks: {len(results['checks']) - len(failed)} of {len(results['checks'])} hold"
+          + "".join(f"\n  FAILED: {c['check']} ({c['detail']})" for c in failed))
+    out = pathlib.Path(args.out)
+    names = sorted(p.name for p in out.iterdir())
+    print(f"wrote {', '.join(names)} to {out}/ in {time.perf_counter() - start:.0f} s.")
+
+
+def simulate(args) -> None:
     draft, target = specjax.paper_instance(args.seed, args.states, args.horizon)
     c, horizon = args.num_chains, args.horizon
     print(f"specjax {specjax.__version__}: random non-stationary Markov chains, V = {args.states}, "
@@ -61,8 +114,8 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         trace = jax.block_until_ready(run(jax.random.fold_in(key, i)))
         elapsed = time.perf_counter() - start
-        rej, rej_se = _mean_se(trace.num_rejections)
-        calls, calls_se = _mean_se(trace.num_calls)
+        rej, rej_se = mean_se(trace.num_rejections)
+        calls, calls_se = mean_se(trace.num_calls)
         exact_rej = 0.0 if exact is None else float(exact.expected_rejections)
         exact_calls = float(horizon) if exact is None else float(exact.expected_calls)
         print(f"{name:<26}{rej:>9.3f}{rej_se:>8.3f}{exact_rej:>9.3f}{calls:>9.3f}{calls_se:>8.3f}"

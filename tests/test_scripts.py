@@ -17,8 +17,8 @@ def run(*args):
     return out.stdout
 
 
-def test_main_command_tiny():
-    out = run("-m", "specjax", "--num-chains", "500", "--horizon", "6")
+def test_simulate_command_tiny():
+    out = run("-m", "specjax", "simulate", "--num-chains", "500", "--horizon", "6")
     assert "SD, K = T (Alg. 1)" in out and "batch SD, M = 4" in out
 
 
