@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import time
 
 import jax
 
 import specjax
-from specjax import _checks
 from specjax import _models
 from specjax.reproduce import mean_se
 
@@ -35,7 +35,8 @@ def main(argv=None) -> None:
     commands = parser.add_subparsers(dest="command")
     rep = commands.add_parser("reproduce", help="the paper's figures and numbers")
     rep.add_argument("--out", default="figures", help="output folder (default: figures)")
-    rep.add_argument("--quick", action="store_true", help="toy sizes (seconds; for tests)")
+    rep.add_argument("--quick", action="store_true",
+                     help="toy sizes (about 30 s, mostly compilation; for tests)")
     rep.add_argument("--num-runs", type=int, default=None,
                      help="runs per running-mean curve (default 20,000)")
     rep.add_argument("--seed", type=int, default=_models.PAPER_SEED,
@@ -45,7 +46,15 @@ def main(argv=None) -> None:
     sim.add_argument("--num-chains", type=int, default=200_000, help="chains per decoder")
     _instance_arguments(sim)
     args = parser.parse_args(argv)
+    if args.command == "reproduce":
+        if args.num_runs is not None and args.num_runs < 2:
+            rep.error(f"--num-runs must be at least 2 (a standard error needs two runs), got "
+                      f"{args.num_runs}")
+        if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+            rep.error(f"--out {args.out!r} exists and is not a folder")
     if args.command == "simulate":
+        if args.num_chains < 2:
+            sim.error(f"--num-chains must be at least 2, got {args.num_chains}")
         simulate(args)
     else:
         if args.command is None:
@@ -55,13 +64,11 @@ def main(argv=None) -> None:
 
 def run_reproduce(args) -> None:
     import dataclasses
-    import pathlib
 
     from specjax import reproduce
     settings = reproduce.Settings.quick() if args.quick else reproduce.Settings()
     settings = dataclasses.replace(settings, seed=args.seed)
     if args.num_runs is not None:
-        _checks.check_positive_int("--num-runs", args.num_runs)
         settings = dataclasses.replace(settings, num_runs=args.num_runs)
     start = time.perf_counter()
     print(f"specjax {specjax.__version__}: reproducing the paper's numerical simulations into "
@@ -80,9 +87,8 @@ def run_reproduce(args) -> None:
     print(f"batch SD as M -> infinity: {results['scaling']['limit']:.3f} (never 0).")
     print(f"checks: {len(results['checks']) - len(failed)} of {len(results['checks'])} hold"
           + "".join(f"\n  FAILED: {c['check']} ({c['detail']})" for c in failed))
-    out = pathlib.Path(args.out)
-    names = sorted(p.name for p in out.iterdir())
-    print(f"wrote {', '.join(names)} to {out}/ in {time.perf_counter() - start:.0f} s.")
+    names = list(reproduce.FIGURES) + ["summary.md", "summary.json"]
+    print(f"wrote {', '.join(names)} to {args.out}/ in {time.perf_counter() - start:.0f} s.")
 
 
 def simulate(args) -> None:

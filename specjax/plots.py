@@ -22,7 +22,7 @@ def running_mean_panel(ax, entry, label, color, theory_label, theory_color, star
     """Draws a running mean with its 95% band from ``start`` runs on, and the exact value."""
     mean, se = entry["running_mean"], entry["running_se"]
     n = np.arange(1, mean.size + 1)
-    sel = slice(start - 1, None)
+    sel = slice(min(start, mean.size) - 1, None)
     ax.plot(n[sel], mean[sel], color=color, lw=1.2, label=label)
     ax.fill_between(n[sel], (mean - Z95 * se)[sel], (mean + Z95 * se)[sel], color=color,
                     alpha=0.25, lw=0)
@@ -53,9 +53,11 @@ def running_means(conv, horizon, title_prefix=""):
 
 
 def scaling(sc, horizon, title_prefix=""):
-    """Figure 2(c): exact ``E[N_rej]`` against ``M`` with the ``M -> inf`` limit."""
+    """Figure 2(c): exact ``E[N_rej]`` against ``M`` (left, from 0: rejections never reach it)
+    and on a log scale up to ``M = 10^4`` (right: the slow approach to the limit)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax = axes[0]
     ax.plot(sc["num_drafts"], sc["exact"], "-", color=THEORY, label="Theorem 3 (exact)")
     ax.axhline(sc["limit"], color="k", ls=":", label=f"M -> inf limit: {sc['limit']:.3f}")
     ms = sorted(sc["simulated"])
@@ -65,10 +67,19 @@ def scaling(sc, horizon, title_prefix=""):
         ax.errorbar(ms, means, yerr=errs, fmt="o", color=SIMULATED[0], ms=4, capsize=3,
                     label="simulated (95% CI)")
     ax.plot([1], [sc["sd"]], "s", color="k", ms=6, label=f"M = 1 is SD: {sc['sd']:.3f}")
-    ax.set_xlabel("number of drafts M")
-    ax.set_ylabel("expected rejections E[N_rej]")
+    ax.set_ylim(bottom=0)
     ax.set_title(f"{title_prefix}batch SD vs M, T = {horizon}")
-    ax.legend(fontsize=8)
+    ax = axes[1]
+    drafts = list(sc["num_drafts"]) + list(sc.get("far_num_drafts", []))
+    values = list(sc["exact"]) + list(sc.get("far_exact", []))
+    ax.plot(drafts, values, "o-", color=THEORY, ms=3, label="Theorem 3 (exact)")
+    ax.axhline(sc["limit"], color="k", ls=":", label="M -> inf limit")
+    ax.set_xscale("log")
+    ax.set_title("the approach to the limit (log M)")
+    for ax in axes:
+        ax.set_xlabel("number of drafts M")
+        ax.set_ylabel("expected rejections E[N_rej]")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -94,8 +105,9 @@ def pareto(tr):
     for name, marker, color, label in (("opt", "o", "C0", "Decoding-OPT (P*)"),
                                        ("uno", "x", "C3", "Decoding-UNO (P = q)")):
         ax.errorbar([r[f"{name}_reject"] for r in rows], [r[f"{name}_tv_simulated"] for r in rows],
-                    xerr=[Z95 * r[f"{name}_reject_se"] for r in rows], fmt=marker, color=color,
-                    ms=5, label=f"{label}, simulated")
+                    xerr=[Z95 * r[f"{name}_reject_se"] for r in rows],
+                    yerr=[r[f"{name}_tv_bar"] for r in rows], fmt=marker, color=color,
+                    ms=5, label=f"{label}, simulated (95% bars)")
     ax.set_title("(b) simulated decoders over an eps sweep")
     for ax in axes[:2]:
         ax.set_xlabel("P(reject)")
@@ -107,10 +119,12 @@ def pareto(tr):
     ax.plot(eps, [r["loss_star"] for r in rows], "-", color=THEORY, label="Loss*_TV (Theorem 4)")
     ax.plot(eps, [r["reject_exact"] + r["loss_star"] for r in rows], "k--",
             label="sum = TV(p, q)")
-    ax.plot(eps, [r["opt_reject"] for r in rows], "o", color="C0", ms=4,
-            label="P(reject), simulated")
-    ax.plot(eps, [r["opt_tv_simulated"] for r in rows], "o", color=THEORY, ms=4,
-            label="TV of OPT's output, simulated")
+    ax.errorbar(eps, [r["opt_reject"] for r in rows],
+                yerr=[Z95 * r["opt_reject_se"] for r in rows], fmt="o", color="C0", ms=4,
+                label="P(reject), simulated (95% bars)")
+    ax.errorbar(eps, [r["opt_tv_simulated"] for r in rows],
+                yerr=[r["opt_tv_bar"] for r in rows], fmt="o", color=THEORY, ms=4,
+                label="TV of OPT's output, simulated")
     ax.set_xlabel("over-acceptance eps in b = min(1, (q + eps) / p)")
     ax.set_ylabel("probability")
     ax.set_title("(c) the trade-off against eps")

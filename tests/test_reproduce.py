@@ -73,3 +73,52 @@ def test_one_token_chains_verify_one_token():
     assert draft.horizon == 1 and float(draft.init[0]) == 1.0
     np.testing.assert_allclose(np.asarray(draft.trans[0, 0]), p, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(target.trans[0, 0]), q, rtol=1e-6)
+
+
+def test_summary_tables_have_consistent_columns(quick_run):
+    """Every markdown table row has as many cells as its header (else renderers drop cells)."""
+    out, _ = quick_run
+    lines = (out / "summary.md").read_text().splitlines()
+    header_cells = None
+    for line in lines:
+        if not line.startswith("|"):
+            header_cells = None
+            continue
+        cells = line.replace("\\|", "").count("|") - 1
+        if header_cells is None:
+            header_cells = cells
+        assert cells == header_cells, line
+
+
+def test_tv_deviation_bound_holds_in_repeated_draws():
+    """The bound fails with probability at most delta; at delta = 0.05 it holds in (far) more
+    than 80 of 100 independent experiments (a binomial tail below 1e-6 under the bound's
+    guarantee)."""
+    rng = np.random.default_rng(1)
+    law = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
+    q = np.array([0.2, 0.2, 0.2, 0.2, 0.2])
+    exact = 0.5 * np.abs(law - q).sum()
+    n = 2000
+    bound = reproduce.tv_deviation_bound(law, n, delta=0.05)
+    held = sum(abs(0.5 * np.abs(rng.multinomial(n, law) / n - q).sum() - exact) <= bound
+               for _ in range(100))
+    assert held >= 80
+    assert reproduce.tv_deviation_bound(law, 4 * n) < bound  # shrinks like 1 / sqrt(n)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["reproduce", "--num-runs", "1"], "--num-runs must be at least 2"),
+    (["reproduce", "--out", "README.md"], "exists and is not a folder"),
+    (["simulate", "--num-chains", "0"], "--num-chains must be at least 2"),
+])
+def test_command_line_errors_are_usage_messages(args, message):
+    proc = subprocess.run([sys.executable, "-m", "specjax", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_z_score_with_zero_standard_error():
+    from specjax._report import z_score
+    assert z_score(0.0, 0.0, 0.0) == 0.0
+    assert z_score(1.0, 0.0, 0.5) == float("inf")
+    assert z_score(1.2, 0.1, 1.0) == pytest.approx(2.0)
