@@ -31,6 +31,7 @@ import optax
 import specjax
 from specjax import _models
 from specjax.reproduce import mean_se
+from specjax.reproduce import z_score
 
 
 def parse_args(argv):
@@ -107,8 +108,6 @@ def run(args):
         seconds[kind] = time.perf_counter() - start
         params[f"tuned_{kind}"] = result.params
         histories[f"tuned_{kind}"] = np.asarray(result.history).tolist()
-        if int(result.skipped):
-            print(f"warning: {int(result.skipped)} non-finite updates skipped tuning for {kind}")
 
     chains = {name: family.chain(p) for name, p in params.items()}
     table = {name: {obj.label: float(obj(chain, target)) for obj in objectives}
@@ -121,7 +120,7 @@ def run(args):
             estimates = monte_carlo(jax.random.fold_in(key, i), chains[name], target,
                                     objectives, args.num_chains)
             mc[name] = {label: {"mean": m, "se": se, "exact": table[name][label],
-                                "z": (m - table[name][label]) / se if se > 0 else 0.0}
+                                "z": z_score(m, se, table[name][label])}
                         for label, (m, se) in estimates.items()}
     return target, family, objectives, chains, table, mc, histories, seconds
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pathlib
 import time
 
 import jax
@@ -50,8 +49,11 @@ def main(argv=None) -> None:
         if args.num_runs is not None and args.num_runs < 2:
             rep.error(f"--num-runs must be at least 2 (a standard error needs two runs), got "
                       f"{args.num_runs}")
-        if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
-            rep.error(f"--out {args.out!r} exists and is not a folder")
+        from specjax import reproduce
+        try:
+            reproduce.check_out_dir(args.out)
+        except ValueError as err:
+            rep.error(f"--out {err}")
     if args.command == "simulate":
         if args.num_chains < 2:
             sim.error(f"--num-chains must be at least 2, got {args.num_chains}")

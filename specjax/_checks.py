@@ -9,6 +9,7 @@ probabilities are not detected; validate once outside (``MarkovChain(...)`` does
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
@@ -62,6 +63,20 @@ def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+def check_finite_non_negative(name: str, value) -> float:
+    """Returns ``float(value)``; raises ``ValueError`` unless it is a finite number >= 0 (a
+    Python or NumPy number or a 0-d array; not a tracer, so only for static settings)."""
+    try:
+        if isinstance(value, bool) or jnp.ndim(value) != 0:
+            raise TypeError
+        number = float(value)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return number
 
 
 def check_key(key) -> None:

@@ -144,13 +144,15 @@ def summary_markdown(results, paper, z_tolerance) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Each figure: the experiment it draws, its plot (a ``specjax.plots`` function) and the setting
+# giving the horizon in its title (``None``: the plot takes no horizon).
 FIGURES = {
-    "fig2ab_convergence.png": "Figure 2(a, b): running means of SD and batch SD (M = 4, 5)",
-    "fig2c_rejections_vs_M.png": "Figure 2(c): E[N_rej] against M",
-    "fig3_pareto.png": "Figure 3: the rejection / bias Pareto front",
-    "fig4_batch_improvement.png": "Figure 4: batch improvement against M",
-    "figA_T100_convergence.png": "Appendix: SD and batch SD (M = 2) with T = 100",
-    "figA_T100_rejections_vs_M.png": "Appendix: E[N_rej] against M with T = 100",
+    "fig2ab_convergence.png": ("convergence", "running_means", "horizon"),
+    "fig2c_rejections_vs_M.png": ("scaling", "scaling", "horizon"),
+    "fig3_pareto.png": ("tradeoff", "pareto", None),
+    "fig4_batch_improvement.png": ("improvement", "improvement", None),
+    "figA_T100_convergence.png": ("long_convergence", "running_means", "long_horizon"),
+    "figA_T100_rejections_vs_M.png": ("long_scaling", "scaling", "long_horizon"),
 }
 
 
@@ -159,19 +161,10 @@ def write_figures(results, out_dir) -> list:
     import matplotlib.pyplot as plt
 
     from specjax import plots
-    s = results["settings"]
-    figures = {
-        "fig2ab_convergence.png": plots.running_means(results["convergence"], s["horizon"]),
-        "fig2c_rejections_vs_M.png": plots.scaling(results["scaling"], s["horizon"]),
-        "fig3_pareto.png": plots.pareto(results["tradeoff"]),
-        "fig4_batch_improvement.png": plots.improvement(results["improvement"]),
-        "figA_T100_convergence.png": plots.running_means(results["long_convergence"],
-                                                            s["long_horizon"]),
-        "figA_T100_rejections_vs_M.png": plots.scaling(results["long_scaling"],
-                                                          s["long_horizon"]),
-    }
     paths = []
-    for name, fig in figures.items():
+    for name, (experiment, plot, horizon) in FIGURES.items():
+        extra = () if horizon is None else (results["settings"][horizon],)
+        fig = getattr(plots, plot)(results[experiment], *extra)
         path = out_dir / name
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -23,13 +23,12 @@ and context-free families and by optax for the low-rank family.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 
 from specjax import _checks
+from specjax import _verify
 from specjax._models import MarkovChain
 from specjax._models import check_chain
 from specjax.theory import marginals
@@ -46,8 +45,7 @@ def _uniform_init(num_states, dtype):
 def _logits_of(probs):
     """Finite logits of probabilities: ``log(max(probs, tiny))`` (a zero becomes about -87 in
     float32, -708 in float64: a probability that underflows to 0 under the softmax)."""
-    tiny = jnp.finfo(probs.dtype).tiny
-    return jnp.log(jnp.maximum(probs, tiny))
+    return jnp.log(jnp.maximum(probs, _verify._tiny(probs)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,23 +72,23 @@ class DraftFamily:
         """The parameters' pytree of shapes."""
         raise NotImplementedError
 
+    def shape_leaves(self):
+        """``(shapes, treedef)``: the parameters' leaf shapes in pytree order, and the tree."""
+        return jax.tree_util.tree_flatten(self.shapes(), is_leaf=lambda s: isinstance(s, tuple))
+
     def init(self, key, scale: float = 1.0):
         """Random parameters: logits ``scale * N(0, 1)``, one independent draw per leaf."""
         _checks.check_key(key)
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
-                math.isfinite(scale) and scale >= 0):
-            raise ValueError(f"scale must be a finite non-negative number, got {scale!r}")
-        shapes = self.shapes()
-        leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=lambda s: isinstance(s, tuple))
-        keys = jax.random.split(key, len(leaves))
+        scale = _checks.check_finite_non_negative("scale", scale)
+        shapes, treedef = self.shape_leaves()
+        keys = jax.random.split(key, len(shapes))
         return jax.tree_util.tree_unflatten(
-            treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, leaves)])
+            treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, shapes)])
 
     def uniform(self):
         """Parameters of the uniform draft (all logits zero)."""
-        shapes = self.shapes()
-        return jax.tree_util.tree_map(lambda s: jnp.zeros(s, _dtype()), shapes,
-                                      is_leaf=lambda s: isinstance(s, tuple))
+        shapes, treedef = self.shape_leaves()
+        return jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s, _dtype()) for s in shapes])
 
     def transitions(self, params) -> jax.Array:
         """The ``(T, V, V)`` transition logits (up to a per-row constant)."""

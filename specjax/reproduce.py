@@ -15,7 +15,9 @@ expected to match.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
 import sys
 import time
 
@@ -27,7 +29,7 @@ from specjax import _models
 from specjax import _report
 from specjax import _verify
 from specjax._report import FIGURES  # noqa: F401 - re-exported: the names of the figures
-from specjax._report import z_score as _z
+from specjax._report import z_score
 from specjax._models import MarkovChain
 from specjax.samplers import batch_speculative_decoding
 from specjax.samplers import biased_speculative_decoding
@@ -43,6 +45,10 @@ PAPER = {
     "acceleration_T50": 3.05,
     "runs_to_converge": 5000,
 }
+
+
+FIGURE2_DRAFTS = (4, 5)  # Figure 2(b)
+APPENDIX_DRAFTS = (2,)  # the T = 100 appendix figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +128,7 @@ def _counts(trace_fn, key, num_runs, progress, label, chunk=50_000):
 # --- Figure 2 and the T = 100 appendix figure ----------------------------------------------------
 
 
-def convergence(key, draft, target, num_runs, num_drafts=(4, 5), progress=None):
+def convergence(key, draft, target, num_runs, num_drafts=FIGURE2_DRAFTS, progress=None):
     """Figure 2(a, b): running means of SD and batch SD rejections beside Theorems 1 and 3.
 
     Returns a dict: ``{"sd": {...}, "batch": {M: {...}}}``, each entry with ``exact``,
@@ -197,15 +203,21 @@ def _empirical_law(tokens, num_states):
     return np.bincount(np.asarray(tokens), minlength=num_states) / tokens.shape[0]
 
 
+def sweep_epsilons(p, q, epsilons=None) -> list:
+    """``epsilons`` as a list; ``None`` is 11 values from 0 to ``max(p - q)``, beyond which
+    ``b = 1`` everywhere (every draft accepted) and nothing changes."""
+    if epsilons is not None:
+        return list(epsilons)
+    return [round(x, 6) for x in np.linspace(0.0, float(jnp.max(p - q)), 11)]
+
+
 def tradeoff(key, p, q, epsilons, num_runs, progress=None):
     """Figure 3(b, c): for ``b = min(1, (q + eps) / p)``, exact ``P(reject)`` and ``Loss*_TV``
     (Theorem 4) and simulated ``P(reject)`` and TV of the output law to ``q``, for Decoding-OPT
     (residual ``P*``) and Decoding-UNO (residual ``q``). By Theorem 5, OPT's points lie on the
     line ``P(reject) + TV = TV(p, q)``; UNO's lie above it. ``epsilons=None`` sweeps 11 values
     from 0 to ``max(p - q)``."""
-    if epsilons is None:
-        top = float(jnp.max(p - q))
-        epsilons = [round(x, 6) for x in np.linspace(0.0, top, 11)]
+    epsilons = sweep_epsilons(p, q, epsilons)
     progress = progress or Progress(2 * len(epsilons), enabled=False)
     draft, target = one_token_chains(p, q)
     v = p.shape[-1]
@@ -251,6 +263,15 @@ def uniform_subset(num_states, support, dtype=None):
     return jnp.where(jnp.arange(num_states) < support, 1.0 / support, 0.0).astype(dtype)
 
 
+def improvement_cases():
+    """``(label, p, q, closed form of M)`` for Figure 4's Bernoulli and uniform examples."""
+    cases = [(f"Ber: u = {u}", bernoulli(u), bernoulli(0.5),
+              lambda m, u=u: abs(u - 0.5) * (1 - u ** (m - 1))) for u in (0.6, 0.75, 0.9)]
+    cases += [(f"Unif: r = {r}", uniform_subset(12, 12), uniform_subset(12, 12 // r),
+               lambda m, r=r: (1 - 1 / r) - (1 - 1 / r) ** m) for r in (2, 3, 6)]
+    return cases
+
+
 def improvement(key, max_drafts, simulated_drafts, num_runs, progress=None):
     """Figure 4: single-token batch improvement ``TV(q, p) - prod_m TV(q^m, p)`` against ``M``.
 
@@ -259,10 +280,7 @@ def improvement(key, max_drafts, simulated_drafts, num_runs, progress=None):
     ``V' = V / r`` of them for ``r = 2, 3, 6`` (closed form ``(1 - 1/r) - (1 - 1/r)^M``). The
     simulated value is ``TV(p, q)`` minus the batch sampler's first-token rejection rate.
     """
-    cases = [(f"Ber: u = {u}", bernoulli(u), bernoulli(0.5),
-              lambda m, u=u: abs(u - 0.5) * (1 - u ** (m - 1))) for u in (0.6, 0.75, 0.9)]
-    cases += [(f"Unif: r = {r}", uniform_subset(12, 12), uniform_subset(12, 12 // r),
-               lambda m, r=r: (1 - 1 / r) - (1 - 1 / r) ** m) for r in (2, 3, 6)]
+    cases = improvement_cases()
     progress = progress or Progress(len(cases), enabled=False)
     drafts = list(range(1, max_drafts + 1))
     out = []
@@ -326,23 +344,25 @@ Z_TOLERANCE = 4.5  # per check, a false-failure rate of 7e-6 under the normal ap
 def run_experiments(settings: Settings = Settings(), progress: bool = True) -> dict:
     """Runs every experiment; returns the results (arrays included) as a dict."""
     s = settings
-    num_eps = 11 if s.epsilons is None else len(s.epsilons)
-    bar = Progress(3 + len(s.simulated_drafts) + 2 * num_eps + 6 + 2, enabled=progress)
     key = jax.random.key(s.seed)
     draft, target = _models.paper_instance(s.seed, s.num_states, s.horizon)
     long_draft, long_target = _models.paper_instance(s.seed, s.num_states, s.long_horizon)
+    p, q = draft.trans[0, 0], target.trans[0, 0]  # one token: position 1 after x_0 = 0
+    epsilons = sweep_epsilons(p, q, s.epsilons)
+    # One bar step per simulation: running means, M points, eps x (OPT, UNO), Figure 4 cases.
+    bar = Progress((1 + len(FIGURE2_DRAFTS)) + len(s.simulated_drafts) + 2 * len(epsilons)
+                   + len(improvement_cases()) + (1 + len(APPENDIX_DRAFTS)), enabled=progress)
     results = {"settings": dataclasses.asdict(s), "paper": PAPER}
     results["convergence"] = convergence(jax.random.fold_in(key, 1), draft, target, s.num_runs,
-                                         progress=bar)
+                                         FIGURE2_DRAFTS, progress=bar)
     results["scaling"] = scaling(jax.random.fold_in(key, 2), draft, target, s.max_drafts,
                                  s.simulated_drafts, s.num_runs, progress=bar)
-    p, q = draft.trans[0, 0], target.trans[0, 0]  # one token: position 1 after x_0 = 0
-    results["tradeoff"] = tradeoff(jax.random.fold_in(key, 3), p, q, s.epsilons, s.token_runs,
+    results["tradeoff"] = tradeoff(jax.random.fold_in(key, 3), p, q, epsilons, s.token_runs,
                                    progress=bar)
     results["improvement"] = improvement(jax.random.fold_in(key, 4), s.improvement_drafts,
                                          s.improvement_simulated, s.token_runs, progress=bar)
     results["long_convergence"] = convergence(jax.random.fold_in(key, 5), long_draft,
-                                              long_target, s.num_runs, num_drafts=(2,),
+                                              long_target, s.num_runs, APPENDIX_DRAFTS,
                                               progress=bar)
     results["long_scaling"] = scaling(jax.random.fold_in(key, 6), long_draft, long_target,
                                       s.max_drafts, (), s.num_runs)
@@ -358,7 +378,7 @@ def checks(results) -> list[dict]:
         conv = results[which]
         entries = [("SD", conv["sd"])] + [(f"batch M={m}", e) for m, e in conv["batch"].items()]
         for name, e in entries:
-            z = _z(e["mean"], e["se"], e["exact"])
+            z = z_score(e["mean"], e["se"], e["exact"])
             out.append(_check(f"{which}: {name} mean within {Z_TOLERANCE} SE of the theorem",
                               abs(z) < Z_TOLERANCE, f"z = {z:+.2f}"))
     for which in ("scaling", "long_scaling"):
@@ -371,7 +391,7 @@ def checks(results) -> list[dict]:
                           bool(np.all(np.diff(exact) <= 1e-6)) and 0 < sc["limit"] <= exact[-1]
                           + 1e-6, f"M = {len(exact)}: {exact[-1]:.4f}, limit {sc['limit']:.4f}"))
         for m, (mean, se) in sc["simulated"].items():
-            z = _z(mean, se, exact[m - 1])
+            z = z_score(mean, se, exact[m - 1])
             out.append(_check(f"{which}: simulated M = {m} within {Z_TOLERANCE} SE",
                               abs(z) < Z_TOLERANCE, f"z = {z:+.2f}"))
     tr = results["tradeoff"]
@@ -384,7 +404,7 @@ def checks(results) -> list[dict]:
                           "(Theorem 4)", abs(r["opt_tv_exact"] - r["loss_star"]) < 1e-5,
                           f"{r['opt_tv_exact']:.6f} vs {r['loss_star']:.6f}"))
         for name in ("opt", "uno"):
-            z = _z(r[f"{name}_reject"], r[f"{name}_reject_se"], r["reject_exact"])
+            z = z_score(r[f"{name}_reject"], r[f"{name}_reject_se"], r["reject_exact"])
             out.append(_check(f"tradeoff eps={r['epsilon']:g}: {name.upper()}'s simulated "
                               f"P(reject) within {Z_TOLERANCE} SE", abs(z) < Z_TOLERANCE,
                               f"z = {z:+.2f}"))
@@ -397,7 +417,7 @@ def checks(results) -> list[dict]:
         gap = max(abs(a - b) for a, b in zip(case["exact"], case["closed_form"]))
         out.append(_check(f"batch improvement {case['label']}: exact = closed form (Section 3.2)",
                           gap < 1e-5, f"max |difference| = {gap:.1e}"))
-        zs = [_z(sim, se, case["exact"][m - 1]) for m, (sim, se) in case["simulated"].items()]
+        zs = [z_score(sim, se, case["exact"][m - 1]) for m, (sim, se) in case["simulated"].items()]
         worst = max(abs(z) for z in zs)
         out.append(_check(f"batch improvement {case['label']}: simulated within {Z_TOLERANCE} SE",
                           worst < Z_TOLERANCE, f"max |z| = {worst:.2f}"))
@@ -406,6 +426,14 @@ def checks(results) -> list[dict]:
         out.append(_check(f"Table 1 eps={r['epsilon']:g}: in every context, OPT's output is no "
                           "further from q in TV than UNO's (Theorem 4)", gap <= 1e-6,
                           f"max TV(OPT) - TV(UNO) over rows = {gap:.1e}"))
+    return out
+
+
+def check_out_dir(out_dir):
+    """``out_dir`` as a path; raises ``ValueError`` if it exists and is not a folder."""
+    out = pathlib.Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{str(out)!r} exists and is not a folder")
     return out
 
 
@@ -421,12 +449,7 @@ def reproduce(out_dir="figures", settings: Settings = Settings(), progress: bool
     Returns:
       The results dict (as in ``summary.json``, plus the running-mean arrays).
     """
-    import json
-    import pathlib
-
-    out = pathlib.Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out_dir {str(out)!r} exists and is not a folder")
+    out = check_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = run_experiments(settings, progress)
     # The numbers first: a plotting failure must not lose them.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import sys
 import warnings
 from typing import Any
@@ -112,20 +111,6 @@ def _check_lookahead(lookahead):
     _checks.check_positive_int("lookahead", lookahead, allow_none=True)
 
 
-def _check_finite_non_negative(name, value) -> float:
-    """Returns ``float(value)``; raises ``ValueError`` unless it is a finite number >= 0 (a
-    Python or NumPy number or a 0-d array; not a tracer: objectives are static settings)."""
-    try:
-        if isinstance(value, bool) or jnp.ndim(value) != 0:
-            raise TypeError
-        number = float(value)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}") from None
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
-    return number
-
-
 def sd_rejections(*, lookahead: int | None = None) -> Objective:
     """Expected rejections of SD: Theorem 1's ``sum_n E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` (K = T)."""
     _check_lookahead(lookahead)
@@ -161,8 +146,8 @@ def biased_tradeoff(epsilon: float, *, weight: float = 1.0) -> Objective:
       epsilon: ``eps >= 0``.
       weight: ``lambda >= 0``.
     """
-    epsilon = _check_finite_non_negative("epsilon", epsilon)
-    weight = _check_finite_non_negative("weight", weight)
+    epsilon = _checks.check_finite_non_negative("epsilon", epsilon)
+    weight = _checks.check_finite_non_negative("weight", weight)
     return Objective("biased", epsilon=epsilon, weight=weight)
 
 
@@ -285,23 +270,24 @@ _DEFAULT_LEARNING_RATE = 0.05
 _DEFAULT_OPTIMIZER = optax.adam(_DEFAULT_LEARNING_RATE)
 
 
+def _check_family(family, target):
+    if not isinstance(family, DraftFamily):
+        raise ValueError(f"family must be a specjax DraftFamily, got {type(family).__name__}")
+    family.check_target(target)
+
+
 def _check_params(family, params):
-    want = jax.tree_util.tree_map(lambda s: s, family.shapes(),
-                                  is_leaf=lambda s: isinstance(s, tuple))
-    want_tree = jax.tree_util.tree_structure(family.uniform())
+    want, want_tree = family.shape_leaves()
     if jax.tree_util.tree_structure(params) != want_tree:
-        raise ValueError(f"params must be a pytree of arrays shaped like {want} for {family!r} "
-                         f"(e.g. family.init(key)), got structure "
+        raise ValueError(f"params must be a pytree of arrays shaped like {family.shapes()} for "
+                         f"{family!r} (e.g. family.init(key)), got structure "
                          f"{jax.tree_util.tree_structure(params)}")
-    try:
-        got = jax.tree_util.tree_map(lambda s, x: tuple(jnp.shape(x)), want, params,
-                                     is_leaf=lambda s: isinstance(s, tuple))
-    except ValueError as err:
-        raise ValueError(f"params must have the structure of {family!r}'s parameters "
-                         f"{want}; {err}") from None
+    leaves = jax.tree_util.tree_leaves(params)
+    got = [tuple(jnp.shape(x)) for x in leaves]
     if got != want:
-        raise ValueError(f"params must have shapes {want} for {family!r}, got {got}")
-    for x in jax.tree_util.tree_leaves(params):
+        raise ValueError(f"params must have shapes {family.shapes()} for {family!r}, got "
+                         f"{jax.tree_util.tree_unflatten(want_tree, got)}")
+    for x in leaves:
         if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
             raise ValueError(f"params must be floating-point arrays, got dtype {jnp.asarray(x).dtype}")
         if _checks.is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
@@ -357,9 +343,7 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
       ``TuneResult`` (``params``, ``draft``, ``value``, ``history``, ``best_step``,
       ``final_params``, ``skipped``).
     """
-    if not isinstance(family, DraftFamily):
-        raise ValueError(f"family must be a specjax DraftFamily, got {type(family).__name__}")
-    family.check_target(target)
+    _check_family(family, target)
     _check_params(family, params)
     if not callable(objective):
         raise ValueError(f"objective must be callable (draft, target) -> scalar, got {objective!r}")
@@ -429,9 +413,7 @@ def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
       The fitted parameters (``family.chain(params)`` is the fitted draft). Zero probabilities
       of a closed-form fit become logits ``log(tiny)``, so the parameters are finite.
     """
-    if not isinstance(family, DraftFamily):
-        raise ValueError(f"family must be a specjax DraftFamily, got {type(family).__name__}")
-    family.check_target(target)
+    _check_family(family, target)
     params = family.kl_fit_closed_form(target)
     if params is not None:
         return params
