@@ -7,6 +7,7 @@ from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
 from specjax._models import paper_instance
 from specjax._models import random_markov_chain
+from specjax._sharding import chain_sharding
 from specjax._verify import VerificationLaw
 from specjax._verify import acceptance_probability
 from specjax._verify import batch_improvement
@@ -28,6 +29,8 @@ from specjax.samplers import batch_speculative_decoding
 from specjax.samplers import biased_speculative_decoding
 from specjax.samplers import rejection_decoding
 from specjax.samplers import speculative_decoding
+from specjax.statistics import DecodingStatistics
+from specjax.statistics import decoding_statistics
 from specjax.theory import ExactDecoding
 from specjax.theory import ParetoFront
 from specjax.theory import batch_expected_rejections
@@ -57,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ContextFreeDraft",
+    "DecodingStatistics",
     "DecodingTrace",
     "DraftFamily",
     "ExactDecoding",
@@ -78,6 +82,8 @@ __all__ = [
     "biased_output_chain",
     "biased_speculative_decoding",
     "biased_tradeoff",
+    "chain_sharding",
+    "decoding_statistics",
     "draft_family",
     "exact_batch_speculative_decoding",
     "exact_biased_speculative_decoding",

@@ -15,10 +15,12 @@ At each position the outcome (token, rejected) is drawn from a precomputed law (
 chain-step via an inverse-CDF binary search on integer thresholds. A literal implementation that
 drafts whole sequences is kept in the tests and checked to agree in law.
 
-Random numbers: chain ``c`` at position ``n`` uses element ``c`` of
-``jax.random.bits(fold_in(key_steps, n), (C,))``. With JAX's partitionable Threefry (the default
-since 0.5) element ``c`` does not depend on ``C``, so the first chains of a larger run equal a
-smaller run with the same key.
+Random numbers: chain ``c`` at position ``n`` uses the Threefry-2x32 hash of the counter ``c``
+under the key ``fold_in(key_steps, n)`` (``chain_bits``), which is element ``c`` of JAX's
+partitionable ``jax.random.bits(fold_in(key_steps, n), (C,))`` for any ``C > c``. Each chain's
+numbers depend on its index alone, so the first chains of a larger run equal a smaller run with
+the same key, a block of chains ``[o, o + s)`` can be run on its own (chunks), and laying chains
+out over devices (``specjax._sharding``) cannot change a token.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
+
+from specjax import _sharding
 
 from specjax._verify import VerificationLaw
 
@@ -98,9 +103,42 @@ def _search(thresholds_at, u: jax.Array, width: int) -> jax.Array:
     return lo
 
 
-def uniform_int31(key, shape) -> jax.Array:
-    """Uniform integers in ``[0, 2**31)`` as int32."""
-    bits = jax.random.bits(key, shape, dtype=jnp.uint32)
+def _key_words(key) -> tuple[jax.Array, jax.Array]:
+    """The two uint32 words of a Threefry key; other PRNG implementations are mapped to two
+    words drawn from the key, so any key works (and gives the same run every time)."""
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    if str(jax.random.key_impl(key)) == "threefry2x32":
+        words = jax.random.key_data(key)
+    else:
+        words = jax.random.bits(key, (2,), jnp.uint32)
+    return words[0], words[1]
+
+
+def chain_bits(key, offset, num_chains: int, sharding=None) -> jax.Array:
+    """32 random bits for each of the chains ``offset, ..., offset + num_chains - 1``.
+
+    Chain ``c`` gets the Threefry-2x32 hash of the 64-bit counter ``c`` (high word 0), which is
+    element ``c`` of JAX's partitionable ``jax.random.bits(key, (N,))`` for every ``N > c``.
+
+    Args:
+      key: PRNG key.
+      offset: index of the first chain (may be traced; ``offset + num_chains <= 2**32``).
+      num_chains: how many (static).
+      sharding: chain layout (``specjax._sharding``), or ``None``.
+
+    Returns:
+      ``(num_chains,)`` uint32.
+    """
+    k1, k2 = _key_words(key)
+    counter = jnp.asarray(offset, jnp.uint32) + jax.lax.iota(jnp.uint32, num_chains)
+    counter = _sharding.constrain(counter, sharding)
+    hi, lo = threefry2x32_p.bind(k1, k2, jnp.zeros_like(counter), counter)
+    return hi ^ lo
+
+
+def _int31(bits: jax.Array) -> jax.Array:
+    """Uniform integers in ``[0, 2**31)`` as int32, from 32 random bits."""
     return jax.lax.shift_right_logical(bits, jnp.uint32(1)).astype(jnp.int32)
 
 
@@ -126,7 +164,8 @@ def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry,
       u: a 31-bit uniform integer.
 
     Returns:
-      The new carry and ``(token, rejected, new_call)`` for this position.
+      The new carry and ``(token, rejected, new_call, verified)`` for this position
+      (``verified``: a draft was verified here, i.e. the position is not a bonus token).
     """
     x, j, num_rejections, num_calls = carry
     kind = jnp.where(j == lookahead, BONUS, jnp.where(j == 0, ROOT, VERIFY))
@@ -137,7 +176,7 @@ def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry,
     next_j = jnp.where(rejected | (j == lookahead), 0, j + 1)
     new_call = j == 0
     carry = (token, next_j, num_rejections + rejected, num_calls + new_call)
-    return carry, (token, rejected, new_call)
+    return carry, (token, rejected, new_call, j != lookahead)
 
 
 def _small_int_dtype(num_states: int):
@@ -150,8 +189,37 @@ def _small_int_dtype(num_states: int):
     return jnp.int32
 
 
-def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int,
-             lookahead: int) -> DecodingTrace:
+def _run_chains(key, init, thresholds, num_chains: int, lookahead: int, offset, sharding,
+                emit):
+    """Scans chains ``offset .. offset + num_chains - 1`` over the positions.
+
+    ``emit(outputs)`` maps one position's ``(token, rejected, new_call, verified)``, each of shape
+    ``(C,)``, to what the scan keeps of that position. Returns ``(x0, final carry, kept)``.
+    """
+    num_states = init.shape[-1]
+    horizon, _, row_kinds, width = thresholds.shape
+    key_init, key_steps = jax.random.split(key)
+
+    init_thr = categorical_thresholds(init)
+    u0 = _int31(chain_bits(key_init, offset, num_chains, sharding))
+    x0 = jax.vmap(lambda u: _search(lambda i: init_thr[i], u, init_thr.shape[-1]))(u0)
+
+    def scan_step(carry, inputs):
+        thresholds_n, n = inputs
+        u = _int31(chain_bits(jax.random.fold_in(key_steps, n), offset, num_chains, sharding))
+        step = functools.partial(_chain_step, thresholds_n.reshape(-1), lookahead, num_states,
+                                 row_kinds, width)
+        carry, outputs = jax.vmap(step)(carry, u)
+        return carry, emit(outputs)
+
+    zeros = _sharding.constrain(jnp.zeros((num_chains,), jnp.int32), sharding)
+    carry0 = (x0, zeros, zeros, zeros)
+    carry, kept = jax.lax.scan(scan_step, carry0, (thresholds, jnp.arange(horizon)))
+    return x0, carry, kept
+
+
+def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int, lookahead: int, *,
+             offset=0, sharding=None) -> DecodingTrace:
     """Runs ``num_chains`` chains through the per-position law table.
 
     Args:
@@ -161,37 +229,80 @@ def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int,
       num_chains: ``C`` (static).
       lookahead: ``K`` (static); ``0`` gives autoregressive decoding (every step a bonus token),
         ``K >= T`` never reaches a bonus (the paper's ``K = T``).
+      offset: index of the first chain (traced): the chains are ``offset .. offset + C - 1`` of
+        a larger run with the same key.
+      sharding: a ``NamedSharding`` of the chain axis (``specjax._sharding.resolve``), or ``None``.
 
     Returns:
       A ``DecodingTrace``.
     """
-    num_states = init.shape[-1]
-    horizon, _, row_kinds, width = thresholds.shape
-    key_init, key_steps = jax.random.split(key)
+    token_dtype = _small_int_dtype(init.shape[-1])
 
-    init_thr = categorical_thresholds(init)
-    u0 = uniform_int31(key_init, (num_chains,))
-    x0 = jax.vmap(lambda u: _search(lambda i: init_thr[i], u, init_thr.shape[-1]))(u0)
-    token_dtype = _small_int_dtype(num_states)
+    def emit(outputs):
+        token, rejected, new_call, _ = outputs
+        return token.astype(token_dtype), rejected, new_call
 
-    def scan_step(carry, inputs):
-        thresholds_n, n = inputs
-        u = uniform_int31(jax.random.fold_in(key_steps, n), (num_chains,))
-        step = functools.partial(_chain_step, thresholds_n.reshape(-1), lookahead, num_states,
-                                 row_kinds, width)
-        carry, (token, rejected, new_call) = jax.vmap(step)(carry, u)
-        return carry, (token.astype(token_dtype), rejected, new_call)
-
-    zeros = jnp.zeros((num_chains,), jnp.int32)
-    carry0 = (x0, zeros, zeros, zeros)
-    carry, (tokens, rejected, new_call) = jax.lax.scan(
-        scan_step, carry0, (thresholds, jnp.arange(horizon)))
+    x0, carry, (tokens, rejected, new_call) = _run_chains(
+        key, init, thresholds, num_chains, lookahead, offset, sharding, emit)
     _, _, num_rejections, num_calls = carry
     tokens = jnp.concatenate([x0[:, None], tokens.T.astype(jnp.int32)], axis=1)
     return DecodingTrace(
-        tokens=tokens,
-        rejected=rejected.T,
+        tokens=_sharding.constrain(tokens, sharding),
+        rejected=_sharding.constrain(rejected.T, sharding),
         num_rejections=num_rejections,
         num_calls=num_calls,
-        new_call=new_call.T,
+        new_call=_sharding.constrain(new_call.T, sharding),
+    )
+
+
+class ChunkCounts(NamedTuple):
+    """What the statistics-only path keeps of one block of chains (no tokens).
+
+    ``num_rejections`` and ``num_calls`` are per chain; the counts are over the chains of the
+    block that are ``valid`` (index below the run's total).
+    """
+
+    num_rejections: jax.Array  # shape=(C,), dtype=int32
+    num_calls: jax.Array  # shape=(C,), dtype=int32
+    per_position: jax.Array  # shape=(T, 3), dtype=int32: rejected, verified, call starts
+    final_tokens: jax.Array  # shape=(V,), dtype=int32
+
+
+def simulate_counts(key, init: jax.Array, thresholds: jax.Array, num_chains: int, lookahead: int,
+                    *, offset=0, num_valid=None, sharding=None) -> ChunkCounts:
+    """Like ``simulate``, but keeps only counts: ``O(C + T + V)`` memory instead of ``O(C T)``.
+
+    The per-position sums are taken per shard at each position and across shards once at the end,
+    so a sharded run communicates a ``(T, 3)`` array once, not at every position.
+
+    Args:
+      key, init, thresholds, num_chains, lookahead, offset, sharding: as for ``simulate``.
+      num_valid: chains ``offset + i`` with ``i >= num_valid`` (traced) are run but not counted
+        (the padding of a last, partial chunk); ``None`` counts all.
+    """
+    shards = _sharding.num_shards(sharding)
+    index = jax.lax.iota(jnp.int32, num_chains)
+    valid = _sharding.constrain(
+        index < (num_chains if num_valid is None else num_valid), sharding)
+
+    def per_shard(x):  # (C,) -> (S, C / S) without moving data between devices
+        return _sharding.constrain(x.reshape(shards, num_chains // shards), sharding)
+
+    def emit(outputs):
+        _, rejected, new_call, verified = outputs
+        rows = [jnp.sum(per_shard(flag & valid), axis=1, dtype=jnp.int32)
+                for flag in (rejected, verified, new_call)]
+        return jnp.stack(rows, axis=-1)  # (S, 3)
+
+    _, carry, per_position = _run_chains(
+        key, init, thresholds, num_chains, lookahead, offset, sharding, emit)
+    x, _, num_rejections, num_calls = carry
+    num_states = init.shape[-1]
+    final = jax.vmap(lambda t, w: jnp.bincount(t, weights=w, length=num_states))(
+        per_shard(x), per_shard(valid.astype(jnp.int32)))
+    return ChunkCounts(
+        num_rejections=num_rejections,
+        num_calls=num_calls,
+        per_position=jnp.sum(per_position, axis=1),
+        final_tokens=jnp.sum(final, axis=0).astype(jnp.int32),
     )

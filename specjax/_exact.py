@@ -43,20 +43,33 @@ class ExactDecoding(NamedTuple):
         marginalised to the last token.
       new_call: ``P(a target call starts at position n)``.
       marginals: the law of ``x_n`` for ``n = 0..T`` (the target's marginals for unbiased rules).
+      verified: ``P(a draft is verified at position n)``, i.e. ``x_n`` is not the target's bonus
+        token after ``K`` accepted drafts (1 for ``K = T``, 0 for autoregressive decoding).
 
-    ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls`` and
-    ``rejection_rate`` (``E[R_n]``, shape ``(T,)``) are derived properties; they sum over the
-    trailing axes only, so they also work on a ``vmap``-ped batch of results.
+    ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls``,
+    ``rejection_rate`` (``E[R_n]``, shape ``(T,)``) and ``acceptance_rate`` (per position, given
+    a draft was verified there) are derived properties; they reduce the trailing axes only, so
+    they also work on a ``vmap``-ped batch of results.
     """
 
     rejected: jax.Array  # shape=(T, V)
     new_call: jax.Array  # shape=(T,)
     marginals: jax.Array  # shape=(T + 1, V)
+    verified: jax.Array  # shape=(T,)
 
     @property
     def rejection_rate(self) -> jax.Array:
         """``E[R_n]`` for ``n = 1..T``, shape ``(..., T)``."""
         return jnp.sum(self.rejected, axis=-1)
+
+    @property
+    def acceptance_rate(self) -> jax.Array:
+        """``P(no rejection at n | a draft is verified at n)`` for ``n = 1..T``, shape
+        ``(..., T)``: what serving engines report as the acceptance rate, position by position.
+        Where no draft is ever verified (``verified == 0``: a certain bonus token, or
+        autoregressive decoding) nothing is rejected and the rate is 1 by convention; values and
+        gradients stay finite."""
+        return 1 - _verify._safe_ratio(self.rejection_rate, self.verified, 0)
 
     @property
     def expected_rejections(self) -> jax.Array:
@@ -93,12 +106,15 @@ def forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
     return _general_forward(init, p, q, rule, extra, lookahead)
 
 
-def _finish(init, rejected, marginals, new_call=None) -> ExactDecoding:
+def _finish(init, rejected, marginals, new_call=None, verified=None) -> ExactDecoding:
     marginals = jnp.concatenate([init[None], marginals])
     if new_call is None:  # K >= T: a call starts at n = 1 and right after every rejection
         rate = jnp.sum(rejected, axis=-1)
         new_call = jnp.concatenate([jnp.ones((1,), rate.dtype), rate[:-1]])
-    return ExactDecoding(rejected=rejected, new_call=new_call, marginals=marginals)
+    if verified is None:  # K >= T: no bonus token, a draft is verified at every position
+        verified = jnp.ones(rejected.shape[:1], rejected.dtype)
+    return ExactDecoding(rejected=rejected, new_call=new_call, marginals=marginals,
+                         verified=verified)
 
 
 def _unbiased_forward(init, p, q, rule) -> ExactDecoding:
@@ -148,11 +164,11 @@ def _general_forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
         if one_phase:  # pi: (V,), every position is verified the same way
             rejected = _vecmat(pi, root.rejected)
             new_pi = rejected + _vecmat(pi, root.accepted)
-            return new_pi, (rejected, new_pi, pi[:0])
+            return new_pi, (rejected, new_pi, pi[:0], None)
         if in_call_only:  # pi: (2, V) = (root, in-call)
             rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
             accepted = _vecmat(pi[0], root.accepted) + _vecmat(pi[1], verify.accepted)
-            return jnp.stack([rejected, accepted]), (rejected, rejected + accepted, pi[0])
+            return jnp.stack([rejected, accepted]), (rejected, rejected + accepted, pi[0], None)
         # pi: (K + 1, V): root, K - 1 in-call phases, bonus.
         inside = pi[1:lookahead]
         rejected = _vecmat(pi[0], root.rejected) + _vecmat(jnp.sum(inside, 0), verify.rejected)
@@ -162,14 +178,16 @@ def _general_forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
             _vecmat(pi[0], root.accepted)[None],
             _vecmat(inside, verify.accepted),
         ])
-        return new_pi, (rejected, jnp.sum(new_pi, 0), pi[0])
+        return new_pi, (rejected, jnp.sum(new_pi, 0), pi[0],
+                        jnp.minimum(jnp.sum(pi[:lookahead]), 1))
 
     if one_phase:
         pi0 = init
     else:
         num_phases = 2 if in_call_only else lookahead + 1
         pi0 = jnp.zeros((num_phases,) + init.shape, init.dtype).at[0].set(init)
-    _, (rejected, marginals, root_mass) = jax.lax.scan(step, pi0, (p, q))
+    _, (rejected, marginals, root_mass, verified) = jax.lax.scan(step, pi0, (p, q))
     if one_phase:
         return _finish(init, rejected, marginals)
-    return _finish(init, rejected, marginals, new_call=jnp.sum(root_mass, axis=-1))
+    return _finish(init, rejected, marginals, new_call=jnp.sum(root_mass, axis=-1),
+                   verified=verified)

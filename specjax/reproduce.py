@@ -18,14 +18,13 @@ import dataclasses
 import json
 import math
 import pathlib
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import _models
+from specjax._progress import Progress
 from specjax import _report
 from specjax import _verify
 from specjax._report import FIGURES  # noqa: F401 - re-exported: the names of the figures
@@ -76,26 +75,6 @@ class Settings:
         return cls(num_states=4, horizon=8, long_horizon=10, num_runs=2_000, max_drafts=6,
                    simulated_drafts=(1, 3), token_runs=20_000, epsilons=(0.0, 0.1, 0.4),
                    improvement_drafts=4, improvement_simulated=(2,))
-
-
-class Progress:
-    """A text progress bar on standard error (no dependency), one step per simulation chunk."""
-
-    def __init__(self, total: int, enabled: bool = True, width: int = 30):
-        self.total, self.done, self.enabled, self.width = total, 0, enabled, width
-        self.start = time.perf_counter()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        filled = int(self.width * self.done / self.total)
-        elapsed = time.perf_counter() - self.start
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} {elapsed:5.0f}s {label:<40.40}")
-        if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def mean_se(x) -> tuple[float, float]:

@@ -12,33 +12,107 @@ own ``jax.jit``/``vmap`` the value checks cannot run and are skipped; shape chec
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
+from jax.sharding import NamedSharding
 
 from specjax import _checks
 from specjax import _engine
 from specjax import _rules
+from specjax import _sharding
 from specjax import _verify
 from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
 from specjax._models import check_chain
 from specjax._models import check_pair
 
-def _check_pair(draft, target, key, num_chains) -> None:
+class Plan(NamedTuple):
+    """A validated run: the models, the rule and its static settings (no key)."""
+
+    draft: MarkovChain
+    target: MarkovChain
+    extra: tuple  # traced rule parameters, e.g. (epsilon,)
+    num_chains: int
+    lookahead: int
+    rule: tuple
+    sharding: NamedSharding | None
+
+
+def _check_models(key, draft, target) -> None:
     _checks.check_key(key)
     check_pair(draft, target)
+
+
+def _plan(draft, target, num_chains, rule, lookahead, sharding, extra=()) -> Plan:
+    """Checks the run's settings into a plan (the key and models are checked by the caller;
+    ``lookahead=None`` is the paper's ``K = T``)."""
     _checks.check_positive_int("num_chains", num_chains)
+    if rule != _rules.AUTOREGRESSIVE:
+        lookahead = _rules.resolve_lookahead(lookahead, target.horizon)
+    return Plan(draft, target, extra, num_chains, lookahead, rule,
+                _sharding.resolve(sharding, num_chains))
 
 
-@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "rule"))
-def _run(key, draft, target, extra, *, num_chains, lookahead, rule):
-    """Builds the law table for ``rule`` and simulates. ``extra`` holds traced rule parameters."""
-    root, verify = _rules.laws(rule, draft.trans, target.trans, extra)
-    thresholds = _engine.law_table(root, verify, _verify.bonus_law(target.trans))
-    return _engine.simulate(key, target.init, thresholds, num_chains, lookahead)
+def law_thresholds(plan: Plan) -> jax.Array:
+    """The engine's ``(T, V, 3, W')`` table for ``plan``'s rule (traced; call under ``jit``)."""
+    root, verify = _rules.laws(plan.rule, plan.draft.trans, plan.target.trans, plan.extra)
+    return _engine.law_table(root, verify, _verify.bonus_law(plan.target.trans))
 
 
-def autoregressive_decoding(key, model: MarkovChain, num_chains: int) -> DecodingTrace:
+def replicate(plan: Plan) -> Plan:
+    """``plan`` with its arrays on every device of its mesh (no-op without a sharding)."""
+    arrays = _sharding.put_replicated((plan.draft, plan.target, plan.extra), plan.sharding)
+    return plan._replace(draft=arrays[0], target=arrays[1], extra=arrays[2])
+
+
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "rule", "sharding"))
+def _run(key, draft, target, extra, *, num_chains, lookahead, rule, sharding):
+    plan = Plan(draft, target, extra, num_chains, lookahead, rule, sharding)
+    return _engine.simulate(key, target.init, law_thresholds(plan), num_chains, lookahead,
+                            sharding=sharding)
+
+
+def _trace(key, plan: Plan) -> DecodingTrace:
+    plan = replicate(plan)
+    return _run(key, plan.draft, plan.target, plan.extra, num_chains=plan.num_chains,
+                lookahead=plan.lookahead, rule=plan.rule, sharding=plan.sharding)
+
+
+def _plan_autoregressive(key, model, num_chains, *, sharding=None) -> Plan:
+    _checks.check_key(key)
+    check_chain("model", model)
+    return _plan(model, model, num_chains, _rules.AUTOREGRESSIVE, 0, sharding)
+
+
+def _plan_speculative(key, draft, target, num_chains, *, lookahead=None, sharding=None) -> Plan:
+    _check_models(key, draft, target)
+    return _plan(draft, target, num_chains, _rules.SPECULATIVE, lookahead, sharding)
+
+
+def _plan_batch(key, draft, target, num_chains, *, num_drafts, lookahead=None,
+                sharding=None) -> Plan:
+    _check_models(key, draft, target)
+    _checks.check_positive_int("num_drafts", num_drafts)
+    return _plan(draft, target, num_chains, _rules.batch(num_drafts), lookahead, sharding)
+
+
+def _plan_biased(key, draft, target, num_chains, *, epsilon, residual="optimal", lookahead=None,
+                 sharding=None) -> Plan:
+    _check_models(key, draft, target)
+    rule, extra = _rules.biased(epsilon, residual, target.dtype)
+    return _plan(draft, target, num_chains, rule, lookahead, sharding, extra)
+
+
+def _plan_rejection(key, draft, target, num_chains, *, accept_prob, residual, lookahead=None,
+                    sharding=None) -> Plan:
+    _check_models(key, draft, target)
+    rule = _rules.general(accept_prob, residual)
+    return _plan(draft, target, num_chains, rule, lookahead, sharding)
+
+
+def autoregressive_decoding(key, model: MarkovChain, num_chains: int, *,
+                            sharding=None) -> DecodingTrace:
     """Samples ``num_chains`` sequences from ``model`` token by token (Algorithm 3).
 
     Every position costs one target call and nothing is ever rejected.
@@ -47,6 +121,10 @@ def autoregressive_decoding(key, model: MarkovChain, num_chains: int) -> Decodin
       key: a JAX PRNG key.
       model: the (target) ``MarkovChain`` ``q``.
       num_chains: ``C``, the number of independent chains.
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
+        all of its devices) or a ``NamedSharding`` of the chain axis
+        (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
+        shards. The result equals an unsharded run's with the same key, laid out by chain.
 
     Returns:
       ``DecodingTrace`` with ``tokens (C, T + 1)``, ``num_calls == T``, ``num_rejections == 0``.
@@ -54,15 +132,11 @@ def autoregressive_decoding(key, model: MarkovChain, num_chains: int) -> Decodin
     References:
       Algorithm 3 (Auto-Regressive Model Decoding).
     """
-    _checks.check_key(key)
-    check_chain("model", model)
-    _checks.check_positive_int("num_chains", num_chains)
-    return _run(key, model, model, (), num_chains=num_chains, lookahead=0,
-                rule=_rules.AUTOREGRESSIVE)
+    return _trace(key, _plan_autoregressive(key, model, num_chains, sharding=sharding))
 
 
 def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
-                         lookahead: int | None = None) -> DecodingTrace:
+                         lookahead: int | None = None, sharding=None) -> DecodingTrace:
     """Speculative decoding (SD): draft from ``p``, verify with ``min(1, q/p)``, resample ``[q - p]_+``.
 
     Args:
@@ -73,6 +147,10 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
       lookahead: ``None`` for the paper's ``K = T`` (draft to the end, one target call per
         rejection); an int ``K`` for practical SD: each target call verifies up to ``K`` drafts,
         and when all ``K`` are accepted the target's bonus token is appended in the same call.
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
+        all of its devices) or a ``NamedSharding`` of the chain axis
+        (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
+        shards. The result equals an unsharded run's with the same key, laid out by chain.
 
     Returns:
       ``DecodingTrace``. ``num_rejections`` is the paper's ``N_rej`` (Theorem 1).
@@ -80,13 +158,13 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
     References:
       Algorithm 1 (Speculative Decoding); Leviathan et al. 2023 for the bonus token.
     """
-    _check_pair(draft, target, key, num_chains)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=_rules.SPECULATIVE)
+    return _trace(key, _plan_speculative(key, draft, target, num_chains, lookahead=lookahead,
+                                         sharding=sharding))
 
 
 def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
-                               num_drafts: int, lookahead: int | None = None) -> DecodingTrace:
+                               num_drafts: int, lookahead: int | None = None,
+                               sharding=None) -> DecodingTrace:
     """Batch SD: ``M`` draft sequences per target call, verified depth-first (Algorithm 4).
 
     At the root of a call, draft ``m`` is verified against the ``m``-th residual ``q^m``
@@ -103,6 +181,10 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
       num_drafts: ``M >= 1``; ``M = 1`` is SD.
       lookahead: ``None`` (the paper's ``K = T``) or ``K``: after ``K`` accepted tokens of a
         call, the target's bonus token is appended and a new call starts (beyond the paper).
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
+        all of its devices) or a ``NamedSharding`` of the chain axis
+        (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
+        shards. The result equals an unsharded run's with the same key, laid out by chain.
 
     Returns:
       ``DecodingTrace``; each rejection ends a call (``num_calls = N_rej + 1 - R_T`` for ``K = T``).
@@ -110,16 +192,14 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
     References:
       Algorithm 4 (Batch Speculative Sampling); Theorem 3 and its appendix proof.
     """
-    _check_pair(draft, target, key, num_chains)
-    _checks.check_positive_int("num_drafts", num_drafts)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _run(key, draft, target, (), num_chains=num_chains, lookahead=k,
-                rule=_rules.batch(num_drafts))
+    return _trace(key, _plan_batch(key, draft, target, num_chains, num_drafts=num_drafts,
+                                   lookahead=lookahead, sharding=sharding))
 
 
 def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
                                 epsilon, residual: str = "optimal",
-                                lookahead: int | None = None) -> DecodingTrace:
+                                lookahead: int | None = None,
+                                sharding=None) -> DecodingTrace:
     """Lossy SD with over-acceptance ``b = min(1, (q + eps) / p)``.
 
     Args:
@@ -131,6 +211,10 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
       residual: ``"optimal"``: Theorem 4's ``P*`` (normalised ``[q - b p]_+``, Decoding-OPT);
         ``"target"``: resample from ``q`` (Decoding-UNO); ``"standard"``: ``[q - p]_+``.
       lookahead: ``None`` (``K = T``) or ``K`` as in ``speculative_decoding``.
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
+        all of its devices) or a ``NamedSharding`` of the chain axis
+        (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
+        shards. The result equals an unsharded run's with the same key, laid out by chain.
 
     Returns:
       ``DecodingTrace``; the output law is the biased chain whose transition is
@@ -139,14 +223,13 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
     References:
       Section 4, Theorems 4-5, Table 1 (Decoding-OPT vs Decoding-UNO).
     """
-    _check_pair(draft, target, key, num_chains)
-    rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _run(key, draft, target, extra, num_chains=num_chains, lookahead=k, rule=rule)
+    return _trace(key, _plan_biased(key, draft, target, num_chains, epsilon=epsilon,
+                                    residual=residual, lookahead=lookahead, sharding=sharding))
 
 
 def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
-                       accept_prob, residual, lookahead: int | None = None) -> DecodingTrace:
+                       accept_prob, residual, lookahead: int | None = None,
+                       sharding=None) -> DecodingTrace:
     """The general framework of rejection-based decoding (Algorithm 2) for any rule.
 
     Args:
@@ -161,6 +244,10 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
 
     Both functions are static arguments of a jitted function: pass the same function objects
     across calls (not a new ``lambda`` each time) to avoid recompiling.
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
+        all of its devices) or a ``NamedSharding`` of the chain axis
+        (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
+        shards. The result equals an unsharded run's with the same key, laid out by chain.
 
     Returns:
       ``DecodingTrace``. SD is ``accept_prob=lambda p, q: jnp.minimum(1, q / p)`` (for ``p > 0``)
@@ -169,7 +256,16 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
     References:
       Algorithm 2 (Framework for Rejection-based Decoding); Theorem 2.
     """
-    _check_pair(draft, target, key, num_chains)
-    rule = _rules.general(accept_prob, residual)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _run(key, draft, target, (), num_chains=num_chains, lookahead=k, rule=rule)
+    return _trace(key, _plan_rejection(key, draft, target, num_chains, accept_prob=accept_prob,
+                                       residual=residual, lookahead=lookahead,
+                                       sharding=sharding))
+
+
+#: The planning function behind each public sampler, for ``specjax.decoding_statistics``.
+PLANS = {
+    autoregressive_decoding: _plan_autoregressive,
+    speculative_decoding: _plan_speculative,
+    batch_speculative_decoding: _plan_batch,
+    biased_speculative_decoding: _plan_biased,
+    rejection_decoding: _plan_rejection,
+}
