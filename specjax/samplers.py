@@ -48,6 +48,9 @@ def _plan(draft, target, num_chains, rule, lookahead, sharding, extra=()) -> Pla
     """Checks the run's settings into a plan (the key and models are checked by the caller;
     ``lookahead=None`` is the paper's ``K = T``)."""
     _checks.check_positive_int("num_chains", num_chains)
+    if num_chains > 2**32:
+        raise ValueError(f"num_chains must be at most 2**32 (chains are numbered with 32 bits), "
+                         f"got {num_chains}")
     if rule != _rules.AUTOREGRESSIVE:
         lookahead = _rules.resolve_lookahead(lookahead, target.horizon)
     return Plan(draft, target, extra, num_chains, lookahead, rule,

@@ -128,7 +128,7 @@ def decoding_statistics(sampler, key, *args, chunk_size: int | None = None,
     Raises:
       ValueError: ``sampler`` is not a specjax sampler, its arguments are invalid (as the sampler
         would raise), ``chunk_size`` is not a positive multiple of the number of shards, or
-        ``num_chains`` exceeds ``2**32 - chunk_size``.
+        ``num_chains`` rounded up to a multiple of ``chunk_size`` exceeds ``2**32``.
 
     This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``.
     """
@@ -143,8 +143,9 @@ def decoding_statistics(sampler, key, *args, chunk_size: int | None = None,
     chunk = _resolve_chunk_size(chunk_size, num_chains, _sharding.num_shards(plan.sharding))
     num_chunks = -(-num_chains // chunk)
     if num_chunks * chunk > _MAX_CHAINS:
-        raise ValueError(f"num_chains ({num_chains}) is too large: chains are counted with "
-                         f"32 bits, at most {_MAX_CHAINS - chunk} with chunk_size {chunk}")
+        raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "
+                         f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
+                         f"must be at most 2**32")
     plan = samplers.replicate(plan)
     bar = Progress(num_chunks, enabled=progress)
     per_position = np.zeros((plan.target.horizon, 3), np.int64)

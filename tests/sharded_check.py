@@ -1,0 +1,83 @@
+"""Run in a subprocess with 4 forced host devices by ``test_scale.py``: sharded == unsharded.
+
+Not a test module itself: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` must be set
+before JAX starts, and must not leak into the other tests. Exits non-zero on the first mismatch.
+"""
+
+import os
+import re
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import specjax
+from specjax import samplers
+from sampler_cases import CASES
+from sampler_cases import arguments
+from sampler_cases import instance
+
+assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
+devices = jax.devices()
+assert len(devices) == 4, devices
+
+C = 4000
+draft, target = instance()
+key = jax.random.key(7)
+grid = Mesh(np.asarray(devices).reshape(2, 2), ("a", "b"))
+layouts = {
+    "chain_sharding()": (specjax.chain_sharding(), 4),
+    "2x2 mesh": (grid, 4),
+    "P('a') on a 2x2 mesh": (NamedSharding(grid, P("a")), 2),
+    "two devices": (specjax.chain_sharding(devices[2:]), 2),
+}
+
+
+def same(a, b, what):
+    for name, x, y in zip(a._fields, a, b):
+        if not np.array_equal(np.asarray(x), np.asarray(y)):
+            raise AssertionError(f"{what}: field {name} differs")
+
+
+def counts(trace):
+    """What ``decoding_statistics`` should return, from a full trace (bonus positions derived
+    from the call structure: the ``K + 1``-th position of a call)."""
+    return (trace.num_rejections, trace.num_calls, np.asarray(trace.rejected).sum(0),
+            np.asarray(trace.new_call).sum(0),
+            np.bincount(np.asarray(trace.tokens[:, -1]), minlength=target.num_states))
+
+
+def same_counts(stats, trace, what):
+    expected = counts(trace)
+    got = (stats.num_rejections, stats.num_calls, stats.rejections_at, stats.calls_at,
+           stats.final_token_counts)
+    for i, (x, y) in enumerate(zip(got, expected)):
+        if not np.array_equal(np.asarray(x), np.asarray(y)):
+            raise AssertionError(f"{what}: statistic {i} differs")
+
+
+for name, (sampler, kw) in CASES.items():
+    args = arguments(sampler, draft, target)
+    plain = sampler(key, *args, C, **kw)
+    # Every layout for one sampler, the plainest one for the others (each is a compilation).
+    chosen = layouts if name == "sd K=3" else {"chain_sharding()": layouts["chain_sharding()"]}
+    for layout, (sharding, shards) in chosen.items():
+        sharded = sampler(key, *args, C, sharding=sharding, **kw)
+        same(plain, sharded, f"{name}, {layout}")
+        pieces = {s.data.shape for s in sharded.tokens.addressable_shards}
+        assert pieces == {(C // shards, target.horizon + 1)}, (name, layout, pieces)
+        chunked = specjax.decoding_statistics(sampler, key, *args, C, sharding=sharding,
+                                              chunk_size=1200, **kw)
+        same_counts(chunked, plain, f"{name}, statistics, {layout}")
+    print("ok", name)
+
+# The trace path needs no communication between devices at all.
+plan = samplers._plan_speculative(key, draft, target, C, sharding=specjax.chain_sharding())
+hlo = samplers._run.lower(key, draft, target, (), num_chains=C, lookahead=plan.lookahead,
+                          rule=plan.rule, sharding=plan.sharding).compile().as_text()
+collectives = re.findall(r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter",
+                         hlo)
+assert not collectives, collectives
+print("ok no collectives")

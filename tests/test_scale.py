@@ -1,0 +1,313 @@
+"""Scale: chains by counter, sharded == unsharded, chunked == one-shot, bounded memory, and the
+per-position acceptance rate (Monte Carlo and exact)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import reference as ref
+import specjax
+import stats
+from conftest import edge_pair
+from conftest import random_pair
+from sampler_cases import CASES
+from sampler_cases import arguments
+from sampler_cases import instance
+from specjax import _engine
+from specjax import samplers
+from specjax import statistics
+
+HERE = pathlib.Path(__file__).parent
+
+
+# ----------------------------------------------------------------------------- random numbers
+def test_chain_bits_are_jax_partitionable_bits_by_counter():
+    for key in (jax.random.key(3), jax.random.PRNGKey(5)):
+        full = jax.random.bits(key, (1000,), jnp.uint32)
+        assert np.array_equal(_engine.chain_bits(key, 0, 1000), full)
+        assert np.array_equal(_engine.chain_bits(key, 300, 200), full[300:500])
+    key = jax.random.key(1)
+    top = 2**32 - 10  # the last counters: no overflow into a wrong chain
+    assert np.array_equal(_engine.chain_bits(key, top, 10)[3:], _engine.chain_bits(key, top + 3, 7))
+
+
+def test_any_key_implementation_works_and_is_deterministic():
+    draft, target = instance()
+    key = jax.random.key(0, impl="rbg")
+    a = specjax.speculative_decoding(key, draft, target, 300)
+    b = specjax.speculative_decoding(key, draft, target, 300)
+    assert np.array_equal(a.tokens, b.tokens)
+    assert np.array_equal(a.num_rejections,
+                          specjax.decoding_statistics(specjax.speculative_decoding, key, draft,
+                                                      target, 300, chunk_size=128).num_rejections)
+
+
+# ----------------------------------------------------------------------------- statistics path
+def expected_counts(trace, num_states, lookahead):
+    """Counts from a full trace; verified positions re-derived from the call structure (a
+    position is the bonus token when it is the ``K + 1``-th of its call)."""
+    new_call = np.asarray(trace.new_call)
+    depth = np.zeros(new_call.shape, np.int64)
+    for n in range(new_call.shape[1]):
+        depth[:, n] = np.where(new_call[:, n], 0, depth[:, n - 1] + 1 if n else 0)
+    return dict(
+        num_rejections=np.asarray(trace.num_rejections),
+        num_calls=np.asarray(trace.num_calls),
+        rejections_at=np.asarray(trace.rejected).sum(0),
+        verified_at=(depth != lookahead).sum(0),
+        calls_at=new_call.sum(0),
+        final_token_counts=np.bincount(np.asarray(trace.tokens[:, -1]), minlength=num_states),
+    )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_statistics_equal_trace_counts_in_one_shot_and_in_chunks(name):
+    sampler, kw = CASES[name]
+    draft, target = instance()
+    args = arguments(sampler, draft, target)
+    key = jax.random.key(11)
+    num_chains = 3000
+    trace = sampler(key, *args, num_chains, **kw)
+    lookahead = samplers.PLANS[sampler](key, *args, num_chains, **kw).lookahead
+    expected = expected_counts(trace, target.num_states, lookahead)
+    for chunk_size in (None, 1000, 1100):  # one shot, exact chunks, a padded last chunk
+        got = specjax.decoding_statistics(sampler, key, *args, num_chains,
+                                          chunk_size=chunk_size, **kw)
+        for field, value in expected.items():
+            assert np.array_equal(np.asarray(getattr(got, field)), value), (chunk_size, field)
+        assert got.num_rejections.dtype == jnp.int32
+        assert got.rejections_at.dtype == np.int64
+        assert got.num_chains == num_chains
+
+
+def test_statistics_first_chains_of_a_larger_run():
+    draft, target = instance()
+    key = jax.random.key(2)
+    small = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 500)
+    large = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 2000,
+                                        chunk_size=700)
+    assert np.array_equal(small.num_rejections, large.num_rejections[:500])
+
+
+def test_statistics_progress_bar(capsys):
+    draft, target = instance()
+    specjax.decoding_statistics(specjax.speculative_decoding, jax.random.key(0), draft, target,
+                                1000, chunk_size=400, progress=True)
+    err = capsys.readouterr().err
+    assert "3/3" in err and "1,000/1,000" in err
+
+
+def test_statistics_derived_rates():
+    counts = statistics.DecodingStatistics(
+        num_rejections=jnp.zeros(4, jnp.int32), num_calls=jnp.zeros(4, jnp.int32),
+        rejections_at=np.array([1, 0, 0]), verified_at=np.array([4, 2, 0]),
+        calls_at=np.array([4, 1, 0]), final_token_counts=np.array([3, 1]))
+    assert counts.num_chains == 4
+    np.testing.assert_allclose(counts.rejection_rate, [0.25, 0, 0])
+    np.testing.assert_allclose(counts.acceptance_rate, [0.75, 1, 1])  # 1 where none verified
+    np.testing.assert_allclose(counts.acceptance_rate_se, [np.sqrt(0.75 * 0.25 / 4), 0, 0])
+    np.testing.assert_allclose(counts.final_token_law, [0.75, 0.25])
+
+
+def test_statistics_memory_is_bounded_for_a_million_chains_and_t_1000():
+    """The compiled statistics-only run of 10^6 chains x T = 1,000 needs tens of MB (its trace
+    would need 6 GB of output alone), and its memory does not grow with T."""
+    key = jax.random.key(0)
+    sizes = {}
+    for horizon in (1000, 2000):
+        draft, target = specjax.paper_instance(horizon=horizon)
+        plan = samplers._plan_speculative(key, draft, target, 10**6)
+        compiled = statistics._run_counts.lower(
+            key, draft, target, (), np.uint32(0), np.int32(10**6), num_chains=10**6,
+            lookahead=plan.lookahead, rule=plan.rule, sharding=None).compile()
+        memory = compiled.memory_analysis()
+        if memory is None:
+            pytest.skip("this backend does not report compiled memory")
+        sizes[horizon] = (memory.temp_size_in_bytes + memory.output_size_in_bytes
+                          - memory.alias_size_in_bytes)
+    assert sizes[1000] < 128 * 2**20, sizes
+    # Only the (T, 3) counts grow with T; the per-chain state does not.
+    assert sizes[2000] - sizes[1000] < 8 * 2**20, sizes
+
+
+# ----------------------------------------------------------------------------- validation
+def test_statistics_validation():
+    draft, target = instance()
+    key = jax.random.key(0)
+    run = specjax.decoding_statistics
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        run(lambda *a: None, key, draft, target, 10)
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        run(specjax.expected_rejections, key, draft, target, 10)
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        run(specjax.speculative_decoding, key, draft, target, 10, chunk_size=0)
+    with pytest.raises(ValueError, match="num_chains must be a positive integer"):
+        run(specjax.speculative_decoding, key, draft, target, 0)
+    with pytest.raises(ValueError, match="num_drafts"):
+        run(specjax.batch_speculative_decoding, key, draft, target, 10, num_drafts=0)
+    with pytest.raises(ValueError, match="at most 2"):
+        specjax.speculative_decoding(key, draft, target, 2**32 + 1)
+    with pytest.raises(ValueError, match="too large"):
+        run(specjax.speculative_decoding, key, draft, target, 2**32 - 1, chunk_size=2**20 - 1)
+
+
+def test_sharding_validation_on_one_device():
+    draft, target = instance()
+    key = jax.random.key(0)
+    one = specjax.chain_sharding()
+    assert len(one.device_set) == len(jax.devices())
+    with pytest.raises(ValueError, match="sharding must be None, a jax.sharding.Mesh"):
+        specjax.speculative_decoding(key, draft, target, 8, sharding="chains")
+    mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("a", "b"))
+    with pytest.raises(ValueError, match="1-D array of chains"):
+        specjax.speculative_decoding(key, draft, target, 8, sharding=NamedSharding(mesh, P("a", "b")))
+    with pytest.raises(ValueError, match="devices must name at least one"):
+        specjax.chain_sharding([])
+    # A one-device mesh is a valid layout and changes nothing.
+    plain = specjax.speculative_decoding(key, draft, target, 8)
+    for layout in (mesh, one, NamedSharding(mesh, P("a"))):
+        sharded = specjax.speculative_decoding(key, draft, target, 8, sharding=layout)
+        assert np.array_equal(plain.tokens, sharded.tokens)
+
+
+def test_sharding_validation_counts_shards():
+    from specjax import _sharding
+    devices = np.asarray([jax.devices()[0]] * 1)
+    mesh = Mesh(devices, ("chains",))
+    sharding = NamedSharding(mesh, P("chains"))
+    assert _sharding.num_shards(sharding) == 1
+    assert _sharding.num_shards(NamedSharding(mesh, P())) == 1
+    assert _sharding.num_shards(None) == 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="XLA host-device flag")
+def test_sharded_equals_unsharded_on_four_host_devices():
+    """In a subprocess with 4 forced CPU devices (the flag must not leak into this process):
+    every sampler, sharded over 4 devices, 2 devices, a 2x2 mesh and one axis of it, returns
+    exactly the unsharded trace; the chunked statistics path on the same layouts returns exactly
+    the trace's counts; and the compiled trace path has no cross-device communication."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE), str(HERE.parent)] + env.get("PYTHONPATH", "").split(os.pathsep))
+    env["JAX_PLATFORMS"] = "cpu"
+    result = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.stdout.count("ok") == len(CASES) + 1, result.stdout
+
+
+# ----------------------------------------------------------------------------- acceptance rate
+def enumerated_per_position(law, horizon, lookahead):
+    """``P(R_n)`` and ``P(a draft is verified at n)`` from an enumerated literal law: in a call
+    starting at ``s`` the positions ``s .. s + K - 1`` verify drafts and ``s + K`` is the bonus."""
+    rejected = np.zeros(horizon)
+    verified = np.zeros(horizon)
+    k = horizon if lookahead is None else lookahead
+    for (_, flags, _), prob in law.items():
+        start = 0
+        for n, flag in enumerate(flags):
+            depth = n - start
+            rejected[n] += prob * flag
+            verified[n] += prob * (depth < k)
+            if flag or depth == k:
+                start = n + 1
+    return rejected, verified
+
+
+@pytest.mark.parametrize("lookahead", [None, 1, 2])
+def test_exact_acceptance_rate_against_enumeration(x64, lookahead):
+    draft, target = random_pair(4, 3, 4, zero_fraction=0.3)
+    law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, draft, target, lookahead))
+    rejected, verified = enumerated_per_position(law, 4, lookahead)
+    d, t = (specjax.MarkovChain(jnp.asarray(a), jnp.asarray(b)) for a, b in (draft, target))
+    exact = specjax.exact_speculative_decoding(d, t, lookahead=lookahead)
+    np.testing.assert_allclose(exact.rejection_rate, rejected, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(exact.verified, verified, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(exact.acceptance_rate, 1 - rejected / verified, rtol=1e-9)
+
+
+def test_exact_acceptance_rate_biased_against_enumeration(x64):
+    draft, target = random_pair(5, 3, 4, zero_fraction=0.3)
+    eps = 0.1
+    law = ref.enumerate_law(lambda ch: ref.general_literal(
+        ch, draft, target, lambda p, q: ref.biased_accept(p, q, eps), ref.optimal_residual,
+        lookahead=2))
+    rejected, verified = enumerated_per_position(law, 4, 2)
+    d, t = (specjax.MarkovChain(jnp.asarray(a), jnp.asarray(b)) for a, b in (draft, target))
+    exact = specjax.exact_biased_speculative_decoding(d, t, epsilon=eps, lookahead=2)
+    np.testing.assert_allclose(exact.rejection_rate, rejected, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(exact.verified, verified, rtol=1e-9, atol=1e-12)
+
+
+def test_exact_acceptance_rate_theorem_1_form(x64):
+    """For ``K = T``: ``1 - E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` at every position."""
+    draft, target = specjax.paper_instance()
+    marg = specjax.marginals(target)
+    tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
+    expected = 1 - jnp.einsum("nv,nv->n", marg[:-1], tv)
+    exact = specjax.exact_speculative_decoding(draft, target)
+    np.testing.assert_allclose(exact.acceptance_rate, expected, rtol=1e-12)
+    np.testing.assert_array_equal(exact.verified, 1)
+
+
+def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
+    """``p = q`` with ``K = 2``: every third position is a certain bonus token (verified = 0);
+    the rate is 1 there by convention, and gradients are finite everywhere (edge rows too)."""
+    _, target = specjax.paper_instance(horizon=9)
+    exact = specjax.exact_speculative_decoding(target, target, lookahead=2)
+    np.testing.assert_allclose(exact.verified, [1, 1, 0] * 3, atol=1e-6)
+    np.testing.assert_array_equal(exact.acceptance_rate, 1)
+    draft_pair, target_pair = edge_pair()
+    for lookahead in (None, 2):
+        def total(logits, lookahead=lookahead):
+            d = specjax.MarkovChain.from_logits(jnp.zeros(4), logits)
+            t = specjax.MarkovChain(jnp.asarray(target_pair[0], jnp.float32),
+                                    jnp.asarray(target_pair[1], jnp.float32))
+            return jnp.sum(specjax.exact_speculative_decoding(d, t, lookahead=lookahead)
+                           .acceptance_rate)
+        logits = jnp.log(jnp.asarray(draft_pair[1], jnp.float32))
+        value, grad = jax.value_and_grad(total)(logits)
+        assert np.isfinite(value) and np.isfinite(grad).all()
+
+
+ACCEPTANCE_CASES = {
+    "sd": (specjax.speculative_decoding, {}, specjax.exact_speculative_decoding),
+    "sd K=3": (specjax.speculative_decoding, dict(lookahead=3),
+               specjax.exact_speculative_decoding),
+    "batch M=2 K=2": (specjax.batch_speculative_decoding, dict(num_drafts=2, lookahead=2),
+                      specjax.exact_batch_speculative_decoding),
+    "biased eps=0.1 K=4": (specjax.biased_speculative_decoding, dict(epsilon=0.1, lookahead=4),
+                           specjax.exact_biased_speculative_decoding),
+}
+
+
+@pytest.mark.parametrize("name", list(ACCEPTANCE_CASES))
+def test_simulated_acceptance_rate_matches_exact(name):
+    """Per position, the simulated acceptance rate given a verified draft is within
+    ``stats.Z`` binomial standard errors of the exact one, and the fraction of chains verifying
+    a draft within ``stats.Z`` standard errors of ``verified`` (two-sided 6.8e-6 each; 96 such
+    comparisons in this test family)."""
+    sampler, kw, exact_fn = ACCEPTANCE_CASES[name]
+    draft, target = instance()
+    num_chains = 100_000
+    got = specjax.decoding_statistics(sampler, jax.random.key(5), draft, target, num_chains,
+                                      chunk_size=40_000, **kw)
+    exact = exact_fn(draft, target, **kw)
+    rate = np.asarray(exact.acceptance_rate, np.float64)
+    se = np.sqrt(rate * (1 - rate) / np.maximum(got.verified_at, 1))
+    z = np.abs(got.acceptance_rate - rate) / np.maximum(se, 1e-12)
+    assert (z < stats.Z).all(), (name, z.max(), int(z.argmax()) + 1)
+    verified = np.asarray(exact.verified, np.float64)
+    se_v = np.sqrt(verified * (1 - verified) / num_chains)
+    z_v = np.abs(got.verified_at / num_chains - verified) / np.maximum(se_v, 1e-12)
+    assert (z_v < stats.Z).all(), (name, z_v.max())
