@@ -94,3 +94,26 @@ def test_tuning_study_tiny():
     # Tuning starts from the KL fit and keeps the best iterate.
     assert row["sd_tuned_sd"] <= row["sd_kl_fit"] + 1e-12
     assert row["batch_tuned_batch"] <= row["batch_kl_fit"] + 1e-12
+
+
+def test_benchmark_growth_points_tiny():
+    """The growth table's measurement, in this process for both paths and in a subprocess with
+    two forced host devices (the way ``--growth`` runs every point)."""
+    benchmark_samplers = import_script("benchmark_samplers")
+    for path in ("trace", "stats"):
+        row = benchmark_samplers.measure(path, 400, 6, repeats=1)
+        assert row["seconds"] > 0 and row["peak_rss"] > 0 and row["devices"] >= 1
+    row = benchmark_samplers._point("stats", 400, 6, 2, 1)
+    assert row["devices"] == 2 and row["chains"] == 400 and row["seconds"] > 0
+
+
+def test_large_run_script_tiny():
+    large_run = import_script("large_run")
+    out = large_run.main(["--chains", "4000", "--horizon", "20", "--lookahead", "3",
+                          "--chunk-size", "1500", "--no-progress"])
+    # Exact and simulated agree (z-scores are O(1); 4.5 is the suite's bound).
+    assert abs(out["rejections"][3]) < 4.5 and abs(out["target calls"][3]) < 4.5
+    assert out["final_token_pvalue"] > 1e-5
+    out = large_run.main(["--chains", "2000", "--horizon", "10", "--num-drafts", "3",
+                          "--no-progress"])
+    assert abs(out["rejections"][3]) < 4.5
