@@ -173,7 +173,7 @@ def _compiled_bytes(path, draft, target, num_chains, sharding):
     if path == "trace":
         lowered = samplers._run.lower(key, draft, target, (), **static)
     else:
-        static["num_chains"] = min(num_chains, statistics.DEFAULT_CHUNK_SIZE)
+        static["num_chains"] = min(num_chains, statistics.default_chunk_size(plan.sharding))
         lowered = statistics._run_counts.lower(key, draft, target, (), np.uint32(0),
                                                np.int32(1), **static)
     memory = lowered.compile().memory_analysis()
@@ -245,8 +245,8 @@ def growth(repeats: int, max_chains: int, max_horizon: int, devices=(1, 2, 4)) -
     print("slope: d log(time) / d log(C T) against the row above (1.00 = linear; below 1 means "
           "fixed costs still matter). speedup: time on 1 device / time on d devices. run RSS: peak "
           "RSS minus the process's RSS before the run (JAX itself). XLA/dev: XLA's temporaries "
-          "+ outputs per device (the statistics path: per chunk of at most "
-          f"{2**20:,} chains).")
+          "+ outputs per device (the statistics path: per chunk, at most 2**20 chains per CPU "
+          "device).")
     return rows
 
 

@@ -244,13 +244,13 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
       residual: ``residual(p, q, b) -> P``, on ``(V,)`` rows; a distribution (it is normalised,
         so an un-normalised ``[q - p]_+`` is fine) wherever rejection has positive probability.
       lookahead: ``None`` (``K = T``) or ``K`` as in ``speculative_decoding``.
-
-    Both functions are static arguments of a jitted function: pass the same function objects
-    across calls (not a new ``lambda`` each time) to avoid recompiling.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+
+    Both functions are static arguments of a jitted function: pass the same function objects
+    across calls (not a new ``lambda`` each time) to avoid recompiling.
 
     Returns:
       ``DecodingTrace``. SD is ``accept_prob=lambda p, q: jnp.minimum(1, q / p)`` (for ``p > 0``)

@@ -29,8 +29,11 @@ from specjax import _sharding
 from specjax import samplers
 from specjax._progress import Progress
 
-#: Chains per chunk when ``chunk_size`` is not given: about 50 MB of working memory on a CPU.
+#: Chains per chunk and per device when ``chunk_size`` is not given: on a CPU about 50 MB of
+#: working memory; on an accelerator a chunk must be large enough to hide the fixed cost of each
+#: position's kernels (see the README's "GPU/TPU readiness"), about 0.5 GB.
 DEFAULT_CHUNK_SIZE = 1 << 20
+DEFAULT_CHUNK_SIZE_ACCELERATOR = 1 << 24
 _MAX_CHAINS = 1 << 32  # chain counters are 32-bit
 
 
@@ -96,9 +99,18 @@ def _run_counts(key, draft, target, extra, offset, num_valid, *, num_chains, loo
                                    sharding=sharding)
 
 
-def _resolve_chunk_size(chunk_size, num_chains: int, shards: int) -> int:
+def default_chunk_size(sharding=None) -> int:
+    """``chunk_size`` when none is given: ``DEFAULT_CHUNK_SIZE`` chains per device on a CPU,
+    ``DEFAULT_CHUNK_SIZE_ACCELERATOR`` on a GPU or TPU, times the number of shards."""
+    device = next(iter(sharding.device_set)) if sharding is not None else jax.devices()[0]
+    per_device = DEFAULT_CHUNK_SIZE if device.platform == "cpu" else DEFAULT_CHUNK_SIZE_ACCELERATOR
+    return per_device * _sharding.num_shards(sharding)
+
+
+def _resolve_chunk_size(chunk_size, num_chains: int, sharding) -> int:
+    shards = _sharding.num_shards(sharding)
     if chunk_size is None:
-        return min(num_chains, max(shards, DEFAULT_CHUNK_SIZE // shards * shards))
+        return min(num_chains, default_chunk_size(sharding))
     _checks.check_positive_int("chunk_size", chunk_size)
     if chunk_size % shards:
         raise ValueError(f"chunk_size ({chunk_size}) must be a multiple of the number of shards "
@@ -116,8 +128,9 @@ def decoding_statistics(sampler, key, *args, chunk_size: int | None = None,
       key: a JAX PRNG key.
       *args, **kwargs: the sampler's own arguments (models, ``num_chains``, ``lookahead``,
         ``num_drafts``, ``epsilon``, ``sharding``, ...), validated as the sampler does.
-      chunk_size: chains per chunk (default ``DEFAULT_CHUNK_SIZE``, or all of them when fewer);
-        a multiple of the number of shards. Every chunk has the same shape (the last one is
+      chunk_size: chains per chunk (default ``default_chunk_size(sharding)``: 2**20 chains per
+        CPU device, 2**24 per GPU or TPU; all of them when fewer); a multiple of the number of
+        shards. Every chunk has the same shape (the last one is
         padded and its padding not counted), so a run compiles once.
       progress: show a progress bar on standard error, one step per chunk.
 
@@ -140,7 +153,7 @@ def decoding_statistics(sampler, key, *args, chunk_size: int | None = None,
             f"{sampler!r}") from None
     plan = plan_fn(key, *args, **kwargs)
     num_chains = plan.num_chains
-    chunk = _resolve_chunk_size(chunk_size, num_chains, _sharding.num_shards(plan.sharding))
+    chunk = _resolve_chunk_size(chunk_size, num_chains, plan.sharding)
     num_chunks = -(-num_chains // chunk)
     if num_chunks * chunk > _MAX_CHAINS:
         raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "

@@ -80,4 +80,5 @@ hlo = samplers._run.lower(key, draft, target, (), num_chains=C, lookahead=plan.l
 collectives = re.findall(r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter",
                          hlo)
 assert not collectives, collectives
+assert specjax.statistics.default_chunk_size(specjax.chain_sharding()) == 4 * 2**20
 print("ok no collectives")

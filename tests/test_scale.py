@@ -311,3 +311,11 @@ def test_simulated_acceptance_rate_matches_exact(name):
     se_v = np.sqrt(verified * (1 - verified) / num_chains)
     z_v = np.abs(got.verified_at / num_chains - verified) / np.maximum(se_v, 1e-12)
     assert (z_v < stats.Z).all(), (name, z_v.max())
+
+
+def test_default_chunk_size_per_device():
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("CPU default")
+    assert statistics.default_chunk_size() == statistics.DEFAULT_CHUNK_SIZE
+    assert statistics.default_chunk_size(specjax.chain_sharding()) == (
+        statistics.DEFAULT_CHUNK_SIZE * len(jax.devices()))
