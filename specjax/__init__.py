@@ -5,6 +5,7 @@ Convention throughout: ``p`` is the draft model, ``q`` the target model (the pap
 
 from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
+from specjax._models import greedy_draft
 from specjax._models import paper_instance
 from specjax._models import random_markov_chain
 from specjax._sharding import chain_sharding
@@ -91,6 +92,7 @@ __all__ = [
     "exact_speculative_decoding",
     "expected_calls",
     "expected_rejections",
+    "greedy_draft",
     "kl_divergence",
     "kl_fit",
     "make_objective",

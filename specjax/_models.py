@@ -122,6 +122,35 @@ def check_pair(draft, target) -> None:
     _checks.check_same_shape(draft, target)
 
 
+def greedy_draft(model: MarkovChain) -> MarkovChain:
+    """The deterministic (greedy) draft of ``model``: each row one-hot at its most likely token.
+
+    Greedy drafting (or n-gram lookup, as in vLLM's ngram drafting) proposes one token with
+    certainty. Verifying it with SD then accepts ``x`` with probability ``q(x)`` and otherwise
+    resamples from ``q`` with ``x`` removed (SD's residual ``[q - 1_x]_+``, normalised), which is
+    exactly unbiased; scoring the greedy token with ``model``'s own (softmax) probabilities
+    instead is biased (``specjax.audit`` flags it). Every sampler and exact function of specjax
+    takes the returned chain as an ordinary draft, so rejections of greedy drafting are exact:
+    ``sum_n E_{x_{n-1} ~ q}[1 - q_n(g_n(x_{n-1}) | x_{n-1})]`` with ``g_n`` the argmax.
+
+    Ties go to the lowest token index. ``init`` is kept (decoding never uses the draft's prompt
+    law). The result is not differentiable in ``model`` (an argmax).
+
+    Args:
+      model: a ``MarkovChain`` (the draft model ``p`` whose argmax is drafted).
+
+    Returns:
+      A ``MarkovChain`` with one-hot transition rows.
+
+    Raises:
+      ValueError: ``model`` is not a single ``MarkovChain``.
+    """
+    check_chain("model", model)
+    one_hot = jax.nn.one_hot(jnp.argmax(model.trans, axis=-1), model.num_states,
+                             dtype=model.dtype)
+    return MarkovChain(model.init, one_hot)
+
+
 def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -> MarkovChain:
     """A random non-stationary chain: rows from a symmetric Dirichlet, uniform prompt.
 

@@ -25,15 +25,18 @@ AUTOREGRESSIVE = ("autoregressive",)
 SPECULATIVE = ("speculative",)
 
 
-def batch(num_drafts) -> tuple:
-    """Batch SD with ``M`` drafts (``math.inf`` allowed for the exact limit)."""
+def batch(num_drafts, replacement: bool = True) -> tuple:
+    """Batch SD with ``M`` drafts (``math.inf`` allowed for the exact limit); with
+    ``replacement=False`` the drafts' first tokens are drawn without replacement."""
     _verify._check_num_drafts(num_drafts)
-    return ("batch", num_drafts)
+    if not isinstance(replacement, bool):
+        raise ValueError(f"replacement must be True or False, got {replacement!r}")
+    return ("batch", num_drafts) if replacement else ("batch_wor", num_drafts)
 
 
 def same_root(rule) -> bool:
     """True when the root and in-call laws coincide (every rule but batch SD)."""
-    return rule[0] != "batch"
+    return rule[0] not in ("batch", "batch_wor")
 
 
 def has_root_scale(rule) -> bool:
@@ -67,6 +70,9 @@ def laws(rule, p, q, extra=()) -> tuple[_verify.VerificationLaw, _verify.Verific
         return law, law
     if kind == "batch":
         return _verify.batch_root_law(p, q, rule[1]), _verify.speculative_law(p, q)
+    if kind == "batch_wor":
+        return (_verify.batch_without_replacement_root_law(p, q, rule[1]),
+                _verify.speculative_law(p, q))
     if kind == "general":
         accept_fn, residual_fn = rule[1], rule[2]
         flat_p = p.reshape(-1, p.shape[-1])

@@ -322,6 +322,88 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
     return VerificationLaw(q - rejected, rejected)
 
 
+#: Largest number of draw paths ``V^(M-1)`` that ``batch_without_replacement_root_law`` enumerates.
+MAX_WITHOUT_REPLACEMENT_PATHS = 2**16
+
+
+def without_replacement_stages(num_drafts, num_states: int) -> int:
+    """How many drafts without replacement can be drawn from ``V`` tokens: ``min(M, V)``."""
+    return num_states if num_drafts == math.inf else min(int(num_drafts), num_states)
+
+
+def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
+                                       num_drafts) -> VerificationLaw:
+    """The first token after a target call when the ``M`` drafts are drawn without replacement.
+
+    Multi-candidate SD (Yang et al. 2024) / recursive rejection sampling (Jeon et al. 2024): the
+    first tokens of the ``M`` drafts are drawn without replacement, ``x_m ~ d_m`` with ``d_1 = p``
+    and ``d_{m+1}`` = ``d_m`` with ``x_m`` removed (renormalised). Draft ``m`` is accepted with
+    ``min(1, r_m(x_m) / d_m(x_m))`` against the residual target ``r_1 = q``,
+    ``r_{m+1} = [r_m - d_m]_+`` (normalised); if every draft is rejected, or the draft law runs out
+    of tokens first, the token is drawn from the current residual. Each stage is an exact
+    rejection coupling of ``r_m`` with ``d_m``, so the step is unbiased (``accepted + rejected =
+    q``, tested). A rejected ``x_m`` has ``r_{m+1}(x_m) = 0``, so removing it from the draft
+    loses nothing.
+
+    The law depends on the order of the draws, so it is computed by enumerating the
+    ``V^(m-1)`` paths of rejected draws at stage ``m``, all rows at once (``O(V^M)`` work per row).
+    ``M`` is capped at ``V`` (``math.inf`` means ``V``: every token the draft can propose).
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static) or ``math.inf``.
+
+    Returns:
+      ``VerificationLaw``: ``accepted(x)`` = P(token ``x``, some draft accepted), ``rejected(x)`` =
+      P(token ``x``, every draft rejected).
+
+    Raises:
+      ValueError: ``num_drafts`` is invalid, or ``V^(M-1)`` exceeds
+        ``MAX_WITHOUT_REPLACEMENT_PATHS``.
+
+    References:
+      Yang et al. 2024, "Multi-candidate speculative decoding"; Jeon et al. 2024, "Recursive
+      speculative decoding".
+    """
+    _check_num_drafts(num_drafts)
+    num_states = p.shape[-1]
+    stages = without_replacement_stages(num_drafts, num_states)
+    if num_states ** (stages - 1) > MAX_WITHOUT_REPLACEMENT_PATHS:
+        raise ValueError(
+            f"num_drafts without replacement needs V^(M-1) = {num_states}^{stages - 1} draw "
+            f"paths, more than {MAX_WITHOUT_REPLACEMENT_PATHS}; use fewer drafts or tokens")
+    rows = q.shape[:-1]
+    removed = 1 - jnp.eye(num_states, dtype=p.dtype)  # removed[x] zeroes token x
+    removed = removed.reshape((1,) * (1 + len(rows)) + removed.shape)
+    # One entry per path of rejected draws so far (leading axis): its probability, its draft law.
+    weight = jnp.ones((1,) + rows, q.dtype)
+    draft = p[None]
+    residual = q[None]
+    accepted = jnp.zeros_like(q)
+    rejected = jnp.zeros_like(q)
+    for stage in range(stages):
+        # A path whose draft law has no token left draws its token from the residual.
+        exhausted = 1 - _indicator(jnp.sum(draft, axis=-1))
+        rejected = rejected + jnp.sum((weight * exhausted)[..., None] * residual, axis=0)
+        accepted = accepted + jnp.sum(weight[..., None] * jnp.minimum(draft, residual), axis=0)
+        reject_x = weight[..., None] * jnp.maximum(draft - residual, 0)  # (P, ..., V)
+        next_residual = safe_normalize(jnp.maximum(residual - draft, 0))
+        if stage == stages - 1:
+            rejected = rejected + jnp.sum(
+                jnp.sum(reject_x, axis=-1)[..., None] * next_residual, axis=0)
+            break
+        # Branch on the rejected token x: (P, ..., V) -> (P * V, ...).
+        paths = weight.shape[0]
+        weight = jnp.moveaxis(reject_x, -1, 1).reshape((paths * num_states,) + rows)
+        draft = safe_normalize(draft[..., None, :] * removed)  # (P, ..., V_x, V)
+        draft = jnp.moveaxis(draft, -2, 1).reshape((paths * num_states,) + rows + (num_states,))
+        residual = jnp.broadcast_to(next_residual[:, None],
+                                    (paths, num_states) + rows + (num_states,))
+        residual = residual.reshape((paths * num_states,) + rows + (num_states,))
+    return VerificationLaw(accepted, rejected)
+
+
 # ---------------------------------------------------------------------------------------------
 # Single-token quantities of the theory.
 

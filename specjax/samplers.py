@@ -94,10 +94,11 @@ def _plan_speculative(key, draft, target, num_chains, *, lookahead=None, shardin
 
 
 def _plan_batch(key, draft, target, num_chains, *, num_drafts, lookahead=None,
-                sharding=None) -> Plan:
+                replacement=True, sharding=None) -> Plan:
     _check_models(key, draft, target)
     _checks.check_positive_int("num_drafts", num_drafts)
-    return _plan(draft, target, num_chains, _rules.batch(num_drafts), lookahead, sharding)
+    return _plan(draft, target, num_chains, _rules.batch(num_drafts, replacement), lookahead,
+                 sharding)
 
 
 def _plan_biased(key, draft, target, num_chains, *, epsilon, residual="optimal", lookahead=None,
@@ -167,7 +168,7 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
 
 def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
                                num_drafts: int, lookahead: int | None = None,
-                               sharding=None) -> DecodingTrace:
+                               replacement: bool = True, sharding=None) -> DecodingTrace:
     """Batch SD: ``M`` draft sequences per target call, verified depth-first (Algorithm 4).
 
     At the root of a call, draft ``m`` is verified against the ``m``-th residual ``q^m``
@@ -184,6 +185,12 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
       num_drafts: ``M >= 1``; ``M = 1`` is SD.
       lookahead: ``None`` (the paper's ``K = T``) or ``K``: after ``K`` accepted tokens of a
         call, the target's bonus token is appended and a new call starts (beyond the paper).
+      replacement: ``True`` (the paper: the ``M`` drafts are independent). ``False``: their first
+        tokens are drawn without replacement and verified by recursive rejection sampling
+        (multi-candidate SD, Yang et al. 2024): draft ``m`` against ``r_m`` with its own law
+        ``d_m`` (``p`` without the rejected tokens), ``r_{m+1} = [r_m - d_m]_+``; see
+        ``specjax._verify.batch_without_replacement_root_law``. ``M`` is capped at ``V``, and
+        the root law enumerates ``V^(M-1)`` draw paths per row.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
@@ -196,7 +203,8 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
       Algorithm 4 (Batch Speculative Sampling); Theorem 3 and its appendix proof.
     """
     return _trace(key, _plan_batch(key, draft, target, num_chains, num_drafts=num_drafts,
-                                   lookahead=lookahead, sharding=sharding))
+                                   lookahead=lookahead, replacement=replacement,
+                                   sharding=sharding))
 
 
 def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,

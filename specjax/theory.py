@@ -69,7 +69,8 @@ def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
 
 
 def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *, num_drafts,
-                                     lookahead: int | None = None) -> ExactDecoding:
+                                     lookahead: int | None = None,
+                                     replacement: bool = True) -> ExactDecoding:
     """Exact per-position statistics of batch SD with ``M`` drafts (Algorithm 4, Theorem 3).
 
     ``.rejected[n - 1]`` is the paper's pseudo-measure ``f`` (equation (ff)) marginalised to the
@@ -83,15 +84,18 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       num_drafts: ``M >= 1``, or ``math.inf`` for the limit ``M -> infinity`` (Proposition
         "increasing batch size doesn't help").
       lookahead: ``None`` (``K = T``) or ``K``, as in ``batch_speculative_decoding``.
+      replacement: ``False`` for drafts drawn without replacement, as in
+        ``batch_speculative_decoding`` (``math.inf`` then means ``M = V``).
 
     Returns:
       ``ExactDecoding``.
 
     References:
-      Theorem 3 and its appendix proof; Proposition (appendix) on ``M -> infinity``.
+      Theorem 3 and its appendix proof; Proposition (appendix) on ``M -> infinity``; Yang et al.
+      2024 for drafts without replacement.
     """
     check_pair(draft, target)
-    rule = _rules.batch(num_drafts)
+    rule = _rules.batch(num_drafts, replacement)
     k = _rules.resolve_lookahead(lookahead, target.horizon)
     return _forward(draft, target, (), rule=rule, lookahead=k)
 
@@ -194,7 +198,8 @@ def expected_calls(draft: MarkovChain, target: MarkovChain, *,
 
 
 def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_drafts,
-                              lookahead: int | None = None) -> jax.Array:
+                              lookahead: int | None = None,
+                              replacement: bool = True) -> jax.Array:
     """``E[N_rej]`` of batch SD with ``M`` drafts (Theorem 3); ``M = 1`` is Theorem 1.
 
     Args:
@@ -202,6 +207,7 @@ def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_dr
       target: the target ``MarkovChain`` ``q``.
       num_drafts: ``M >= 1`` or ``math.inf`` (the limit; it stays positive whenever ``p != q``).
       lookahead: ``None`` (``K = T``) or ``K``.
+      replacement: ``False`` for drafts drawn without replacement.
 
     Returns:
       A scalar.
@@ -210,7 +216,8 @@ def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_dr
       Theorem 3; Proposition "increasing batch size doesn't help".
     """
     return exact_batch_speculative_decoding(
-        draft, target, num_drafts=num_drafts, lookahead=lookahead).expected_rejections
+        draft, target, num_drafts=num_drafts, lookahead=lookahead,
+        replacement=replacement).expected_rejections
 
 
 # --- whole-sequence laws -----------------------------------------------------------------------

@@ -151,13 +151,19 @@ def sd_literal(chooser, draft, target, lookahead=None):
     return general_literal(chooser, draft, target, sd_accept, sd_residual, lookahead)
 
 
-def batch_literal(chooser, draft, target, num_drafts, literal_reading=False):
+def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, replacement=True):
     """Algorithm 4 with ``K = T``.
 
     ``literal_reading=False`` follows the appendix proof: after all ``M`` first tokens are
     rejected, the token is drawn from ``q^{M+1}``. ``literal_reading=True`` reads line 28 of the
     pseudo-code literally: ``[q_n - p_n]_+`` with ``q_n`` already replaced by ``q^{M+1}``, i.e.
     from ``q^{M+2}``.
+
+    ``replacement=False`` (multi-candidate SD, Yang et al. 2024): the first tokens of the ``M``
+    drafts are drawn without replacement (draft ``m``'s first token from ``p`` with the earlier
+    first tokens removed, renormalised; fewer drafts when no token is left), and draft ``m`` is
+    verified against the residual with the law it was drawn from, ``d_m``:
+    ``r <- [r - d_m]_+`` after a rejection.
     """
     p_init, p_trans = draft
     q_init, q_trans = target
@@ -170,19 +176,27 @@ def batch_literal(chooser, draft, target, num_drafts, literal_reading=False):
         calls += 1
         n0 = n
         root = x[-1]
-        # M whole draft sequences from position n to T.
-        drafts = []
+        # M whole draft sequences from position n to T, and the law each first token came from.
+        drafts, first_laws = [], []
+        first_law = p_trans[n0 - 1, root].copy()
         for _ in range(num_drafts):
+            if first_law.sum() <= 0:
+                break  # without replacement: no token left to propose
             seq, prev = [], root
             for t in range(n, horizon + 1):
-                tok = chooser.categorical(p_trans[t - 1, prev])
+                row = first_law if t == n else p_trans[t - 1, prev]
+                tok = chooser.categorical(row)
                 seq.append(tok)
                 prev = tok
             drafts.append(seq)
+            first_laws.append(first_law)
+            if not replacement:
+                first_law = first_law.copy()
+                first_law[seq[0]] = 0.0
+                first_law = positive_part(first_law)
         q_n = q_trans[n0 - 1, root].copy()  # the root's target row, replaced by residuals
-        p_n = p_trans[n0 - 1, root]
         sampled = False
-        for seq in drafts:
+        for seq, p_n in zip(drafts, first_laws):
             for t, tok in zip(range(n0, horizon + 1), seq):
                 prev = x[-1]
                 if t == n0:
@@ -203,7 +217,7 @@ def batch_literal(chooser, draft, target, num_drafts, literal_reading=False):
             if sampled:
                 break
         if not sampled:
-            final = positive_part(q_n - p_n) if literal_reading else q_n
+            final = positive_part(q_n - p_trans[n0 - 1, root]) if literal_reading else q_n
             x.append(chooser.categorical(final))
             rejected.append(True)
         n = len(x)
