@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 
 from specjax import _checks
 from specjax import _engine
+from specjax import _generic
 from specjax import _rules
 from specjax import _sharding
 from specjax import _verify
@@ -37,24 +38,55 @@ class Plan(NamedTuple):
     lookahead: int
     rule: tuple
     sharding: NamedSharding | None
+    horizon: int | None = None  # T for autoregressive models (a MarkovChain carries its own)
+
+
+def is_markov(plan: Plan) -> bool:
+    """True when the plan runs on ``MarkovChain``s (the law-table engine), False for any other
+    autoregressive model (``specjax._generic``)."""
+    return isinstance(plan.target, MarkovChain)
 
 
 def _check_models(key, draft, target) -> None:
     _checks.check_key(key)
-    check_pair(draft, target)
+    markov = isinstance(draft, MarkovChain) + isinstance(target, MarkovChain)
+    if markov == 2:
+        check_pair(draft, target)
+    elif markov == 1 and _generic.is_autoregressive_model(draft if isinstance(
+            target, MarkovChain) else target):
+        raise ValueError("draft and target must both be MarkovChains or both other "
+                         "autoregressive models (lift a MarkovChain with "
+                         "specjax.FiniteStateModel.from_markov_chain)")
+    elif markov == 1:
+        check_pair(draft, target)
+    else:
+        _generic.check_models(draft, target)
 
 
-def _plan(draft, target, num_chains, rule, lookahead, sharding, extra=()) -> Plan:
+def _plan(draft, target, num_chains, rule, lookahead, sharding, extra=(), horizon=None) -> Plan:
     """Checks the run's settings into a plan (the key and models are checked by the caller;
     ``lookahead=None`` is the paper's ``K = T``)."""
     _checks.check_positive_int("num_chains", num_chains)
     if num_chains > 2**32:
         raise ValueError(f"num_chains must be at most 2**32 (chains are numbered with 32 bits), "
                          f"got {num_chains}")
+    if isinstance(target, MarkovChain):
+        _checks.check_positive_int("horizon", horizon, allow_none=True)
+        if horizon is not None and horizon != target.horizon:
+            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
+                             f"models; leave it None (got {horizon})")
+        horizon = target.horizon
+    else:
+        if horizon is None:
+            raise ValueError("horizon must be given (a positive integer T) for autoregressive "
+                             "models other than MarkovChain")
+        _checks.check_positive_int("horizon", horizon)
+        if sharding is not None:
+            raise ValueError("sharding is supported for MarkovChain models only")
     if rule != _rules.AUTOREGRESSIVE:
-        lookahead = _rules.resolve_lookahead(lookahead, target.horizon)
+        lookahead = _rules.resolve_lookahead(lookahead, horizon)
     return Plan(draft, target, extra, num_chains, lookahead, rule,
-                _sharding.resolve(sharding, num_chains))
+                _sharding.resolve(sharding, num_chains), horizon)
 
 
 def law_thresholds(plan: Plan) -> jax.Array:
@@ -77,45 +109,54 @@ def _run(key, draft, target, extra, *, num_chains, lookahead, rule, sharding):
 
 
 def _trace(key, plan: Plan) -> DecodingTrace:
+    if not is_markov(plan):
+        return _generic.simulate_models(key, plan.draft, plan.target, plan.num_chains,
+                                        horizon=plan.horizon, rule=plan.rule,
+                                        lookahead=plan.lookahead, extra=plan.extra)
     plan = replicate(plan)
     return _run(key, plan.draft, plan.target, plan.extra, num_chains=plan.num_chains,
                 lookahead=plan.lookahead, rule=plan.rule, sharding=plan.sharding)
 
 
-def _plan_autoregressive(key, model, num_chains, *, sharding=None) -> Plan:
+def _plan_autoregressive(key, model, num_chains, *, horizon=None, sharding=None) -> Plan:
     _checks.check_key(key)
-    check_chain("model", model)
-    return _plan(model, model, num_chains, _rules.AUTOREGRESSIVE, 0, sharding)
+    if isinstance(model, MarkovChain):
+        check_chain("model", model)
+    else:
+        _generic.check_models(model, model)
+    return _plan(model, model, num_chains, _rules.AUTOREGRESSIVE, 0, sharding, horizon=horizon)
 
 
-def _plan_speculative(key, draft, target, num_chains, *, lookahead=None, sharding=None) -> Plan:
+def _plan_speculative(key, draft, target, num_chains, *, lookahead=None, horizon=None,
+                      sharding=None) -> Plan:
     _check_models(key, draft, target)
-    return _plan(draft, target, num_chains, _rules.SPECULATIVE, lookahead, sharding)
+    return _plan(draft, target, num_chains, _rules.SPECULATIVE, lookahead, sharding,
+                 horizon=horizon)
 
 
 def _plan_batch(key, draft, target, num_chains, *, num_drafts, lookahead=None,
-                replacement=True, sharding=None) -> Plan:
+                replacement=True, horizon=None, sharding=None) -> Plan:
     _check_models(key, draft, target)
     _checks.check_positive_int("num_drafts", num_drafts)
     return _plan(draft, target, num_chains, _rules.batch(num_drafts, replacement), lookahead,
-                 sharding)
+                 sharding, horizon=horizon)
 
 
 def _plan_biased(key, draft, target, num_chains, *, epsilon, residual="optimal", lookahead=None,
-                 sharding=None) -> Plan:
+                 horizon=None, sharding=None) -> Plan:
     _check_models(key, draft, target)
-    rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    return _plan(draft, target, num_chains, rule, lookahead, sharding, extra)
+    rule, extra = _rules.biased(epsilon, residual, _generic.model_dtype(target))
+    return _plan(draft, target, num_chains, rule, lookahead, sharding, extra, horizon=horizon)
 
 
 def _plan_rejection(key, draft, target, num_chains, *, accept_prob, residual, lookahead=None,
-                    sharding=None) -> Plan:
+                    horizon=None, sharding=None) -> Plan:
     _check_models(key, draft, target)
     rule = _rules.general(accept_prob, residual)
-    return _plan(draft, target, num_chains, rule, lookahead, sharding)
+    return _plan(draft, target, num_chains, rule, lookahead, sharding, horizon=horizon)
 
 
-def autoregressive_decoding(key, model: MarkovChain, num_chains: int, *,
+def autoregressive_decoding(key, model: MarkovChain, num_chains: int, *, horizon: int | None = None,
                             sharding=None) -> DecodingTrace:
     """Samples ``num_chains`` sequences from ``model`` token by token (Algorithm 3).
 
@@ -125,10 +166,14 @@ def autoregressive_decoding(key, model: MarkovChain, num_chains: int, *,
       key: a JAX PRNG key.
       model: the (target) ``MarkovChain`` ``q``.
       num_chains: ``C``, the number of independent chains.
+      horizon: ``T``, required when the models are any other autoregressive models than
+        ``MarkovChain`` (``specjax.models``: an ``NGramModel``, a ``FiniteStateModel``, or your
+        own model of the protocol); a ``MarkovChain`` carries its own ``T``.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+        ``MarkovChain`` models only.
 
     Returns:
       ``DecodingTrace`` with ``tokens (C, T + 1)``, ``num_calls == T``, ``num_rejections == 0``.
@@ -136,11 +181,13 @@ def autoregressive_decoding(key, model: MarkovChain, num_chains: int, *,
     References:
       Algorithm 3 (Auto-Regressive Model Decoding).
     """
-    return _trace(key, _plan_autoregressive(key, model, num_chains, sharding=sharding))
+    return _trace(key, _plan_autoregressive(key, model, num_chains, horizon=horizon,
+                                            sharding=sharding))
 
 
 def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
-                         lookahead: int | None = None, sharding=None) -> DecodingTrace:
+                         lookahead: int | None = None, horizon: int | None = None,
+                         sharding=None) -> DecodingTrace:
     """Speculative decoding (SD): draft from ``p``, verify with ``min(1, q/p)``, resample ``[q - p]_+``.
 
     Args:
@@ -151,10 +198,14 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
       lookahead: ``None`` for the paper's ``K = T`` (draft to the end, one target call per
         rejection); an int ``K`` for practical SD: each target call verifies up to ``K`` drafts,
         and when all ``K`` are accepted the target's bonus token is appended in the same call.
+      horizon: ``T``, required when the models are any other autoregressive models than
+        ``MarkovChain`` (``specjax.models``: an ``NGramModel``, a ``FiniteStateModel``, or your
+        own model of the protocol); a ``MarkovChain`` carries its own ``T``.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+        ``MarkovChain`` models only.
 
     Returns:
       ``DecodingTrace``. ``num_rejections`` is the paper's ``N_rej`` (Theorem 1).
@@ -163,12 +214,13 @@ def speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chain
       Algorithm 1 (Speculative Decoding); Leviathan et al. 2023 for the bonus token.
     """
     return _trace(key, _plan_speculative(key, draft, target, num_chains, lookahead=lookahead,
-                                         sharding=sharding))
+                                         horizon=horizon, sharding=sharding))
 
 
 def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
                                num_drafts: int, lookahead: int | None = None,
-                               replacement: bool = True, sharding=None) -> DecodingTrace:
+                               replacement: bool = True, horizon: int | None = None,
+                               sharding=None) -> DecodingTrace:
     """Batch SD: ``M`` draft sequences per target call, verified depth-first (Algorithm 4).
 
     At the root of a call, draft ``m`` is verified against the ``m``-th residual ``q^m``
@@ -191,10 +243,14 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
         ``d_m`` (``p`` without the rejected tokens), ``r_{m+1} = [r_m - d_m]_+``; see
         ``specjax._verify.batch_without_replacement_root_law``. ``M`` is capped at ``V``, and
         the root law enumerates ``V^(M-1)`` draw paths per row.
+      horizon: ``T``, required when the models are any other autoregressive models than
+        ``MarkovChain`` (``specjax.models``: an ``NGramModel``, a ``FiniteStateModel``, or your
+        own model of the protocol); a ``MarkovChain`` carries its own ``T``.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+        ``MarkovChain`` models only.
 
     Returns:
       ``DecodingTrace``; each rejection ends a call (``num_calls = N_rej + 1 - R_T`` for ``K = T``).
@@ -204,12 +260,12 @@ def batch_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num
     """
     return _trace(key, _plan_batch(key, draft, target, num_chains, num_drafts=num_drafts,
                                    lookahead=lookahead, replacement=replacement,
-                                   sharding=sharding))
+                                   horizon=horizon, sharding=sharding))
 
 
 def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
                                 epsilon, residual: str = "optimal",
-                                lookahead: int | None = None,
+                                lookahead: int | None = None, horizon: int | None = None,
                                 sharding=None) -> DecodingTrace:
     """Lossy SD with over-acceptance ``b = min(1, (q + eps) / p)``.
 
@@ -222,10 +278,14 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
       residual: ``"optimal"``: Theorem 4's ``P*`` (normalised ``[q - b p]_+``, Decoding-OPT);
         ``"target"``: resample from ``q`` (Decoding-UNO); ``"standard"``: ``[q - p]_+``.
       lookahead: ``None`` (``K = T``) or ``K`` as in ``speculative_decoding``.
+      horizon: ``T``, required when the models are any other autoregressive models than
+        ``MarkovChain`` (``specjax.models``: an ``NGramModel``, a ``FiniteStateModel``, or your
+        own model of the protocol); a ``MarkovChain`` carries its own ``T``.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+        ``MarkovChain`` models only.
 
     Returns:
       ``DecodingTrace``; the output law is the biased chain whose transition is
@@ -235,12 +295,13 @@ def biased_speculative_decoding(key, draft: MarkovChain, target: MarkovChain, nu
       Section 4, Theorems 4-5, Table 1 (Decoding-OPT vs Decoding-UNO).
     """
     return _trace(key, _plan_biased(key, draft, target, num_chains, epsilon=epsilon,
-                                    residual=residual, lookahead=lookahead, sharding=sharding))
+                                    residual=residual, lookahead=lookahead, horizon=horizon,
+                                    sharding=sharding))
 
 
 def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains: int, *,
                        accept_prob, residual, lookahead: int | None = None,
-                       sharding=None) -> DecodingTrace:
+                       horizon: int | None = None, sharding=None) -> DecodingTrace:
     """The general framework of rejection-based decoding (Algorithm 2) for any rule.
 
     Args:
@@ -252,10 +313,14 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
       residual: ``residual(p, q, b) -> P``, on ``(V,)`` rows; a distribution (it is normalised,
         so an un-normalised ``[q - p]_+`` is fine) wherever rejection has positive probability.
       lookahead: ``None`` (``K = T``) or ``K`` as in ``speculative_decoding``.
+      horizon: ``T``, required when the models are any other autoregressive models than
+        ``MarkovChain`` (``specjax.models``: an ``NGramModel``, a ``FiniteStateModel``, or your
+        own model of the protocol); a ``MarkovChain`` carries its own ``T``.
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` (chains split over
         all of its devices) or a ``NamedSharding`` of the chain axis
         (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the number of
         shards. The result equals an unsharded run's with the same key, laid out by chain.
+        ``MarkovChain`` models only.
 
     Both functions are static arguments of a jitted function: pass the same function objects
     across calls (not a new ``lambda`` each time) to avoid recompiling.
@@ -269,7 +334,7 @@ def rejection_decoding(key, draft: MarkovChain, target: MarkovChain, num_chains:
     """
     return _trace(key, _plan_rejection(key, draft, target, num_chains, accept_prob=accept_prob,
                                        residual=residual, lookahead=lookahead,
-                                       sharding=sharding))
+                                       horizon=horizon, sharding=sharding))
 
 
 #: The planning function behind each public sampler, for ``specjax.decoding_statistics``.

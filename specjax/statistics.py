@@ -152,6 +152,9 @@ def decoding_statistics(sampler, key, *args, chunk_size: int | None = None,
             "sampler must be one of specjax's samplers (e.g. specjax.speculative_decoding), got "
             f"{sampler!r}") from None
     plan = plan_fn(key, *args, **kwargs)
+    if not samplers.is_markov(plan):
+        raise ValueError("decoding_statistics runs MarkovChain models only; for other "
+                         "autoregressive models call the sampler itself")
     num_chains = plan.num_chains
     chunk = _resolve_chunk_size(chunk_size, num_chains, plan.sharding)
     num_chunks = -(-num_chains // chunk)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from specjax import _checks
 from specjax import _exact
+from specjax import _generic
 from specjax import _rules
 from specjax import _verify
 from specjax._exact import ExactDecoding
@@ -42,8 +43,28 @@ def _forward(draft, target, extra, *, rule, lookahead):
     return _exact.forward(target.init, draft.trans, target.trans, rule, extra, lookahead)
 
 
+def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
+    """Dispatches on the models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
+    ``(state, phase)`` recursion of ``specjax._generic`` for ``FiniteStateModel``s."""
+    if isinstance(draft, MarkovChain) or isinstance(target, MarkovChain):
+        check_pair(draft, target)
+        _checks.check_positive_int("horizon", horizon, allow_none=True)
+        if horizon is not None and horizon != target.horizon:
+            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
+                             f"models; leave it None (got {horizon})")
+        k = _rules.resolve_lookahead(lookahead, target.horizon)
+        return _forward(draft, target, extra, rule=rule, lookahead=k)
+    if horizon is None:
+        raise ValueError("horizon must be given (a positive integer T) for finite-state models")
+    return _generic.exact_models(draft, target, horizon=horizon, rule=rule, lookahead=lookahead,
+                                 extra=extra)
+
+
+
+
 def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
-                               lookahead: int | None = None) -> ExactDecoding:
+                               lookahead: int | None = None,
+                               horizon: int | None = None) -> ExactDecoding:
     """Exact per-position statistics of speculative decoding (Algorithm 1).
 
     With ``lookahead=None`` (the paper's ``K = T``) the expected rejections are Theorem 1's
@@ -55,6 +76,9 @@ def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       draft: the draft ``MarkovChain`` ``p``.
       target: the target ``MarkovChain`` ``q``.
       lookahead: ``None`` or a positive int ``K``.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       ``ExactDecoding`` (``.expected_rejections``, ``.expected_calls``, ``.rejection_rate``,
@@ -63,14 +87,13 @@ def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
     References:
       Theorem 1; Leviathan et al. 2023 for the bonus token.
     """
-    check_pair(draft, target)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _forward(draft, target, (), rule=_rules.SPECULATIVE, lookahead=k)
+    return _exact_decoding(draft, target, _rules.SPECULATIVE, lookahead, horizon)
 
 
 def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *, num_drafts,
                                      lookahead: int | None = None,
-                                     replacement: bool = True) -> ExactDecoding:
+                                     replacement: bool = True,
+                                     horizon: int | None = None) -> ExactDecoding:
     """Exact per-position statistics of batch SD with ``M`` drafts (Algorithm 4, Theorem 3).
 
     ``.rejected[n - 1]`` is the paper's pseudo-measure ``f`` (equation (ff)) marginalised to the
@@ -86,6 +109,9 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       lookahead: ``None`` (``K = T``) or ``K``, as in ``batch_speculative_decoding``.
       replacement: ``False`` for drafts drawn without replacement, as in
         ``batch_speculative_decoding`` (``math.inf`` then means ``M = V``).
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       ``ExactDecoding``.
@@ -94,15 +120,14 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       Theorem 3 and its appendix proof; Proposition (appendix) on ``M -> infinity``; Yang et al.
       2024 for drafts without replacement.
     """
-    check_pair(draft, target)
-    rule = _rules.batch(num_drafts, replacement)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _forward(draft, target, (), rule=rule, lookahead=k)
+    return _exact_decoding(draft, target, _rules.batch(num_drafts, replacement), lookahead,
+                           horizon)
 
 
 def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *, epsilon,
                                       residual: str = "optimal",
-                                      lookahead: int | None = None) -> ExactDecoding:
+                                      lookahead: int | None = None,
+                                      horizon: int | None = None) -> ExactDecoding:
     """Exact statistics of biased SD, ``b = min(1, (q + eps) / p)`` (Section 4).
 
     Args:
@@ -112,6 +137,9 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
       residual: ``"optimal"`` (Theorem 4's ``P*``, Decoding-OPT), ``"target"`` (Decoding-UNO)
         or ``"standard"`` (``[q - p]_+``).
       lookahead: ``None`` or ``K``.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       ``ExactDecoding``; ``.marginals`` is the biased decoder's own law of ``x_n``.
@@ -119,14 +147,13 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
     References:
       Theorems 4-5; Table 1.
     """
-    check_pair(draft, target)
-    rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _forward(draft, target, extra, rule=rule, lookahead=k)
+    rule, extra = _rules.biased(epsilon, residual, _generic.model_dtype(target))
+    return _exact_decoding(draft, target, rule, lookahead, horizon, extra)
 
 
 def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_prob, residual,
-                             lookahead: int | None = None) -> ExactDecoding:
+                             lookahead: int | None = None,
+                             horizon: int | None = None) -> ExactDecoding:
     """Exact statistics of any instance of the framework (Algorithm 2, Theorem 2).
 
     Use it to check a rule numerically: an unbiased rule has ``.marginals`` equal to the
@@ -139,6 +166,9 @@ def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_
       accept_prob: ``accept_prob(p, q) -> b`` on ``(V,)`` rows.
       residual: ``residual(p, q, b) -> P`` on ``(V,)`` rows (normalised here).
       lookahead: ``None`` or ``K``.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Both functions are static (hashed by identity): reuse the same objects to avoid recompiling.
 
@@ -148,20 +178,21 @@ def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_
     References:
       Algorithm 2; Theorem 2 (instance-dependent rejection lower bound).
     """
-    check_pair(draft, target)
-    rule = _rules.general(accept_prob, residual)
-    k = _rules.resolve_lookahead(lookahead, target.horizon)
-    return _forward(draft, target, (), rule=rule, lookahead=k)
+    return _exact_decoding(draft, target, _rules.general(accept_prob, residual), lookahead,
+                           horizon)
 
 
 def expected_rejections(draft: MarkovChain, target: MarkovChain, *,
-                        lookahead: int | None = None) -> jax.Array:
+                        lookahead: int | None = None, horizon: int | None = None) -> jax.Array:
     """``E[N_rej]`` of speculative decoding: Theorem 1 (``lookahead=None``) or lookahead ``K``.
 
     Args:
       draft: the draft ``MarkovChain`` ``p``.
       target: the target ``MarkovChain`` ``q``.
       lookahead: ``None`` (``K = T``, the paper) or a positive int ``K``.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       A scalar. ``T / expected_rejections`` is the paper's acceleration rate (for ``K = T``).
@@ -175,11 +206,12 @@ def expected_rejections(draft: MarkovChain, target: MarkovChain, *,
     References:
       Theorem 1.
     """
-    return exact_speculative_decoding(draft, target, lookahead=lookahead).expected_rejections
+    return exact_speculative_decoding(draft, target, lookahead=lookahead,
+                                      horizon=horizon).expected_rejections
 
 
 def expected_calls(draft: MarkovChain, target: MarkovChain, *,
-                   lookahead: int | None = None) -> jax.Array:
+                   lookahead: int | None = None, horizon: int | None = None) -> jax.Array:
     """Expected number of target calls of speculative decoding with lookahead ``K``.
 
     A call starts at the first position, after every rejection, and after every bonus token.
@@ -190,16 +222,21 @@ def expected_calls(draft: MarkovChain, target: MarkovChain, *,
       draft: the draft ``MarkovChain`` ``p``.
       target: the target ``MarkovChain`` ``q``.
       lookahead: ``None`` (``K = T``) or a positive int ``K``.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       A scalar.
     """
-    return exact_speculative_decoding(draft, target, lookahead=lookahead).expected_calls
+    return exact_speculative_decoding(draft, target, lookahead=lookahead,
+                                      horizon=horizon).expected_calls
 
 
 def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_drafts,
                               lookahead: int | None = None,
-                              replacement: bool = True) -> jax.Array:
+                              replacement: bool = True,
+                              horizon: int | None = None) -> jax.Array:
     """``E[N_rej]`` of batch SD with ``M`` drafts (Theorem 3); ``M = 1`` is Theorem 1.
 
     Args:
@@ -208,6 +245,9 @@ def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_dr
       num_drafts: ``M >= 1`` or ``math.inf`` (the limit; it stays positive whenever ``p != q``).
       lookahead: ``None`` (``K = T``) or ``K``.
       replacement: ``False`` for drafts drawn without replacement.
+      horizon: ``T``, required when the models are ``specjax.models.FiniteStateModel``s
+        sharing one state space (e.g. n-grams lifted with ``as_finite_state``); a
+        ``MarkovChain`` carries its own ``T``.
 
     Returns:
       A scalar.
@@ -217,7 +257,7 @@ def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_dr
     """
     return exact_batch_speculative_decoding(
         draft, target, num_drafts=num_drafts, lookahead=lookahead,
-        replacement=replacement).expected_rejections
+        replacement=replacement, horizon=horizon).expected_rejections
 
 
 # --- whole-sequence laws -----------------------------------------------------------------------

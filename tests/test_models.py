@@ -1,0 +1,568 @@
+"""Autoregressive models beyond Markov chains: the protocol, n-grams, finite-state lifts, and the
+generic engines (``simulate_models``, ``exact_models``) pinned to the Markov ones."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import _generic
+from specjax import _rules
+from specjax.models import AutoregressiveModel
+from specjax.models import FiniteStateModel
+from specjax.models import NGramModel
+from specjax.models import is_autoregressive_model
+from specjax.models import ngram_counts
+
+from conftest import edge_pair
+from conftest import random_rows
+from stats import assert_law
+from stats import assert_mean
+from stats import count_rows
+from test_scripts import import_script
+
+KEY = jax.random.key(3)
+SD = _rules.SPECULATIVE
+
+
+def markov_pair(seed=0, v=4, t=5, stationary=False):
+    kd, kt = jax.random.split(jax.random.key(seed))
+    draft = specjax.random_markov_chain(kd, v, 1 if stationary else t)
+    target = specjax.random_markov_chain(kt, v, 1 if stationary else t)
+    if stationary:
+        draft = specjax.MarkovChain(draft.init, jnp.repeat(draft.trans, t, axis=0))
+        target = specjax.MarkovChain(target.init, jnp.repeat(target.trans, t, axis=0))
+    return draft, target
+
+
+def random_ngram(seed, order, v, zero_fraction=0.3):
+    """An n-gram with Dirichlet rows and about ``zero_fraction`` zeros per row (built from
+    float64 rows: float64 under ``jax_enable_x64``, float32 otherwise)."""
+    rows = random_rows(np.random.default_rng(seed), (v ** (order - 1), v), zero_fraction)
+    return NGramModel(jnp.asarray(rows, jnp.result_type(float)), order)
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+def test_protocol_membership():
+    ngram = random_ngram(0, 2, 3)
+    for model in (ngram, ngram.as_finite_state(), ngram.as_finite_state(2)):
+        assert isinstance(model, AutoregressiveModel) and is_autoregressive_model(model)
+    draft, _ = markov_pair()
+    assert not is_autoregressive_model(draft)  # MarkovChain keeps its own fast path
+    assert not is_autoregressive_model(NGramModel)
+    leaves, treedef = jax.tree_util.tree_flatten(ngram)
+    assert len(leaves) == 1
+    doubled = jax.tree_util.tree_unflatten(treedef, [2 * leaves[0]])
+    assert isinstance(doubled, NGramModel) and doubled.order == 2
+
+
+# ----------------------------------------------------------------------------- n-grams
+
+
+TOY = [np.array([1, 2, 1, 2, 1, 0, 2]), np.array([2, 2, 1])]
+
+
+def test_counts_on_toy_corpus():
+    counts = ngram_counts(TOY, order=2, num_states=3)
+    # Contexts padded with token 0: events (0->1, 1->2, 2->1, 1->2, 2->1, 1->0, 0->2),
+    # (0->2, 2->2, 2->1).
+    expected = np.zeros((3, 3), int)
+    for a, b in [(0, 1), (1, 2), (2, 1), (1, 2), (2, 1), (1, 0), (0, 2), (0, 2), (2, 2), (2, 1)]:
+        expected[a, b] += 1
+    np.testing.assert_array_equal(counts, expected)
+    trigram = ngram_counts(TOY, order=3, num_states=3)
+    assert trigram.shape == (9, 3) and trigram.sum() == 10
+    assert trigram[1 * 3 + 2, 1] == 2  # context (1, 2) -> 1, twice
+    np.testing.assert_array_equal(trigram.reshape(3, 3, 3).sum(0), counts)  # lower order
+
+
+def test_fit_without_smoothing_recovers_counts():
+    model = NGramModel.fit(TOY, order=3, num_states=3, smoothing=0.0)
+    counts = ngram_counts(TOY, order=3, num_states=3).astype(np.float64)
+    totals = counts.sum(-1, keepdims=True)
+    seen = totals[:, 0] > 0
+    np.testing.assert_allclose(model.table[seen], (counts / np.maximum(totals, 1))[seen],
+                               rtol=1e-6)
+    np.testing.assert_allclose(model.table[~seen], 1 / 3, rtol=1e-6)  # uniform convention
+
+
+@pytest.mark.parametrize("order", [1, 2, 4])
+@pytest.mark.parametrize("backoff", [None, 2.0])
+def test_fit_rows_are_laws_and_smoothing_makes_every_token_possible(order, backoff):
+    corpus = [np.random.default_rng(1).integers(0, 3, size=40), np.array([4, 4, 4])]
+    model = NGramModel.fit(corpus, order=order, num_states=5, smoothing=0.5, backoff=backoff)
+    assert model.table.shape == (5 ** (order - 1), 5)
+    np.testing.assert_allclose(model.table.sum(-1), 1.0, atol=1e-6)
+    assert bool(jnp.all(model.table > 0))
+
+
+def test_fit_backoff_interpolates_lower_orders():
+    with jax.enable_x64(True):
+        model = NGramModel.fit(TOY, order=3, num_states=3, smoothing=1.0, backoff=2.0)
+        bigram = NGramModel.fit(TOY, order=2, num_states=3, smoothing=1.0, backoff=2.0)
+        unigram = (ngram_counts(TOY, order=1, num_states=3)[0] + 1.0) / (10 + 3.0)
+        np.testing.assert_allclose(bigram.table[1], (np.array([1, 0, 2]) + 2 * unigram) / 5)
+        counts = ngram_counts(TOY, order=3, num_states=3)
+        unseen = int(np.flatnonzero(counts.sum(-1) == 0)[0])
+        # An unseen context backs off to the order below exactly: context c -> c mod V.
+        np.testing.assert_allclose(model.table[unseen], bigram.table[unseen % 3])
+        # Without smoothing a token never seen anywhere keeps probability zero.
+        sparse = NGramModel.fit([np.array([1, 2, 1])], order=2, num_states=3, smoothing=0.0,
+                                backoff=1.0)
+        assert bool(jnp.all(sparse.table[:, 0] == 0))
+        np.testing.assert_allclose(sparse.table.sum(-1), 1.0)
+
+
+def test_ngram_state_is_the_last_tokens_and_lift_agrees():
+    model = random_ngram(0, 3, 4)
+    lifted = model.as_finite_state()
+    wider = model.as_finite_state(4)
+    assert (lifted.num_contexts, wider.num_contexts) == (16, 256)
+    sequences = np.random.default_rng(2).integers(0, 4, size=(50, 7)).astype(np.int32)
+
+    def run(m, seq):
+        def step(state, token):
+            return m.update(state, token), m.probs(state)
+        return jax.lax.scan(step, m.init_state(), seq)
+
+    final, rows = jax.jit(jax.vmap(lambda s: run(model, s)))(sequences)
+    padded = np.concatenate([np.zeros((50, 2), np.int32), sequences], axis=1)
+    np.testing.assert_array_equal(final, padded[:, -2] * 4 + padded[:, -1])
+    for other in (lifted, wider):
+        _, other_rows = jax.jit(jax.vmap(lambda s, m=other: run(m, s)))(sequences)
+        np.testing.assert_array_equal(other_rows, rows)  # same rows, gathered from one table
+
+
+def test_unigram_and_bigram_lift():
+    unigram = random_ngram(1, 1, 3)
+    assert unigram.as_finite_state().num_contexts == 1
+    assert int(unigram.update(unigram.init_state(), 2)) == 0
+    bigram = random_ngram(1, 2, 3).as_finite_state()
+    np.testing.assert_array_equal(bigram.next_state, np.tile(np.arange(3), (3, 1)))
+
+
+def test_from_markov_chain_reproduces_the_chain():
+    draft, _ = markov_pair(t=3)
+    lifted = FiniteStateModel.from_markov_chain(draft)
+    assert lifted.num_contexts == 1 + 3 * 4
+    state = lifted.init_state()
+    np.testing.assert_array_equal(lifted.probs(state), draft.init)
+    for n, token in enumerate([2, 0, 3, 1]):
+        state = lifted.update(state, token)
+        expected = draft.trans[min(n, 2), token]
+        np.testing.assert_array_equal(lifted.probs(state), expected)
+    with pytest.raises(ValueError, match="stationary"):
+        FiniteStateModel.from_markov_chain(draft, stationary=True)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def test_validation_errors_name_the_argument():
+    with pytest.raises(ValueError, match="order"):
+        NGramModel.fit(TOY, order=0, num_states=3)
+    with pytest.raises(ValueError, match="sequences"):
+        NGramModel.fit([np.array([0, 3])], order=2, num_states=3)
+    with pytest.raises(ValueError, match="sequences"):
+        NGramModel.fit([np.array([0.5, 1.0])], order=2, num_states=3)
+    with pytest.raises(ValueError, match="smoothing"):
+        NGramModel.fit(TOY, order=2, num_states=3, smoothing=-1)
+    with pytest.raises(ValueError, match="backoff"):
+        NGramModel.fit(TOY, order=2, num_states=3, backoff=0.0)
+    with pytest.raises(ValueError, match="order"):
+        NGramModel.fit(TOY, order=7, num_states=32)  # 32**7 entries
+    with pytest.raises(ValueError, match="table"):
+        NGramModel(jnp.full((4, 3), 1 / 3), 2)  # needs 3 rows
+    with pytest.raises(ValueError, match="table"):
+        NGramModel(jnp.full((3, 3), 0.5), 2)  # rows do not sum to one
+    model = random_ngram(0, 3, 4)
+    with pytest.raises(ValueError, match="context_length"):
+        model.as_finite_state(1)
+    with pytest.raises(ValueError, match="context_length"):
+        random_ngram(0, 2, 32).as_finite_state(5)  # 32**6 > 2**26
+    with pytest.raises(ValueError, match="next_state"):
+        FiniteStateModel(0, jnp.full((2, 3), 2), jnp.full((2, 3), 1 / 3))
+    with pytest.raises(ValueError, match="start"):
+        FiniteStateModel(2, jnp.zeros((2, 3), jnp.int32), jnp.full((2, 3), 1 / 3))
+
+    draft, target = random_ngram(0, 2, 3), random_ngram(1, 2, 4)
+    with pytest.raises(ValueError, match="same number of states V"):
+        _generic.simulate_models(KEY, draft, target, 10, horizon=3, rule=SD, lookahead=None)
+    draft, target = random_ngram(0, 2, 3), random_ngram(1, 3, 3)
+    for horizon in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="horizon"):
+            _generic.simulate_models(KEY, draft, target, 10, horizon=horizon, rule=SD,
+                                     lookahead=None)
+        with pytest.raises(ValueError, match="horizon"):
+            _generic.exact_models(draft.as_finite_state(2), target.as_finite_state(),
+                                  horizon=horizon, rule=SD, lookahead=None)
+    with pytest.raises(ValueError, match="num_chains"):
+        _generic.simulate_models(KEY, draft, target, 0, horizon=3, rule=SD, lookahead=None)
+    with pytest.raises(ValueError, match="lookahead"):
+        _generic.simulate_models(KEY, draft, target, 10, horizon=3, rule=SD, lookahead=0)
+    with pytest.raises(ValueError, match="target must be a specjax.MarkovChain or an autoregressive model"):
+        _generic.simulate_models(KEY, draft, markov_pair()[1], 10, horizon=3, rule=SD,
+                                 lookahead=None)
+    with pytest.raises(ValueError, match="FiniteStateModel"):
+        _generic.exact_models(draft, target, horizon=3, rule=SD, lookahead=None)
+    with pytest.raises(ValueError, match="share"):  # S = 3 and S = 9
+        _generic.exact_models(draft.as_finite_state(), target.as_finite_state(), horizon=3,
+                              rule=SD, lookahead=None)
+    other = FiniteStateModel(0, jnp.zeros((9, 3), jnp.int32), target.as_finite_state().table)
+    with pytest.raises(ValueError, match="next_state"):
+        _generic.exact_models(draft.as_finite_state(2), other, horizon=3, rule=SD,
+                              lookahead=None)
+
+
+# ----------------------------------------------------------------- the engines pinned together
+
+
+MARKOV_CASES = {  # name: (Markov sampler's keyword arguments, lookahead)
+    "sd": (dict(), None),
+    "sd_k2": (dict(), 2),
+    "batch3": (dict(num_drafts=3), None),
+    "batch2_k2": (dict(num_drafts=2), 2),
+    "biased": (dict(epsilon=0.1), None),
+    "biased_k1": (dict(epsilon=0.1), 1),
+}
+
+
+def _markov_case(name, draft, target):
+    """(rule, lookahead, extra, Markov sampler, Markov exact theory) of one case."""
+    kwargs, lookahead = MARKOV_CASES[name]
+    if "num_drafts" in kwargs:
+        rule, extra = _rules.batch(kwargs["num_drafts"]), ()
+        sampler = specjax.batch_speculative_decoding
+        exact = specjax.exact_batch_speculative_decoding
+    elif "epsilon" in kwargs:
+        rule, extra = _rules.biased(kwargs["epsilon"], "optimal", target.dtype)
+        sampler = specjax.biased_speculative_decoding
+        exact = specjax.exact_biased_speculative_decoding
+    else:
+        rule, extra = SD, ()
+        sampler, exact = specjax.speculative_decoding, specjax.exact_speculative_decoding
+    return (rule, lookahead, extra,
+            lambda c: sampler(KEY, draft, target, c, lookahead=lookahead, **kwargs),
+            lambda: exact(draft, target, lookahead=lookahead, **kwargs))
+
+
+@pytest.mark.parametrize("name", ["sd", "sd_k2", "batch3", "biased"])
+def test_simulate_models_equals_the_markov_samplers_token_for_token(name):
+    """The engines agree token for token on the same rows and key (position-indexed lift of a
+    non-stationary chain; the stationary lift is pinned by the exact tests)."""
+    draft, target = markov_pair(seed=1, v=5, t=6)
+    d_fs = FiniteStateModel.from_markov_chain(draft)
+    t_fs = FiniteStateModel.from_markov_chain(target)
+    rule, lookahead, extra, sampler, _ = _markov_case(name, draft, target)
+    expected = sampler(4000)
+    trace = _generic.simulate_models(KEY, d_fs, t_fs, 4000, horizon=6, rule=rule,
+                                     lookahead=lookahead, extra=extra)
+    for field, got, want in zip(trace._fields, trace, expected):
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}: {field}")
+
+
+EXACT_CASES = [(name, False) for name in MARKOV_CASES] + [("batch2_k2", True)]
+
+
+@pytest.mark.parametrize("name, stationary", EXACT_CASES,
+                         ids=[f"{n}{'_stationary' if s else ''}" for n, s in EXACT_CASES])
+def test_exact_models_equals_the_markov_theory(x64, name, stationary):
+    draft, target = markov_pair(seed=2, v=4, t=5, stationary=stationary)
+    d_fs = FiniteStateModel.from_markov_chain(draft, stationary=stationary)
+    t_fs = FiniteStateModel.from_markov_chain(target, stationary=stationary)
+    rule, lookahead, extra, _, exact = _markov_case(name, draft, target)
+    got = _generic.exact_models(d_fs, t_fs, horizon=5, rule=rule, lookahead=lookahead,
+                                extra=extra)
+    assert got.rejected.dtype == jnp.float64
+    for field, a, b in zip(got._fields, got, exact()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-10, err_msg=f"{name}: {field}")
+
+
+def test_exact_models_edge_cases_are_finite_with_gradients(x64):
+    (init, p), (_, q) = edge_pair()
+    draft = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, p))
+    target = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, q))
+    markov = specjax.exact_batch_speculative_decoding(
+        specjax.MarkovChain(init, p), specjax.MarkovChain(init, q), num_drafts=3, lookahead=2)
+    for rule, lookahead in [(SD, None), (_rules.batch(3), 2)]:
+        def cost(table_p, table_q, rule=rule, lookahead=lookahead):
+            d = FiniteStateModel(draft.start, draft.next_state, table_p)
+            t = FiniteStateModel(target.start, target.next_state, table_q)
+            out = _generic.exact_models(d, t, horizon=4, rule=rule, lookahead=lookahead)
+            return out.expected_rejections + out.expected_calls + jnp.sum(out.acceptance_rate)
+        value, grads = jax.value_and_grad(cost, argnums=(0, 1))(draft.table, target.table)
+        assert np.isfinite(value) and all(np.isfinite(g).all() for g in grads), (rule, lookahead)
+    got = _generic.exact_models(draft, target, horizon=4, rule=_rules.batch(3), lookahead=2)
+    np.testing.assert_allclose(got.expected_rejections, markov.expected_rejections, atol=1e-12)
+
+
+def test_exact_gradient_matches_finite_differences(x64):
+    draft, target = random_ngram(0, 2, 3, 0.0), random_ngram(1, 3, 3, 0.0)
+
+    def cost(logits):
+        d = NGramModel(jax.nn.softmax(logits, -1), 2).as_finite_state(2)
+        out = _generic.exact_models(d, target.as_finite_state(), horizon=4,
+                                    rule=_rules.batch(2), lookahead=2)
+        return out.expected_calls
+
+    logits = jnp.log(draft.table)
+    direction = jnp.asarray(np.random.default_rng(0).normal(size=logits.shape))
+    grad = jax.grad(cost)(logits)
+    h = 1e-6
+    numeric = (cost(logits + h * direction) - cost(logits - h * direction)) / (2 * h)
+    np.testing.assert_allclose(jnp.sum(grad * direction), numeric, rtol=1e-6)
+
+
+# ----------------------------------------------------------------- n-grams: Monte Carlo vs exact
+
+
+def target_law(model: NGramModel, length: int) -> dict:
+    """The target's exact law of ``(x_0, .., x_{length-1})``, by enumeration."""
+    table = np.asarray(model.table, np.float64)
+    law = {}
+    for seq in itertools.product(range(model.num_states), repeat=length):
+        state, prob = 0, 1.0
+        for token in seq:
+            prob *= table[state, token]
+            state = int(model.update(state, token))
+        if prob > 0:
+            law[seq] = prob
+    return law
+
+
+NGRAM_CASES = [  # (rule, lookahead, unbiased)
+    (SD, None, True),
+    (SD, 2, True),
+    (_rules.batch(3), None, True),
+    ("biased", 2, False),
+]
+
+
+@pytest.mark.parametrize("rule, lookahead, unbiased", NGRAM_CASES,
+                         ids=["sd", "sd_k2", "batch3", "biased_k2"])
+def test_ngram_sampler_matches_exact_and_target_law(rule, lookahead, unbiased):
+    v, horizon, chains = 4, 6, 20_000
+    draft, target = random_ngram(10, 2, v), random_ngram(11, 3, v)
+    extra = ()
+    if rule == "biased":
+        rule, extra = _rules.biased(0.1, "optimal", target.table.dtype)
+    with jax.enable_x64(True):
+        d64, t64 = random_ngram(10, 2, v), random_ngram(11, 3, v)  # the same rows in float64
+        extra64 = tuple(jnp.asarray(e, jnp.float64) for e in extra)
+        exact = _generic.exact_models(d64.as_finite_state(2), t64.as_finite_state(),
+                                      horizon=horizon, rule=rule, lookahead=lookahead,
+                                      extra=extra64)
+        exact = jax.tree_util.tree_map(np.asarray, exact)
+        if unbiased:  # the output's marginals are the target's
+            np.testing.assert_allclose(exact.marginals, target_marginals(t64, horizon),
+                                       atol=1e-12)
+    trace = _generic.simulate_models(jax.random.key(7), draft, target, chains, horizon=horizon,
+                                     rule=rule, lookahead=lookahead, extra=extra)
+    what = f"{rule[0]} K={lookahead}"
+    assert_mean(trace.num_rejections, float(exact.expected_rejections), f"{what}: rejections")
+    assert_mean(trace.num_calls, float(exact.expected_calls), f"{what}: calls")
+    final = np.bincount(np.asarray(trace.tokens[:, -1]), minlength=v)
+    assert_law(dict(enumerate(final)), dict(enumerate(exact.marginals[-1])), chains,
+               f"{what}: x_T against the exact marginal")
+    if unbiased:
+        assert_law(count_rows(np.asarray(trace.tokens[:, :4])), target_law(target, 4), chains,
+                   f"{what}: (x_0..x_3) against the target")
+
+
+def target_marginals(model, horizon):
+    """The laws of ``x_0..x_T`` under the target alone (autoregressive decoding)."""
+    fs = model.as_finite_state()
+    out = _generic.exact_models(fs, fs, horizon=horizon, rule=_rules.AUTOREGRESSIVE,
+                                lookahead=0)
+    assert float(out.expected_rejections) == 0 and float(out.expected_calls) == horizon
+    assert float(jnp.sum(out.verified)) == 0
+    return out.marginals
+
+
+def test_ngram_protocol_equals_its_lift_and_is_deterministic():
+    draft, target = random_ngram(3, 2, 4), random_ngram(4, 3, 4)
+    args = dict(horizon=7, rule=_rules.batch(2), lookahead=3)
+    direct = _generic.simulate_models(KEY, draft, target, 3000, **args)
+    lifted = _generic.simulate_models(KEY, draft.as_finite_state(2), target.as_finite_state(),
+                                      3000, **args)
+    again = _generic.simulate_models(KEY, draft, target, 3000, **args)
+    fewer = _generic.simulate_models(KEY, draft, target, 100, **args)
+    for a, b, c, d in zip(direct, lifted, again, fewer):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(a[:100], d)  # chain c depends on its index alone
+    assert direct.tokens.dtype == jnp.int32 and direct.tokens.shape == (3000, 8)
+    np.testing.assert_array_equal(direct.num_rejections, direct.rejected.sum(-1))
+    np.testing.assert_array_equal(direct.num_calls, direct.new_call.sum(-1))
+
+
+def test_new_values_do_not_recompile():
+    draft, target = random_ngram(5, 2, 3), random_ngram(6, 3, 3)
+    args = dict(horizon=4, rule=SD, lookahead=None)
+    _generic.simulate_models(KEY, draft, target, 64, **args)
+    _generic.exact_models(draft.as_finite_state(2), target.as_finite_state(), **args)
+    sim_before, exact_before = _generic._simulate._cache_size(), _generic._exact._cache_size()
+    draft2, target2 = random_ngram(7, 2, 3), random_ngram(8, 3, 3)
+    _generic.simulate_models(jax.random.key(1), draft2, target2, 64, **args)
+    _generic.exact_models(draft2.as_finite_state(2), target2.as_finite_state(), **args)
+    assert _generic._simulate._cache_size() == sim_before
+    assert _generic._exact._cache_size() == exact_before
+
+
+# ----------------------------------------------------------------------------- the demo
+
+
+def test_ngram_demo_tiny(capsys):
+    demo = import_script("ngram_demo")
+    rows = demo.main(["--max-bytes", "60000", "--states", "6", "--horizon", "6",
+                      "--num-chains", "2000", "--decoders", "k2,m2"])
+    assert [r["decoder"] for r in rows] == ["SD, K = 2", "batch SD, M = 2"]
+    for row in rows:
+        for what in ("rejections", "calls"):
+            se = row[f"{what}_se"]
+            assert abs(row[f"simulated_{what}"] - row[f"exact_{what}"]) <= 4.5 * se + 1e-9, row
+        assert 1 <= row["acceleration"] <= 6
+    assert rows[0]["acceleration"] <= 3 + 1e-9  # a call with K = 2 emits at most 3 tokens
+    assert "T/E[calls]" in capsys.readouterr().out
+
+
+
+# ----------------------------------------------------------------------------- public entry points
+
+
+def _sampler_cases(draft, target):
+    return {
+        "sd": (specjax.speculative_decoding, (draft, target), dict(lookahead=3), SD, ()),
+        "batch wor": (specjax.batch_speculative_decoding, (draft, target),
+                      dict(num_drafts=2, replacement=False), _rules.batch(2, False), ()),
+        "biased": (specjax.biased_speculative_decoding, (draft, target), dict(epsilon=0.1),
+                   *_rules.biased(0.1, "optimal", jnp.float32)),
+        "autoregressive": (specjax.autoregressive_decoding, (target,), {},
+                           _rules.AUTOREGRESSIVE, ()),
+    }
+
+
+@pytest.mark.parametrize("name", ["sd", "batch wor", "biased", "autoregressive"])
+def test_public_samplers_take_protocol_models(name):
+    """``specjax.<sampler>(..., horizon=T)`` on n-grams is ``simulate_models`` with the sampler's
+    rule, token for token."""
+    draft, target = random_ngram(1, 2, 3), random_ngram(2, 3, 3)
+    sampler, models, kw, rule, extra = _sampler_cases(draft, target)[name]
+    got = sampler(KEY, *models, 300, horizon=6, **kw)
+    lookahead = kw.get("lookahead")
+    want = _generic.simulate_models(KEY, models[0], models[-1], 300, horizon=6, rule=rule,
+                                    lookahead=lookahead, extra=extra)
+    for field in got._fields:
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+
+
+def test_public_exact_functions_take_finite_state_models(x64):
+    draft = random_ngram(1, 2, 3).as_finite_state(2)
+    target = random_ngram(2, 3, 3).as_finite_state(2)
+    exact = specjax.exact_batch_speculative_decoding(draft, target, num_drafts=2, lookahead=3,
+                                                     replacement=False, horizon=6)
+    want = _generic.exact_models(draft, target, horizon=6, rule=_rules.batch(2, False),
+                                 lookahead=3)
+    for field in exact._fields:
+        np.testing.assert_allclose(getattr(exact, field), getattr(want, field), atol=1e-14)
+    want_sd = _generic.exact_models(draft, target, horizon=6, rule=SD, lookahead=None)
+    np.testing.assert_allclose(specjax.expected_rejections(draft, target, horizon=6),
+                               want_sd.expected_rejections, atol=1e-14)
+    np.testing.assert_allclose(specjax.expected_calls(draft, target, horizon=6),
+                               want_sd.expected_calls, atol=1e-14)
+
+
+def test_public_entry_points_validate_models_and_horizon():
+    draft, target = random_ngram(1, 2, 3), random_ngram(2, 3, 3)
+    with pytest.raises(ValueError, match="horizon must be given"):
+        specjax.speculative_decoding(KEY, draft, target, 10)
+    with pytest.raises(ValueError, match="horizon must be a positive integer"):
+        specjax.speculative_decoding(KEY, draft, target, 10, horizon=0)
+    with pytest.raises(ValueError, match="sharding is supported for MarkovChain models only"):
+        specjax.speculative_decoding(KEY, draft, target, 10, horizon=3,
+                                     sharding=specjax.chain_sharding())
+    with pytest.raises(ValueError, match="decoding_statistics runs MarkovChain models only"):
+        specjax.decoding_statistics(specjax.speculative_decoding, KEY, draft, target, 10,
+                                    horizon=3)
+    with pytest.raises(ValueError, match="draft must be a specjax.MarkovChain or an "
+                                         "autoregressive model"):
+        specjax.speculative_decoding(KEY, "draft", target, 10, horizon=3)
+    with pytest.raises(ValueError, match="both be MarkovChains or both other"):
+        specjax.speculative_decoding(KEY, markov_pair(v=3)[0], target, 10, horizon=3)
+    with pytest.raises(ValueError, match="horizon must be given"):
+        specjax.expected_rejections(draft.as_finite_state(2), target.as_finite_state(2))
+    with pytest.raises(ValueError, match="share their state space"):
+        specjax.expected_rejections(draft.as_finite_state(1), target.as_finite_state(2),
+                                    horizon=3)
+    chain_d, chain_t = markov_pair()
+    with pytest.raises(ValueError, match="horizon is the chains' own T"):
+        specjax.speculative_decoding(KEY, chain_d, chain_t, 10, horizon=3)
+    with pytest.raises(ValueError, match="horizon is the chains' own T"):
+        specjax.expected_rejections(chain_d, chain_t, horizon=3)
+    plain = specjax.speculative_decoding(KEY, chain_d, chain_t, 10)
+    same = specjax.speculative_decoding(KEY, chain_d, chain_t, 10, horizon=chain_t.horizon)
+    np.testing.assert_array_equal(plain.tokens, same.tokens)
+
+
+# ----------------------------------------------------------------------------- greedy drafts
+
+
+def test_greedy_draft_of_every_model_kind():
+    ngram = random_ngram(4, 3, 3)
+    greedy = specjax.greedy_draft(ngram)
+    assert isinstance(greedy, NGramModel) and greedy.order == 3
+    np.testing.assert_array_equal(greedy.table, np.eye(3)[np.argmax(ngram.table, -1)])
+    lifted = specjax.greedy_draft(ngram.as_finite_state())
+    assert isinstance(lifted, FiniteStateModel)
+    np.testing.assert_array_equal(lifted.table, greedy.as_finite_state().table)
+    wrapped = specjax.greedy_draft(Wrapped(ngram))
+    assert isinstance(wrapped, specjax.GreedyModel)
+    state = wrapped.update(wrapped.init_state(), 2)
+    np.testing.assert_array_equal(wrapped.probs(state), greedy.probs(greedy.update(
+        greedy.init_state(), 2)))
+    with pytest.raises(ValueError, match="model must be a specjax.MarkovChain or an"):
+        specjax.greedy_draft("ngram")
+
+
+@jax.tree_util.register_pytree_node_class
+class Wrapped:
+    """A user's own model of the protocol (delegating to an n-gram)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def tree_flatten(self):
+        return (self.inner,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    num_states = property(lambda self: self.inner.num_states)
+
+    def init_state(self):
+        return self.inner.init_state()
+
+    def probs(self, state):
+        return self.inner.probs(state)
+
+    def update(self, state, token):
+        return self.inner.update(state, token)
+
+
+def test_greedy_ngram_draft_sampler_matches_exact():
+    """n-gram lookup drafting: a greedy bigram draft for a trigram target, exact E[N_rej] and
+    E[calls] (lifted to the trigram's contexts) against the public sampler (4.5 SE)."""
+    draft, target = random_ngram(5, 2, 4, zero_fraction=0.0), random_ngram(6, 3, 4)
+    greedy = specjax.greedy_draft(draft)
+    exact = specjax.exact_speculative_decoding(
+        greedy.as_finite_state(2), target.as_finite_state(2), lookahead=3, horizon=12)
+    trace = specjax.speculative_decoding(jax.random.key(8), greedy, target, 40_000, horizon=12,
+                                         lookahead=3)
+    assert_mean(trace.num_rejections, float(exact.expected_rejections), "greedy rejections")
+    assert_mean(trace.num_calls, float(exact.expected_calls), "greedy calls")
