@@ -5,7 +5,6 @@ Convention throughout: ``p`` is the draft model, ``q`` the target model (the pap
 
 from specjax._engine import DecodingTrace
 from specjax._models import MarkovChain
-from specjax._models import greedy_draft
 from specjax._models import paper_instance
 from specjax._models import random_markov_chain
 from specjax._sharding import chain_sharding
@@ -19,12 +18,25 @@ from specjax._verify import residual_distribution
 from specjax._verify import tv_distance
 from specjax._verify import tv_loss_star
 from specjax._verify import verification_law
+from specjax.auditing import AuditReport
+from specjax.auditing import audit
+from specjax.auditing import audit_exact
+from specjax.block import block_verification_decoding
+from specjax.block import exact_block_accepted_length
+from specjax.block import exact_block_expected_calls
+from specjax.block import exact_joint_accepted_length
+from specjax.block import exact_tokenwise_accepted_length
 from specjax.drafts import ContextFreeDraft
 from specjax.drafts import DraftFamily
 from specjax.drafts import FullDraft
 from specjax.drafts import LowRankDraft
 from specjax.drafts import StationaryDraft
 from specjax.drafts import draft_family
+from specjax.models import AutoregressiveModel
+from specjax.models import FiniteStateModel
+from specjax.models import GreedyModel
+from specjax.models import NGramModel
+from specjax.models import greedy_draft
 from specjax.samplers import autoregressive_decoding
 from specjax.samplers import batch_speculative_decoding
 from specjax.samplers import biased_speculative_decoding
@@ -60,20 +72,27 @@ from specjax.tuning import tune_draft
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
+    "AutoregressiveModel",
     "ContextFreeDraft",
     "DecodingStatistics",
     "DecodingTrace",
     "DraftFamily",
     "ExactDecoding",
+    "FiniteStateModel",
     "FullDraft",
+    "GreedyModel",
     "LowRankDraft",
     "MarkovChain",
+    "NGramModel",
     "Objective",
     "ParetoFront",
     "StationaryDraft",
     "TuneResult",
     "VerificationLaw",
     "acceptance_probability",
+    "audit",
+    "audit_exact",
     "autoregressive_decoding",
     "batch_expected_rejections",
     "batch_improvement",
@@ -83,13 +102,18 @@ __all__ = [
     "biased_output_chain",
     "biased_speculative_decoding",
     "biased_tradeoff",
+    "block_verification_decoding",
     "chain_sharding",
     "decoding_statistics",
     "draft_family",
     "exact_batch_speculative_decoding",
     "exact_biased_speculative_decoding",
+    "exact_block_accepted_length",
+    "exact_block_expected_calls",
+    "exact_joint_accepted_length",
     "exact_rejection_decoding",
     "exact_speculative_decoding",
+    "exact_tokenwise_accepted_length",
     "expected_calls",
     "expected_rejections",
     "greedy_draft",
