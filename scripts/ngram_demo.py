@@ -8,8 +8,9 @@ OTHER last). The last ``--holdout`` share of the files is held out to report bit
 
 A bigram draft and a 4-gram target (interpolated with lower orders) are lifted to the 4-gram's
 ``V**3`` context states; for each decoder the table gives the exact expected rejections and target
-calls over ``T`` positions (``specjax._generic.exact_models``), the acceleration ``T / E[calls]``
-and the Monte Carlo values with standard errors (``simulate_models`` on the n-grams themselves).
+calls over ``T`` positions (the exact functions on the lifted models), the acceleration
+``T / E[calls]`` and the Monte Carlo values with standard errors (the samplers on the n-grams
+themselves). ``g4`` drafts greedily (the bigram's argmax, as n-gram lookup drafting does).
 
     python scripts/ngram_demo.py                      # V = 32, T = 64, 20,000 chains
     python scripts/ngram_demo.py --max-bytes 100000 --states 8 --horizon 8 --num-chains 500
@@ -27,8 +28,7 @@ import time
 import jax
 import numpy as np
 
-from specjax import _generic
-from specjax import _rules
+import specjax
 from specjax.models import NGramModel
 
 
@@ -85,13 +85,16 @@ def bits_per_token(model: NGramModel, sequences) -> float:
     return total / max(count, 1)
 
 
-DECODERS = {  # name: (label, rule, lookahead)
-    "sd": ("SD, K = T", _rules.SPECULATIVE, None),
-    "k2": ("SD, K = 2", _rules.SPECULATIVE, 2),
-    "k4": ("SD, K = 4", _rules.SPECULATIVE, 4),
-    "k8": ("SD, K = 8", _rules.SPECULATIVE, 8),
-    "m2": ("batch SD, M = 2", _rules.batch(2), None),
-    "m4": ("batch SD, M = 4", _rules.batch(4), None),
+SD = (specjax.speculative_decoding, specjax.exact_speculative_decoding)
+BATCH = (specjax.batch_speculative_decoding, specjax.exact_batch_speculative_decoding)
+DECODERS = {  # name: (label, (sampler, exact function), keyword arguments, greedy draft?)
+    "sd": ("SD, K = T", SD, {}, False),
+    "k2": ("SD, K = 2", SD, dict(lookahead=2), False),
+    "k4": ("SD, K = 4", SD, dict(lookahead=4), False),
+    "k8": ("SD, K = 8", SD, dict(lookahead=8), False),
+    "m2": ("batch SD, M = 2", BATCH, dict(num_drafts=2), False),
+    "m4": ("batch SD, M = 4", BATCH, dict(num_drafts=4), False),
+    "g4": ("greedy draft, K = 4", SD, dict(lookahead=4), True),
 }
 
 
@@ -141,17 +144,17 @@ def main(argv=None):
     print(f"lifted to S = {args.states}**{context} = {args.states ** context:,} context states; "
           f"T = {args.horizon}, {args.num_chains:,} chains\n")
 
-    header = (f"{'decoder':<17}{'E[N_rej]':>10}{'simulated':>18}{'E[calls]':>10}"
+    header = (f"{'decoder':<20}{'E[N_rej]':>10}{'simulated':>18}{'E[calls]':>10}"
               f"{'simulated':>18}{'T/E[calls]':>12}")
     print(header)
     print("-" * len(header))
     key = jax.random.key(args.seed)
     rows = []
-    for label, rule, lookahead in (DECODERS[name] for name in names):
-        exact = _generic.exact_models(draft_fs, target_fs, horizon=args.horizon, rule=rule,
-                                      lookahead=lookahead)
-        trace = _generic.simulate_models(key, draft, target, args.num_chains,
-                                         horizon=args.horizon, rule=rule, lookahead=lookahead)
+    for label, (sampler, exact_fn), kw, greedy in (DECODERS[name] for name in names):
+        drafts = (specjax.greedy_draft(draft), specjax.greedy_draft(draft_fs)) if greedy else (
+            draft, draft_fs)
+        exact = exact_fn(drafts[1], target_fs, horizon=args.horizon, **kw)
+        trace = sampler(key, drafts[0], target, args.num_chains, horizon=args.horizon, **kw)
         rej = np.asarray(trace.num_rejections, np.float64)
         calls = np.asarray(trace.num_calls, np.float64)
         row = dict(decoder=label,
@@ -163,7 +166,7 @@ def main(argv=None):
                    calls_se=calls.std(ddof=1) / np.sqrt(calls.size))
         row["acceleration"] = args.horizon / row["exact_calls"]
         rows.append(row)
-        print(f"{label:<17}{row['exact_rejections']:>10.3f}"
+        print(f"{label:<20}{row['exact_rejections']:>10.3f}"
               f"{row['simulated_rejections']:>10.3f} ± {row['rejections_se']:<5.3f}"
               f"{row['exact_calls']:>10.3f}{row['simulated_calls']:>10.3f} ± "
               f"{row['calls_se']:<5.3f}{row['acceleration']:>12.2f}")

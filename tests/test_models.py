@@ -420,8 +420,8 @@ def test_new_values_do_not_recompile():
 def test_ngram_demo_tiny(capsys):
     demo = import_script("ngram_demo")
     rows = demo.main(["--max-bytes", "60000", "--states", "6", "--horizon", "6",
-                      "--num-chains", "2000", "--decoders", "k2,m2"])
-    assert [r["decoder"] for r in rows] == ["SD, K = 2", "batch SD, M = 2"]
+                      "--num-chains", "2000", "--decoders", "k2,m2,g4"])
+    assert [r["decoder"] for r in rows] == ["SD, K = 2", "batch SD, M = 2", "greedy draft, K = 4"]
     for row in rows:
         for what in ("rejections", "calls"):
             se = row[f"{what}_se"]
