@@ -361,6 +361,17 @@ def sequence_kl(law_a: dict, law_b: dict) -> float:
     return total
 
 
+def rejected_measure(law: dict, num_states: int, horizon: int) -> np.ndarray:
+    """``(T, V)``: ``P(x_n = x, rejected at n)`` from an enumerated law of ``(tokens, rejected,
+    calls)`` (Theorem 3's ``f``, marginalised to the last token)."""
+    f = np.zeros((horizon, num_states))
+    for (tokens, rejected, _), pr in law.items():
+        for n, flag in enumerate(rejected):
+            if flag:
+                f[n, tokens[n + 1]] += pr
+    return f
+
+
 def expected_counts_from_law(law: dict):
     """``(E[N_rej], E[calls])`` from an enumerated law of ``(tokens, rejected, calls)``."""
     rej = sum(pr * sum(r) for (_, r, _), pr in law.items())
