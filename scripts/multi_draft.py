@@ -60,7 +60,8 @@ def main(argv=None) -> list[dict]:
             wor = float(specjax.batch_expected_rejections(draft, target, num_drafts=m,
                                                           replacement=False))
             row[f"wr{m}"], row[f"wor{m}"] = wr, wor
-            line += f"{wr:>10.3f}{wor:>10.3f}{100 * (wr - wor) / wr:>7.1f}%"
+            gain = 100 * (wr - wor) / wr if wr > 0 else 0.0  # wr = 0 only when p = q
+            line += f"{wr:>10.3f}{wor:>10.3f}{gain:>7.1f}%"
         print(line, flush=True)
         rows.append(row)
 

@@ -43,14 +43,39 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 # ----------------------------------------------------------------------------- validation
 
 
+def _check_protocol_model(name: str, model) -> None:
+    """Raise ``ValueError`` unless ``model`` follows the protocol: a JAX pytree whose
+    ``probs(init_state())`` is a float ``(V,)`` law (values checked when concrete)."""
+    if not is_autoregressive_model(model):
+        raise ValueError(
+            f"{name} must be a specjax.MarkovChain or an autoregressive model (num_states, "
+            f"init_state(), probs(state), update(state, token); see specjax.models), got "
+            f"{type(model).__name__}")
+    leaves = jax.tree_util.tree_leaves(model)
+    if any(leaf is model for leaf in leaves):
+        raise ValueError(
+            f"{name} must be a JAX pytree (e.g. a class registered with "
+            f"jax.tree_util.register_pytree_node_class, arrays as leaves), got an unregistered "
+            f"{type(model).__name__}")
+    num_states = model.num_states
+    _checks.check_positive_int(f"{name}.num_states", num_states)
+    try:
+        row = jax.eval_shape(lambda m: m.probs(m.init_state()), model)
+    except Exception as error:  # a user's model: report what failed, naming the argument
+        raise ValueError(f"{name}.probs(init_state()) failed: {error}") from error
+    if row.shape != (num_states,) or not jnp.issubdtype(row.dtype, jnp.floating):
+        raise ValueError(
+            f"{name}.probs(state) must return a float array of shape (num_states,) = "
+            f"({num_states},), got shape {row.shape} and dtype {row.dtype}")
+    if all(_checks.is_concrete(leaf) for leaf in leaves):
+        _checks.check_probabilities(f"{name}.probs(init_state())",
+                                    model.probs(model.init_state()))
+
+
 def check_models(draft, target) -> None:
     """Raise ``ValueError`` unless both follow the protocol with the same ``V``."""
     for name, model in (("draft", draft), ("target", target)):
-        if not is_autoregressive_model(model):
-            raise ValueError(
-                f"{name} must be a specjax.MarkovChain or an autoregressive model (num_states, "
-                f"init_state(), probs(state), update(state, token); see specjax.models), got "
-                f"{type(model).__name__}")
+        _check_protocol_model(name, model)
     if draft.num_states != target.num_states:
         raise ValueError(
             f"draft and target must have the same number of states V, got "
@@ -190,6 +215,8 @@ def simulate_models(key, draft, target, num_chains: int, *, horizon: int, rule, 
         raise ValueError(f"num_chains must be at most 2**32 (chains are numbered with 32 bits), "
                          f"got {num_chains}")
     lookahead = _resolve(rule, lookahead, horizon)
+    if rule[0] == "batch_wor":  # every chain's root law is enumerated at once
+        _verify.check_without_replacement_size(rule[1], target.num_states, num_chains)
     return _simulate(key, draft, target, tuple(extra), num_chains=num_chains, horizon=horizon,
                      rule=rule, lookahead=lookahead)
 

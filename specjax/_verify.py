@@ -322,13 +322,26 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
     return VerificationLaw(q - rejected, rejected)
 
 
-#: Largest number of draw paths ``V^(M-1)`` that ``batch_without_replacement_root_law`` enumerates.
-MAX_WITHOUT_REPLACEMENT_PATHS = 2**16
+#: Largest ``V^M x rows`` (the size of the biggest array of the enumeration) that
+#: ``batch_without_replacement_root_law`` builds: 256 MB in float32.
+MAX_WITHOUT_REPLACEMENT_ELEMENTS = 2**26
 
 
 def without_replacement_stages(num_drafts, num_states: int) -> int:
     """How many drafts without replacement can be drawn from ``V`` tokens: ``min(M, V)``."""
     return num_states if num_drafts == math.inf else min(int(num_drafts), num_states)
+
+
+def check_without_replacement_size(num_drafts, num_states: int, num_rows: int) -> None:
+    """Raises ``ValueError`` (naming ``num_drafts``) when the root law of ``num_rows`` rows would
+    need more than ``MAX_WITHOUT_REPLACEMENT_ELEMENTS`` elements per array."""
+    stages = without_replacement_stages(num_drafts, num_states)
+    elements = num_states ** stages * max(int(num_rows), 1)
+    if elements > MAX_WITHOUT_REPLACEMENT_ELEMENTS:
+        raise ValueError(
+            f"num_drafts = {num_drafts} without replacement enumerates V^M x rows = "
+            f"{num_states}^{stages} x {num_rows:,} = {elements:,} elements, more than "
+            f"{MAX_WITHOUT_REPLACEMENT_ELEMENTS:,}; use fewer drafts (or fewer rows or chains)")
 
 
 def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
@@ -346,8 +359,9 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
     loses nothing.
 
     The law depends on the order of the draws, so it is computed by enumerating the
-    ``V^(m-1)`` paths of rejected draws at stage ``m``, all rows at once (``O(V^M)`` work per row).
-    ``M`` is capped at ``V`` (``math.inf`` means ``V``: every token the draft can propose).
+    ``V^(m-1)`` paths of rejected draws at stage ``m``, all rows at once (``O(V^M)`` work and
+    memory per row, refused beyond ``MAX_WITHOUT_REPLACEMENT_ELEMENTS``). ``M`` is capped at
+    ``V`` (``math.inf`` means ``V``: every token the draft can propose).
 
     Args:
       p: ``(..., V)`` draft probabilities.
@@ -359,8 +373,8 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
       P(token ``x``, every draft rejected).
 
     Raises:
-      ValueError: ``num_drafts`` is invalid, or ``V^(M-1)`` exceeds
-        ``MAX_WITHOUT_REPLACEMENT_PATHS``.
+      ValueError: ``num_drafts`` is invalid, or ``V^M`` times the number of rows exceeds
+        ``MAX_WITHOUT_REPLACEMENT_ELEMENTS``.
 
     References:
       Yang et al. 2024, "Multi-candidate speculative decoding"; Jeon et al. 2024, "Recursive
@@ -369,11 +383,8 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
     _check_num_drafts(num_drafts)
     num_states = p.shape[-1]
     stages = without_replacement_stages(num_drafts, num_states)
-    if num_states ** (stages - 1) > MAX_WITHOUT_REPLACEMENT_PATHS:
-        raise ValueError(
-            f"num_drafts without replacement needs V^(M-1) = {num_states}^{stages - 1} draw "
-            f"paths, more than {MAX_WITHOUT_REPLACEMENT_PATHS}; use fewer drafts or tokens")
     rows = q.shape[:-1]
+    check_without_replacement_size(num_drafts, num_states, math.prod(rows))
     removed = 1 - jnp.eye(num_states, dtype=p.dtype)  # removed[x] zeroes token x
     removed = removed.reshape((1,) * (1 + len(rows)) + removed.shape)
     # One entry per path of rejected draws so far (leading axis): its probability, its draft law.

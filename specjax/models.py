@@ -436,8 +436,10 @@ class FiniteStateModel:
 __all__ = [
     "AutoregressiveModel",
     "FiniteStateModel",
+    "GreedyModel",
     "MAX_TABLE_SIZE",
     "NGramModel",
+    "greedy_draft",
     "is_autoregressive_model",
     "ngram_counts",
 ]

@@ -36,6 +36,7 @@ from specjax._exact import ExactDecoding
 from specjax._models import MarkovChain
 from specjax._models import check_chain
 from specjax._models import check_pair
+from specjax.models import FiniteStateModel
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "lookahead"))
@@ -43,23 +44,37 @@ def _forward(draft, target, extra, *, rule, lookahead):
     return _exact.forward(target.init, draft.trans, target.trans, rule, extra, lookahead)
 
 
-def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
-    """Dispatches on the models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
-    ``(state, phase)`` recursion of ``specjax._generic`` for ``FiniteStateModel``s."""
+def _check_exact_models(draft, target, horizon) -> int:
+    """Validates the models of an exact function and returns ``T``: two ``MarkovChain``s (their
+    own ``T``), or two ``FiniteStateModel``s on one state space with ``horizon`` given."""
     if isinstance(draft, MarkovChain) or isinstance(target, MarkovChain):
         check_pair(draft, target)
         _checks.check_positive_int("horizon", horizon, allow_none=True)
         if horizon is not None and horizon != target.horizon:
             raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
                              f"models; leave it None (got {horizon})")
-        k = _rules.resolve_lookahead(lookahead, target.horizon)
-        return _forward(draft, target, extra, rule=rule, lookahead=k)
+        return target.horizon
+    if not (isinstance(draft, FiniteStateModel) and isinstance(target, FiniteStateModel)):
+        raise ValueError(
+            "draft and target must both be MarkovChains, or both FiniteStateModels on one state "
+            "space (exact quantities need a finite state space: lift n-grams with "
+            f"as_finite_state), got {type(draft).__name__} and {type(target).__name__}")
+    _generic.check_shared_states(draft, target)
     if horizon is None:
         raise ValueError("horizon must be given (a positive integer T) for finite-state models")
+    _checks.check_positive_int("horizon", horizon)
+    return horizon
+
+
+def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
+    """Dispatches on the models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
+    ``(state, phase)`` recursion of ``specjax._generic`` for ``FiniteStateModel``s."""
+    horizon = _check_exact_models(draft, target, horizon)
+    if isinstance(target, MarkovChain):
+        k = _rules.resolve_lookahead(lookahead, horizon)
+        return _forward(draft, target, extra, rule=rule, lookahead=k)
     return _generic.exact_models(draft, target, horizon=horizon, rule=rule, lookahead=lookahead,
                                  extra=extra)
-
-
 
 
 def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
@@ -147,6 +162,7 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
     References:
       Theorems 4-5; Table 1.
     """
+    _check_exact_models(draft, target, horizon)  # before reading the models' dtype
     rule, extra = _rules.biased(epsilon, residual, _generic.model_dtype(target))
     return _exact_decoding(draft, target, rule, lookahead, horizon, extra)
 

@@ -119,7 +119,10 @@ def test_drafting_function_estimates_the_draft_law():
     # sqrt(p / N) per token); the rule attains the true one, sum min(p, q).
     assert_unbiased_and_optimal(report, "speculative_rule with a drafting function",
                                 optimum=sd_acceptance(p, q))
-    assert np.abs(report.optimal_acceptance - sd_acceptance(p, q)).max() < 0.01
+    # |sum min(p_hat, q) - sum min(p, q)| <= sum_x |p_hat(x) - p(x)|, and each term is within 4.5
+    # binomial standard errors except with probability 6.8e-6 (28 terms: below 2e-4 in all).
+    tolerance = 4.5 * np.sqrt(p * (1 - p) / N_CORRECT).sum(-1)
+    assert (np.abs(report.optimal_acceptance - sd_acceptance(p, q)) <= tolerance + 1e-6).all()
     assert report.drafting == "draw_categorical"
 
 
@@ -250,11 +253,8 @@ def test_exact_catches_the_zero_uniform_bug_that_monte_carlo_cannot():
     np.testing.assert_allclose(report.output_law, report.target, atol=1e-6)
     assert "q = 0" in str(report)
     # Monte Carlo emits the bad token only when u = 0.0 exactly, probability 2^-23 per draft in
-    # float32: on the disjoint row, 2,000 drafts see it with probability 2.4e-4 (the default
-    # 200,000 with probability 2.4%; a dependable detection would need about 10^8).
-    mc = audit(jax.random.key(3), accepts_at_zero_uniform, p[1], q[1], num_samples=2_000,
-               alpha=AUDIT_ALPHA)
-    assert not mc.biased
+    # float32 (the default 200,000 drafts see it with probability 2.4%; a dependable detection
+    # would need about 10^8), which is why the exact mode exists.
 
 
 # ---------------------------------------------------------------------------------------------

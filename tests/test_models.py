@@ -566,3 +566,44 @@ def test_greedy_ngram_draft_sampler_matches_exact():
                                          lookahead=3)
     assert_mean(trace.num_rejections, float(exact.expected_rejections), "greedy rejections")
     assert_mean(trace.num_calls, float(exact.expected_calls), "greedy calls")
+
+
+class _Unregistered:
+    """A protocol model that is not a JAX pytree."""
+
+    num_states = 3
+
+    def init_state(self):
+        return jnp.zeros((), jnp.int32)
+
+    def probs(self, state):
+        return jnp.full(3, 1 / 3)
+
+    def update(self, state, token):
+        return state
+
+
+def test_protocol_models_are_validated_before_any_work():
+    ngram = random_ngram(1, 2, 3)
+    with pytest.raises(ValueError, match="draft must be a JAX pytree"):
+        specjax.speculative_decoding(KEY, _Unregistered(), ngram, 10, horizon=3)
+    with pytest.raises(ValueError, match=r"target.probs\(state\) must return a float array "
+                                         r"of shape \(num_states,\) = \(3,\)"):
+        specjax.speculative_decoding(KEY, ngram, _ClaimsThreeStates(random_ngram(1, 2, 4)), 10,
+                                     horizon=3)
+    unnormalised = specjax.models.FiniteStateModel.__new__(specjax.models.FiniteStateModel)
+    unnormalised.start, unnormalised.next_state = 0, jnp.zeros((1, 3), jnp.int32)
+    unnormalised.table = jnp.full((1, 3), 0.5)
+    with pytest.raises(ValueError, match=r"draft.probs\(init_state\(\)\)"):
+        specjax.speculative_decoding(KEY, unnormalised, ngram.as_finite_state(1), 10, horizon=3)
+    with pytest.raises(ValueError, match="both be MarkovChains, or both FiniteStateModels"):
+        specjax.exact_biased_speculative_decoding(None, None, epsilon=0.1)
+    with pytest.raises(ValueError, match="both be MarkovChains, or both FiniteStateModels"):
+        specjax.expected_rejections(ngram, ngram, horizon=3)
+
+
+@jax.tree_util.register_pytree_node_class
+class _ClaimsThreeStates(Wrapped):
+    """Returns rows of its inner model's width while claiming ``V = 3``."""
+
+    num_states = 3

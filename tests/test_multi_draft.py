@@ -212,5 +212,11 @@ def test_without_replacement_validation():
     with pytest.raises(ValueError, match="num_drafts"):
         specjax.exact_batch_speculative_decoding(draft, target, num_drafts=0, replacement=False)
     big = specjax.random_markov_chain(jax.random.key(1), 64, 2)
-    with pytest.raises(ValueError, match="draw paths"):
+    with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):
         specjax.batch_expected_rejections(big, big, num_drafts=4, replacement=False)
+    with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):
+        specjax.batch_speculative_decoding(key, big, big, 10, num_drafts=4, replacement=False)
+    ngram = specjax.NGramModel(jnp.full((8, 8), 1 / 8), order=2)  # every chain counts as a row
+    with pytest.raises(ValueError, match="8\\^5 x 4,000"):
+        specjax.batch_speculative_decoding(key, ngram, ngram, 4000, num_drafts=5,
+                                           replacement=False, horizon=3)
