@@ -1,10 +1,26 @@
 """Strict JAX numerics for the whole suite (equinox-style): no silent rank promotion."""
 
+import gc
+
 import jax
 import numpy as np
 import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Frees every compiled program after each test module.
+
+    Each XLA:CPU executable holds memory mappings of its own, and the suite compiles thousands of
+    programs: in one process they exceed the kernel's ``vm.max_map_count`` (65,530 by default)
+    and compilation then crashes (abort or segfault). Clearing JAX's caches between modules
+    releases them.
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture
