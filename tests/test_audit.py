@@ -13,10 +13,7 @@ also accepts more than the optimum, the excess is at least 0.37, over 100 standa
 Seeds are fixed and were never changed to make a test pass.
 """
 
-import importlib
 import math
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +40,8 @@ from specjax.auditing import speculative_rule_u
 from stats import ALPHA
 from stats import Z
 from stats import chi_square_pvalue
+from test_scripts import import_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 AUDIT_ALPHA = 1e-6
 N_CORRECT = 50_000
 N_BROKEN = 20_000
@@ -335,11 +332,7 @@ def test_rule_registry_is_consistent():
 
 
 def test_audit_rules_script_tiny():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        script = importlib.import_module("audit_rules")
-    finally:
-        sys.path.pop(0)
+    script = import_script("audit_rules")
     rows = script.main(["--num-samples", "2000", "--vocab", "4", "--grid", "256",
                         "--rules", "wrong_residual"])
     assert len(rows) == 3

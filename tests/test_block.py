@@ -13,9 +13,6 @@
 """
 
 import functools
-import importlib
-import pathlib
-import sys
 from collections import defaultdict
 
 import jax
@@ -24,13 +21,13 @@ import numpy as np
 import pytest
 
 import specjax
+from test_scripts import import_script
 from specjax import block
 import reference as ref
 import stats
 from conftest import edge_pair
 from conftest import random_pair
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def to_chain(pair, dtype=None):
@@ -380,11 +377,7 @@ def test_deterministic_and_no_recompilation():
 
 # ----------------------------------------------------------------------------- the script
 def test_block_verification_script_tiny():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        script = importlib.import_module("block_verification")
-    finally:
-        sys.path.pop(0)
+    script = import_script("block_verification")
     rows = script.main(["--max-lookahead", "2", "--num-chains", "2000", "--horizon", "6",
                         "--random-instances", "0", "--quiet"])
     assert len(rows["per_call"]) == 2 and len(rows["sequence"]) == 2
