@@ -214,7 +214,14 @@ def simulate_models(key, draft, target, num_chains: int, *, horizon: int, rule, 
     if num_chains > 2**32:
         raise ValueError(f"num_chains must be at most 2**32 (chains are numbered with 32 bits), "
                          f"got {num_chains}")
-    lookahead = _resolve(rule, lookahead, horizon)
+    return run_models(key, draft, target, num_chains, horizon=horizon, rule=rule,
+                      lookahead=_resolve(rule, lookahead, horizon), extra=extra)
+
+
+def run_models(key, draft, target, num_chains: int, *, horizon: int, rule, lookahead: int,
+               extra=()) -> DecodingTrace:
+    """``simulate_models`` for arguments validated already (``specjax.samplers``' plans, with
+    ``lookahead`` resolved); only the memory bound of drafts without replacement is checked."""
     if rule[0] == "batch_wor":  # every chain's root law is enumerated at once
         _verify.check_without_replacement_size(rule[1], target.num_states, num_chains)
     return _simulate(key, draft, target, tuple(extra), num_chains=num_chains, horizon=horizon,
@@ -337,5 +344,10 @@ def exact_models(draft: FiniteStateModel, target: FiniteStateModel, *, horizon: 
       finite-state models beyond the paper's Markov chains.
     """
     check_shared_states(draft, target)
+    return run_exact(draft, target, horizon=horizon, rule=rule, lookahead=lookahead, extra=extra)
+
+
+def run_exact(draft, target, *, horizon: int, rule, lookahead, extra=()) -> ExactDecoding:
+    """``exact_models`` for models validated already (``specjax.theory``)."""
     lookahead = _resolve(rule, lookahead, horizon)
     return _exact(draft, target, tuple(extra), horizon=horizon, rule=rule, lookahead=lookahead)

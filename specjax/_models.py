@@ -147,9 +147,12 @@ def greedy_draft(model: MarkovChain) -> MarkovChain:
       ValueError: ``model`` is not a single ``MarkovChain``.
     """
     check_chain("model", model)
-    one_hot = jax.nn.one_hot(jnp.argmax(model.trans, axis=-1), model.num_states,
-                             dtype=model.dtype)
-    return MarkovChain(model.init, one_hot)
+    return MarkovChain(model.init, one_hot_argmax(model.trans))
+
+
+def one_hot_argmax(rows: jax.Array) -> jax.Array:
+    """Each ``(..., V)`` row replaced by the one-hot of its argmax (ties: lowest index)."""
+    return jax.nn.one_hot(jnp.argmax(rows, axis=-1), rows.shape[-1], dtype=rows.dtype)
 
 
 def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -> MarkovChain:

@@ -50,6 +50,7 @@ from specjax import _checks
 from specjax._models import MarkovChain
 from specjax._models import check_chain
 from specjax._models import greedy_draft as _greedy_chain
+from specjax._models import one_hot_argmax
 
 #: Largest table (``S * V`` entries, contexts times tokens) an n-gram or a lifted state space may
 #: have: 2**26 entries is 256 MiB in float32, and keeps every index ``c V + x`` within int32.
@@ -445,10 +446,6 @@ __all__ = [
 ]
 
 
-def _one_hot_argmax(table: jax.Array) -> jax.Array:
-    return jax.nn.one_hot(jnp.argmax(table, axis=-1), table.shape[-1], dtype=table.dtype)
-
-
 @jax.tree_util.register_pytree_node_class
 class GreedyModel:
     """Any protocol model made deterministic: ``probs`` is one-hot at the wrapped model's argmax
@@ -479,7 +476,7 @@ class GreedyModel:
         return self.model.init_state()
 
     def probs(self, state) -> jax.Array:
-        return _one_hot_argmax(self.model.probs(state))
+        return one_hot_argmax(self.model.probs(state))
 
     def update(self, state, token):
         return self.model.update(state, token)
@@ -511,9 +508,9 @@ def greedy_draft(model):
     if isinstance(model, MarkovChain):
         return _greedy_chain(model)
     if isinstance(model, NGramModel):
-        return NGramModel(_one_hot_argmax(model.table), model.order)
+        return NGramModel(one_hot_argmax(model.table), model.order)
     if isinstance(model, FiniteStateModel):
-        return FiniteStateModel(model.start, model.next_state, _one_hot_argmax(model.table))
+        return FiniteStateModel(model.start, model.next_state, one_hot_argmax(model.table))
     if is_autoregressive_model(model):
         return GreedyModel(model)
     raise ValueError(f"model must be a specjax.MarkovChain or an autoregressive model, got "

@@ -49,18 +49,15 @@ def is_markov(plan: Plan) -> bool:
 
 def _check_models(key, draft, target) -> None:
     _checks.check_key(key)
-    markov = isinstance(draft, MarkovChain) + isinstance(target, MarkovChain)
-    if markov == 2:
-        check_pair(draft, target)
-    elif markov == 1 and _generic.is_autoregressive_model(draft if isinstance(
-            target, MarkovChain) else target):
+    if not (isinstance(draft, MarkovChain) or isinstance(target, MarkovChain)):
+        _generic.check_models(draft, target)
+        return
+    other = target if isinstance(draft, MarkovChain) else draft
+    if not isinstance(other, MarkovChain) and _generic.is_autoregressive_model(other):
         raise ValueError("draft and target must both be MarkovChains or both other "
                          "autoregressive models (lift a MarkovChain with "
                          "specjax.FiniteStateModel.from_markov_chain)")
-    elif markov == 1:
-        check_pair(draft, target)
-    else:
-        _generic.check_models(draft, target)
+    check_pair(draft, target)  # names a non-model argument
 
 
 def _plan(draft, target, num_chains, rule, lookahead, sharding, extra=(), horizon=None) -> Plan:
@@ -110,9 +107,9 @@ def _run(key, draft, target, extra, *, num_chains, lookahead, rule, sharding):
 
 def _trace(key, plan: Plan) -> DecodingTrace:
     if not is_markov(plan):
-        return _generic.simulate_models(key, plan.draft, plan.target, plan.num_chains,
-                                        horizon=plan.horizon, rule=plan.rule,
-                                        lookahead=plan.lookahead, extra=plan.extra)
+        return _generic.run_models(key, plan.draft, plan.target, plan.num_chains,
+                                   horizon=plan.horizon, rule=plan.rule,
+                                   lookahead=plan.lookahead, extra=plan.extra)
     plan = replicate(plan)
     return _run(key, plan.draft, plan.target, plan.extra, num_chains=plan.num_chains,
                 lookahead=plan.lookahead, rule=plan.rule, sharding=plan.sharding)

@@ -66,15 +66,19 @@ def _check_exact_models(draft, target, horizon) -> int:
     return horizon
 
 
-def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
-    """Dispatches on the models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
+def _run_exact(draft, target, rule, lookahead, horizon: int, extra=()) -> ExactDecoding:
+    """Dispatches checked models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
     ``(state, phase)`` recursion of ``specjax._generic`` for ``FiniteStateModel``s."""
-    horizon = _check_exact_models(draft, target, horizon)
     if isinstance(target, MarkovChain):
         k = _rules.resolve_lookahead(lookahead, horizon)
         return _forward(draft, target, extra, rule=rule, lookahead=k)
-    return _generic.exact_models(draft, target, horizon=horizon, rule=rule, lookahead=lookahead,
-                                 extra=extra)
+    return _generic.run_exact(draft, target, horizon=horizon, rule=rule, lookahead=lookahead,
+                              extra=extra)
+
+
+def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
+    return _run_exact(draft, target, rule, lookahead, _check_exact_models(draft, target, horizon),
+                      extra)
 
 
 def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
@@ -162,9 +166,9 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
     References:
       Theorems 4-5; Table 1.
     """
-    _check_exact_models(draft, target, horizon)  # before reading the models' dtype
+    horizon = _check_exact_models(draft, target, horizon)  # before reading the models' dtype
     rule, extra = _rules.biased(epsilon, residual, _generic.model_dtype(target))
-    return _exact_decoding(draft, target, rule, lookahead, horizon, extra)
+    return _run_exact(draft, target, rule, lookahead, horizon, extra)
 
 
 def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_prob, residual,
