@@ -25,10 +25,10 @@ import argparse
 import jax
 import numpy as np
 
-from specjax.auditing import BROKEN_RULES
-from specjax.auditing import CORRECT_RULES
-from specjax.auditing import audit
-from specjax.auditing import audit_exact
+from specjax.auditing.audit import BROKEN_RULES
+from specjax.auditing.audit import CORRECT_RULES
+from specjax.auditing.audit import audit
+from specjax.auditing.audit import audit_exact
 
 RULES = {**CORRECT_RULES, **BROKEN_RULES}
 

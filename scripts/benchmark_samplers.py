@@ -164,8 +164,8 @@ def _current_rss() -> int:
 
 def _compiled_bytes(path, draft, target, num_chains, sharding):
     """XLA's temporaries + outputs for the whole run (all devices), or None if not reported."""
-    from specjax import samplers
-    from specjax import statistics
+    from specjax.sampling import samplers
+    from specjax.sampling import counts as statistics
     key = jax.random.key(0)
     plan = samplers._plan_speculative(key, draft, target, num_chains, sharding=sharding)
     static = dict(num_chains=num_chains, lookahead=plan.lookahead, rule=plan.rule,

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 import specjax
-from specjax import block
+from specjax.decoders import block
 
 
 def instances(horizon: int, num_random: int):

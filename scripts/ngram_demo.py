@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.models import NGramModel
+from specjax.models.autoregressive import NGramModel
 
 
 def read_corpus(max_bytes: int) -> list[str]:

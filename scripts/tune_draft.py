@@ -29,9 +29,9 @@ import numpy as np
 import optax
 
 import specjax
-from specjax import _models
-from specjax.reproduce import mean_se
-from specjax.reproduce import z_score
+from specjax.models.autoregressive import markov as _models
+from specjax.experiments.reproduce import mean_se
+from specjax.experiments.reproduce import z_score
 
 
 def parse_args(argv):
@@ -40,9 +40,9 @@ def parse_args(argv):
                         help="seed of the target instance and of the initial draft (paper: 10)")
     parser.add_argument("--states", type=int, default=_models.PAPER_NUM_STATES, help="V")
     parser.add_argument("--horizon", type=int, default=_models.PAPER_HORIZON, help="T")
-    parser.add_argument("--family", default="stationary", choices=sorted(specjax.drafts.FAMILIES))
+    parser.add_argument("--family", default="stationary", choices=sorted(specjax.tuning.families.FAMILIES))
     parser.add_argument("--rank", type=int, default=2, help="rank of the lowrank family")
-    parser.add_argument("--objective", default="calls", choices=specjax.tuning.OBJECTIVES,
+    parser.add_argument("--objective", default="calls", choices=specjax.tuning.objectives.OBJECTIVES,
                         help="a third objective to tune for (sd and batch are always tuned)")
     parser.add_argument("--num-drafts", type=int, default=4, help="M of the batch objective")
     parser.add_argument("--lookahead", type=int, default=4, help="K of the calls objective")

@@ -1,80 +1,106 @@
 """specjax: the theory and simulation of speculative decoding in JAX.
 
 Convention throughout: ``p`` is the draft model, ``q`` the target model (the paper's notation).
+A decoder is a value (``Speculative()``, ``BatchSpeculative(4)``, ...); ``decode``, ``exact``,
+``decoding_statistics`` and ``accepted_length`` take any decoder.
 """
 
-from specjax._engine import DecodingTrace
-from specjax._models import MarkovChain
-from specjax._models import paper_instance
-from specjax._models import random_markov_chain
-from specjax._sharding import chain_sharding
-from specjax._verify import VerificationLaw
-from specjax._verify import acceptance_probability
-from specjax._verify import batch_improvement
-from specjax._verify import batch_residual_mass
-from specjax._verify import optimal_residual
-from specjax._verify import rejection_probability
-from specjax._verify import residual_distribution
-from specjax._verify import tv_distance
-from specjax._verify import tv_loss_star
-from specjax._verify import verification_law
-from specjax.auditing import AuditReport
-from specjax.auditing import audit
-from specjax.auditing import audit_exact
-from specjax.block import block_verification_decoding
-from specjax.block import exact_block_accepted_length
-from specjax.block import exact_block_expected_calls
-from specjax.block import exact_joint_accepted_length
-from specjax.block import exact_tokenwise_accepted_length
-from specjax.drafts import ContextFreeDraft
-from specjax.drafts import DraftFamily
-from specjax.drafts import FullDraft
-from specjax.drafts import LowRankDraft
-from specjax.drafts import StationaryDraft
-from specjax.drafts import draft_family
+from specjax.models import MarkovChain
+from specjax.models import paper_instance
+from specjax.models import random_markov_chain
 from specjax.models import AutoregressiveModel
 from specjax.models import FiniteStateModel
 from specjax.models import GreedyModel
 from specjax.models import NGramModel
 from specjax.models import greedy_draft
-from specjax.samplers import autoregressive_decoding
-from specjax.samplers import batch_speculative_decoding
-from specjax.samplers import biased_speculative_decoding
-from specjax.samplers import rejection_decoding
-from specjax.samplers import speculative_decoding
-from specjax.statistics import DecodingStatistics
-from specjax.statistics import decoding_statistics
+from specjax.decoders import Autoregressive
+from specjax.decoders import BatchSpeculative
+from specjax.decoders import BiasedSpeculative
+from specjax.decoders import BlockVerification
+from specjax.decoders import CallDecoder
+from specjax.decoders import CallLaw
+from specjax.decoders import Decoder
+from specjax.decoders import RejectionRule
+from specjax.decoders import Speculative
+from specjax.decoders import TokenwiseDecoder
+from specjax.decoders import array_field
+from specjax.decoders import decoder_dataclass
+from specjax.decoders.verification import VerificationLaw
+from specjax.decoders.verification import acceptance_probability
+from specjax.decoders.verification import batch_improvement
+from specjax.decoders.verification import batch_residual_mass
+from specjax.decoders.verification import optimal_residual
+from specjax.decoders.verification import rejection_probability
+from specjax.decoders.verification import residual_distribution
+from specjax.decoders.verification import speculative_residual
+from specjax.decoders.verification import tv_distance
+from specjax.decoders.verification import tv_loss_star
+from specjax.decoders.verification import verification_law
+from specjax.sampling import DecodingStatistics
+from specjax.sampling import DecodingTrace
+from specjax.sampling import autoregressive_decoding
+from specjax.sampling import batch_speculative_decoding
+from specjax.sampling import biased_speculative_decoding
+from specjax.sampling import block_verification_decoding
+from specjax.sampling import chain_sharding
+from specjax.sampling import decode
+from specjax.sampling import decoding_statistics
+from specjax.sampling import rejection_decoding
+from specjax.sampling import speculative_decoding
 from specjax.theory import ExactDecoding
 from specjax.theory import ParetoFront
+from specjax.theory import accepted_length
 from specjax.theory import batch_expected_rejections
 from specjax.theory import biased_output_chain
+from specjax.theory import exact
 from specjax.theory import exact_batch_speculative_decoding
 from specjax.theory import exact_biased_speculative_decoding
+from specjax.theory import exact_block_accepted_length
+from specjax.theory import exact_block_expected_calls
+from specjax.theory import exact_joint_accepted_length
 from specjax.theory import exact_rejection_decoding
 from specjax.theory import exact_speculative_decoding
+from specjax.theory import exact_tokenwise_accepted_length
 from specjax.theory import expected_calls
 from specjax.theory import expected_rejections
 from specjax.theory import marginals
 from specjax.theory import output_chain
 from specjax.theory import pareto_front
 from specjax.theory import sequence_kl
+from specjax.tuning import ContextFreeDraft
+from specjax.tuning import DraftFamily
+from specjax.tuning import FullDraft
+from specjax.tuning import LowRankDraft
 from specjax.tuning import Objective
+from specjax.tuning import StationaryDraft
 from specjax.tuning import TuneResult
 from specjax.tuning import batch_rejections
 from specjax.tuning import biased_tradeoff
+from specjax.tuning import draft_family
 from specjax.tuning import kl_divergence
 from specjax.tuning import kl_fit
 from specjax.tuning import make_objective
+from specjax.tuning import objective
 from specjax.tuning import sd_rejections
 from specjax.tuning import target_calls
 from specjax.tuning import tune_draft
+from specjax.auditing import AuditReport
+from specjax.auditing import audit
+from specjax.auditing import audit_exact
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AuditReport",
+    "Autoregressive",
     "AutoregressiveModel",
+    "BatchSpeculative",
+    "BiasedSpeculative",
+    "BlockVerification",
+    "CallDecoder",
+    "CallLaw",
     "ContextFreeDraft",
+    "Decoder",
     "DecodingStatistics",
     "DecodingTrace",
     "DraftFamily",
@@ -87,10 +113,15 @@ __all__ = [
     "NGramModel",
     "Objective",
     "ParetoFront",
+    "RejectionRule",
+    "Speculative",
     "StationaryDraft",
+    "TokenwiseDecoder",
     "TuneResult",
     "VerificationLaw",
     "acceptance_probability",
+    "accepted_length",
+    "array_field",
     "audit",
     "audit_exact",
     "autoregressive_decoding",
@@ -104,8 +135,11 @@ __all__ = [
     "biased_tradeoff",
     "block_verification_decoding",
     "chain_sharding",
+    "decode",
+    "decoder_dataclass",
     "decoding_statistics",
     "draft_family",
+    "exact",
     "exact_batch_speculative_decoding",
     "exact_biased_speculative_decoding",
     "exact_block_accepted_length",
@@ -121,6 +155,7 @@ __all__ = [
     "kl_fit",
     "make_objective",
     "marginals",
+    "objective",
     "optimal_residual",
     "output_chain",
     "paper_instance",
@@ -132,6 +167,7 @@ __all__ = [
     "sd_rejections",
     "sequence_kl",
     "speculative_decoding",
+    "speculative_residual",
     "target_calls",
     "tune_draft",
     "tv_distance",

@@ -65,6 +65,17 @@ def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
+def check_static_int(name: str, value, *, allow_none: bool = False) -> None:
+    """Like ``check_positive_int``, for a *static* setting (lookahead, number of drafts): a JAX
+    or NumPy array, traced or not, is refused with a message that says the setting is static."""
+    if isinstance(value, (jax.Array, np.ndarray, jax.core.Tracer)):
+        raise ValueError(
+            f"{name} is a static setting (a Python int fixed when the computation is compiled), "
+            f"got an array {value!r}; pass a Python int (inside your own jax.jit, mark it static "
+            f"with static_argnames or bind it with functools.partial)")
+    check_positive_int(name, value, allow_none=allow_none)
+
+
 def check_finite_non_negative(name: str, value) -> float:
     """Returns ``float(value)``; raises ``ValueError`` unless it is a finite number >= 0 (a
     Python or NumPy number or a 0-d array; not a tracer, so only for static settings)."""

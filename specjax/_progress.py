@@ -1,26 +1,47 @@
-"""A dependency-free text progress bar on standard error, one step per unit of work."""
+"""A progress bar on standard error (tqdm), one step per unit of work."""
 
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm import tqdm
 
 
 class Progress:
-    """A text progress bar on standard error (no dependency), one step per simulation chunk."""
+    """A tqdm progress bar on standard error, one ``step`` per unit of work (a simulation chunk,
+    an experiment, a figure).
 
-    def __init__(self, total: int, enabled: bool = True, width: int = 30):
-        self.total, self.done, self.enabled, self.width = total, 0, enabled, width
-        self.start = time.perf_counter()
+    ``Progress(total, enabled=False)`` shows nothing (tqdm's ``disable``) but still counts. The
+    bar closes itself at the last step (``done == total``), printing its final state; ``close()``
+    ends it early (or use the ``Progress`` as a context manager).
+
+    Args:
+      total: the number of steps.
+      enabled: show the bar.
+    """
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.enabled = total, 0, enabled
+        # sys.stderr is looked up now, not at import, so a redirected stderr (pytest's capsys,
+        # contextlib.redirect_stderr) receives the bar.
+        self._bar = tqdm(total=total, disable=not enabled, file=sys.stderr, leave=True,
+                         dynamic_ncols=True, unit="step")
 
     def step(self, label: str) -> None:
+        """Marks one unit of work done; ``label`` (what was done) is shown beside the bar."""
         self.done += 1
-        if not self.enabled:
-            return
-        filled = int(self.width * self.done / self.total)
-        elapsed = time.perf_counter() - self.start
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} {elapsed:5.0f}s {label:<40.40}")
+        if self.enabled:
+            self._bar.set_postfix_str(label, refresh=False)
+            self._bar.update(1)
         if self.done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.close()
+
+    def close(self) -> None:
+        """Ends the bar (idempotent)."""
+        self._bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

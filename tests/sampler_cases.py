@@ -1,7 +1,6 @@
-"""Every sampler with representative settings, shared by the scale tests and their subprocess.
+"""Every decoder with representative settings, shared by the scale tests and their subprocess.
 
-``CASES`` maps a name to ``(sampler, kwargs)``; ``arguments(sampler, draft, target)`` gives the
-positional arguments after the key and before ``num_chains``.
+``CASES`` maps a name to a decoder value; every entry point takes it as it is.
 """
 
 import jax.numpy as jnp
@@ -18,19 +17,16 @@ def sd_residual(p, q, b):
 
 
 CASES = {
-    "autoregressive": (specjax.autoregressive_decoding, {}),
-    "sd": (specjax.speculative_decoding, {}),
-    "sd K=3": (specjax.speculative_decoding, dict(lookahead=3)),
-    "batch M=3": (specjax.batch_speculative_decoding, dict(num_drafts=3)),
-    "batch M=2 K=2": (specjax.batch_speculative_decoding, dict(num_drafts=2, lookahead=2)),
-    "biased eps=0.1 UNO K=4": (specjax.biased_speculative_decoding,
-                               dict(epsilon=0.1, residual="target", lookahead=4)),
-    "rejection": (specjax.rejection_decoding, dict(accept_prob=sd_accept, residual=sd_residual)),
+    "autoregressive": specjax.Autoregressive(),
+    "sd": specjax.Speculative(),
+    "sd K=3": specjax.Speculative(lookahead=3),
+    "batch M=3": specjax.BatchSpeculative(3),
+    "batch M=2 K=2": specjax.BatchSpeculative(2, lookahead=2),
+    "batch M=2 w/o replacement": specjax.BatchSpeculative(2, replacement=False),
+    "biased eps=0.1 UNO K=4": specjax.BiasedSpeculative(0.1, residual="target", lookahead=4),
+    "rejection": specjax.RejectionRule(sd_accept, sd_residual),
+    "block K=3": specjax.BlockVerification(3),
 }
-
-
-def arguments(sampler, draft, target) -> tuple:
-    return (target,) if sampler is specjax.autoregressive_decoding else (draft, target)
 
 
 def instance(num_states=5, horizon=12, seed=3):

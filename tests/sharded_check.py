@@ -14,9 +14,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import specjax
-from specjax import samplers
+from specjax.sampling import decode
 from sampler_cases import CASES
-from sampler_cases import arguments
 from sampler_cases import instance
 
 assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
@@ -58,27 +57,28 @@ def same_counts(stats, trace, what):
             raise AssertionError(f"{what}: statistic {i} differs")
 
 
-for name, (sampler, kw) in CASES.items():
-    args = arguments(sampler, draft, target)
-    plain = sampler(key, *args, C, **kw)
+for name, decoder in CASES.items():
+    plain = specjax.decode(key, decoder, draft, target, C)
     # Every layout for one sampler, the plainest one for the others (each is a compilation).
     chosen = layouts if name == "sd K=3" else {"chain_sharding()": layouts["chain_sharding()"]}
     for layout, (sharding, shards) in chosen.items():
-        sharded = sampler(key, *args, C, sharding=sharding, **kw)
+        sharded = specjax.decode(key, decoder, draft, target, C, sharding=sharding)
         same(plain, sharded, f"{name}, {layout}")
         pieces = {s.data.shape for s in sharded.tokens.addressable_shards}
         assert pieces == {(C // shards, target.horizon + 1)}, (name, layout, pieces)
-        chunked = specjax.decoding_statistics(sampler, key, *args, C, sharding=sharding,
-                                              chunk_size=1200, **kw)
+        chunked = specjax.decoding_statistics(key, decoder, draft, target, C, sharding=sharding,
+                                              chunk_size=1200)
         same_counts(chunked, plain, f"{name}, statistics, {layout}")
     print("ok", name)
 
 # The trace path needs no communication between devices at all.
-plan = samplers._plan_speculative(key, draft, target, C, sharding=specjax.chain_sharding())
-hlo = samplers._run.lower(key, draft, target, (), num_chains=C, lookahead=plan.lookahead,
-                          rule=plan.rule, sharding=plan.sharding).compile().as_text()
+run = decode.replicate(decode.plan(key, specjax.Speculative(), draft, target, C,
+                                   sharding=specjax.chain_sharding()))
+hlo = decode._simulate_markov.lower(key, run.decoder, run.draft, run.target, 0, num_chains=C,
+                                    lookahead=run.lookahead,
+                                    sharding=run.sharding).compile().as_text()
 collectives = re.findall(r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter",
                          hlo)
 assert not collectives, collectives
-assert specjax.statistics.default_chunk_size(specjax.chain_sharding()) == 4 * 2**20
+assert specjax.sampling.counts.default_chunk_size(specjax.chain_sharding()) == 4 * 2**20
 print("ok no collectives")

@@ -22,7 +22,7 @@ import pytest
 
 import specjax
 from test_scripts import import_script
-from specjax import block
+import specjax as block  # the block functions are public names
 import reference as ref
 import stats
 from conftest import edge_pair
@@ -366,10 +366,10 @@ def test_deterministic_and_no_recompilation():
     assert not np.array_equal(a.tokens, c.tokens)
     assert a.tokens.dtype == jnp.int32 and a.tokens.shape == (64, 7)
     assert a.rejected.shape == a.new_call.shape == (64, 6)
-    size = block._run._cache_size()
+    size = specjax.sampling.calls.simulate_calls._cache_size()
     draft2, target2 = (to_chain(m, np.float32) for m in random_pair(5, 7, 6))
     run(jax.random.key(3), draft2, target2)
-    assert block._run._cache_size() == size
+    assert specjax.sampling.calls.simulate_calls._cache_size() == size
     # The first chains of a larger run are a smaller run with the same key.
     more = block.block_verification_decoding(jax.random.key(3), draft, target, 96, lookahead=3)
     np.testing.assert_array_equal(more.tokens[:64], a.tokens)

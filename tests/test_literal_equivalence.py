@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import _rules
-from specjax import _verify
+from specjax.decoders import verification as _verify
 import reference as ref
 import stats
 from conftest import random_pair
@@ -61,16 +60,15 @@ def assert_laws_equal(a, b, atol=1e-12):
 
 
 def specjax_laws(draft, target, kind, **kw):
-    """The (root, verify, bonus) laws the samplers and the exact theory use, from ``_rules``."""
+    """The (root, verify, bonus) laws the samplers and the exact theory use: the decoder's."""
     p, q = jnp.asarray(draft[1]), jnp.asarray(target[1])
-    extra = ()
     if kind == "sd":
-        rule = _rules.SPECULATIVE
+        decoder = specjax.Speculative()
     elif kind == "batch":
-        rule = _rules.batch(kw["num_drafts"])
+        decoder = specjax.BatchSpeculative(kw["num_drafts"])
     else:  # biased, optimal residual
-        rule, extra = _rules.biased(kw["epsilon"], "optimal", q.dtype)
-    root, verify = _rules.laws(rule, p, q, extra)
+        decoder = specjax.BiasedSpeculative(kw["epsilon"])
+    root, verify = decoder.laws(p, q)
     return root, verify, _verify.bonus_law(q)
 
 

@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import _generic
-from specjax import _rules
-from specjax.models import AutoregressiveModel
-from specjax.models import FiniteStateModel
-from specjax.models import NGramModel
-from specjax.models import is_autoregressive_model
-from specjax.models import ngram_counts
+from specjax.models.autoregressive import AutoregressiveModel
+from specjax.models.autoregressive import FiniteStateModel
+from specjax.models.autoregressive import NGramModel
+from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.autoregressive import ngram_counts
 
 from conftest import edge_pair
 from conftest import random_rows
@@ -25,7 +23,20 @@ from stats import count_rows
 from test_scripts import import_script
 
 KEY = jax.random.key(3)
-SD = _rules.SPECULATIVE
+SD = ("sd",)
+
+
+def make(rule, lookahead=None):
+    """The decoder of a ``(name, setting)`` case with ``lookahead``."""
+    if rule[0] == "sd":
+        return specjax.Speculative(lookahead)
+    if rule[0] == "autoregressive":
+        return specjax.Autoregressive()
+    if rule[0] == "batch":
+        return specjax.BatchSpeculative(rule[1], lookahead=lookahead)
+    if rule[0] == "batch_wor":
+        return specjax.BatchSpeculative(rule[1], replacement=False, lookahead=lookahead)
+    return specjax.BiasedSpeculative(rule[1], lookahead=lookahead)
 
 
 def markov_pair(seed=0, v=4, t=5, stationary=False):
@@ -192,31 +203,26 @@ def test_validation_errors_name_the_argument():
 
     draft, target = random_ngram(0, 2, 3), random_ngram(1, 2, 4)
     with pytest.raises(ValueError, match="same number of states V"):
-        _generic.simulate_models(KEY, draft, target, 10, horizon=3, rule=SD, lookahead=None)
+        specjax.decode(KEY, make(SD, None), draft, target, 10, horizon=3)
     draft, target = random_ngram(0, 2, 3), random_ngram(1, 3, 3)
     for horizon in (0, -1, 2.0):
         with pytest.raises(ValueError, match="horizon"):
-            _generic.simulate_models(KEY, draft, target, 10, horizon=horizon, rule=SD,
-                                     lookahead=None)
+            specjax.decode(KEY, make(SD, None), draft, target, 10, horizon=horizon)
         with pytest.raises(ValueError, match="horizon"):
-            _generic.exact_models(draft.as_finite_state(2), target.as_finite_state(),
-                                  horizon=horizon, rule=SD, lookahead=None)
+            specjax.exact(make(SD, None), draft.as_finite_state(2), target.as_finite_state(), horizon=horizon)
     with pytest.raises(ValueError, match="num_chains"):
-        _generic.simulate_models(KEY, draft, target, 0, horizon=3, rule=SD, lookahead=None)
+        specjax.decode(KEY, make(SD, None), draft, target, 0, horizon=3)
     with pytest.raises(ValueError, match="lookahead"):
-        _generic.simulate_models(KEY, draft, target, 10, horizon=3, rule=SD, lookahead=0)
-    with pytest.raises(ValueError, match="target must be a specjax.MarkovChain or an autoregressive model"):
-        _generic.simulate_models(KEY, draft, markov_pair()[1], 10, horizon=3, rule=SD,
-                                 lookahead=None)
+        specjax.decode(KEY, make(SD, 0), draft, target, 10, horizon=3)
+    with pytest.raises(ValueError, match="both be MarkovChains or both other"):
+        specjax.decode(KEY, make(SD, None), draft, markov_pair()[1], 10, horizon=3)
     with pytest.raises(ValueError, match="FiniteStateModel"):
-        _generic.exact_models(draft, target, horizon=3, rule=SD, lookahead=None)
+        specjax.exact(make(SD, None), draft, target, horizon=3)
     with pytest.raises(ValueError, match="share"):  # S = 3 and S = 9
-        _generic.exact_models(draft.as_finite_state(), target.as_finite_state(), horizon=3,
-                              rule=SD, lookahead=None)
+        specjax.exact(make(SD, None), draft.as_finite_state(), target.as_finite_state(), horizon=3)
     other = FiniteStateModel(0, jnp.zeros((9, 3), jnp.int32), target.as_finite_state().table)
     with pytest.raises(ValueError, match="next_state"):
-        _generic.exact_models(draft.as_finite_state(2), other, horizon=3, rule=SD,
-                              lookahead=None)
+        specjax.exact(make(SD, None), draft.as_finite_state(2), other, horizon=3)
 
 
 # ----------------------------------------------------------------- the engines pinned together
@@ -236,11 +242,11 @@ def _markov_case(name, draft, target):
     """(rule, lookahead, extra, Markov sampler, Markov exact theory) of one case."""
     kwargs, lookahead = MARKOV_CASES[name]
     if "num_drafts" in kwargs:
-        rule, extra = _rules.batch(kwargs["num_drafts"]), ()
+        rule, extra = ("batch", kwargs["num_drafts"]), ()
         sampler = specjax.batch_speculative_decoding
         exact = specjax.exact_batch_speculative_decoding
     elif "epsilon" in kwargs:
-        rule, extra = _rules.biased(kwargs["epsilon"], "optimal", target.dtype)
+        rule, extra = ("biased", kwargs["epsilon"]), ()
         sampler = specjax.biased_speculative_decoding
         exact = specjax.exact_biased_speculative_decoding
     else:
@@ -260,8 +266,7 @@ def test_simulate_models_equals_the_markov_samplers_token_for_token(name):
     t_fs = FiniteStateModel.from_markov_chain(target)
     rule, lookahead, extra, sampler, _ = _markov_case(name, draft, target)
     expected = sampler(4000)
-    trace = _generic.simulate_models(KEY, d_fs, t_fs, 4000, horizon=6, rule=rule,
-                                     lookahead=lookahead, extra=extra)
+    trace = specjax.decode(KEY, make(rule, lookahead), d_fs, t_fs, 4000, horizon=6)
     for field, got, want in zip(trace._fields, trace, expected):
         np.testing.assert_array_equal(got, want, err_msg=f"{name}: {field}")
 
@@ -276,8 +281,7 @@ def test_exact_models_equals_the_markov_theory(x64, name, stationary):
     d_fs = FiniteStateModel.from_markov_chain(draft, stationary=stationary)
     t_fs = FiniteStateModel.from_markov_chain(target, stationary=stationary)
     rule, lookahead, extra, _, exact = _markov_case(name, draft, target)
-    got = _generic.exact_models(d_fs, t_fs, horizon=5, rule=rule, lookahead=lookahead,
-                                extra=extra)
+    got = specjax.exact(make(rule, lookahead), d_fs, t_fs, horizon=5)
     assert got.rejected.dtype == jnp.float64
     for field, a, b in zip(got._fields, got, exact()):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-10, err_msg=f"{name}: {field}")
@@ -289,15 +293,15 @@ def test_exact_models_edge_cases_are_finite_with_gradients(x64):
     target = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, q))
     markov = specjax.exact_batch_speculative_decoding(
         specjax.MarkovChain(init, p), specjax.MarkovChain(init, q), num_drafts=3, lookahead=2)
-    for rule, lookahead in [(SD, None), (_rules.batch(3), 2)]:
+    for rule, lookahead in [(SD, None), (("batch", 3), 2)]:
         def cost(table_p, table_q, rule=rule, lookahead=lookahead):
             d = FiniteStateModel(draft.start, draft.next_state, table_p)
             t = FiniteStateModel(target.start, target.next_state, table_q)
-            out = _generic.exact_models(d, t, horizon=4, rule=rule, lookahead=lookahead)
+            out = specjax.exact(make(rule, lookahead), d, t, horizon=4)
             return out.expected_rejections + out.expected_calls + jnp.sum(out.acceptance_rate)
         value, grads = jax.value_and_grad(cost, argnums=(0, 1))(draft.table, target.table)
         assert np.isfinite(value) and all(np.isfinite(g).all() for g in grads), (rule, lookahead)
-    got = _generic.exact_models(draft, target, horizon=4, rule=_rules.batch(3), lookahead=2)
+    got = specjax.exact(make(("batch", 3), 2), draft, target, horizon=4)
     np.testing.assert_allclose(got.expected_rejections, markov.expected_rejections, atol=1e-12)
 
 
@@ -306,8 +310,7 @@ def test_exact_gradient_matches_finite_differences(x64):
 
     def cost(logits):
         d = NGramModel(jax.nn.softmax(logits, -1), 2).as_finite_state(2)
-        out = _generic.exact_models(d, target.as_finite_state(), horizon=4,
-                                    rule=_rules.batch(2), lookahead=2)
+        out = specjax.exact(make(("batch", 2), 2), d, target.as_finite_state(), horizon=4)
         return out.expected_calls
 
     logits = jnp.log(draft.table)
@@ -338,7 +341,7 @@ def target_law(model: NGramModel, length: int) -> dict:
 NGRAM_CASES = [  # (rule, lookahead, unbiased)
     (SD, None, True),
     (SD, 2, True),
-    (_rules.batch(3), None, True),
+    (("batch", 3), None, True),
     ("biased", 2, False),
 ]
 
@@ -350,19 +353,16 @@ def test_ngram_sampler_matches_exact_and_target_law(rule, lookahead, unbiased):
     draft, target = random_ngram(10, 2, v), random_ngram(11, 3, v)
     extra = ()
     if rule == "biased":
-        rule, extra = _rules.biased(0.1, "optimal", target.table.dtype)
+        rule, extra = ("biased", 0.1), ()
     with jax.enable_x64(True):
         d64, t64 = random_ngram(10, 2, v), random_ngram(11, 3, v)  # the same rows in float64
         extra64 = tuple(jnp.asarray(e, jnp.float64) for e in extra)
-        exact = _generic.exact_models(d64.as_finite_state(2), t64.as_finite_state(),
-                                      horizon=horizon, rule=rule, lookahead=lookahead,
-                                      extra=extra64)
+        exact = specjax.exact(make(rule, lookahead), d64.as_finite_state(2), t64.as_finite_state(), horizon=horizon)
         exact = jax.tree_util.tree_map(np.asarray, exact)
         if unbiased:  # the output's marginals are the target's
             np.testing.assert_allclose(exact.marginals, target_marginals(t64, horizon),
                                        atol=1e-12)
-    trace = _generic.simulate_models(jax.random.key(7), draft, target, chains, horizon=horizon,
-                                     rule=rule, lookahead=lookahead, extra=extra)
+    trace = specjax.decode(jax.random.key(7), make(rule, lookahead), draft, target, chains, horizon=horizon)
     what = f"{rule[0]} K={lookahead}"
     assert_mean(trace.num_rejections, float(exact.expected_rejections), f"{what}: rejections")
     assert_mean(trace.num_calls, float(exact.expected_calls), f"{what}: calls")
@@ -377,8 +377,7 @@ def test_ngram_sampler_matches_exact_and_target_law(rule, lookahead, unbiased):
 def target_marginals(model, horizon):
     """The laws of ``x_0..x_T`` under the target alone (autoregressive decoding)."""
     fs = model.as_finite_state()
-    out = _generic.exact_models(fs, fs, horizon=horizon, rule=_rules.AUTOREGRESSIVE,
-                                lookahead=0)
+    out = specjax.exact(make(("autoregressive",), 0), fs, fs, horizon=horizon)
     assert float(out.expected_rejections) == 0 and float(out.expected_calls) == horizon
     assert float(jnp.sum(out.verified)) == 0
     return out.marginals
@@ -386,12 +385,12 @@ def target_marginals(model, horizon):
 
 def test_ngram_protocol_equals_its_lift_and_is_deterministic():
     draft, target = random_ngram(3, 2, 4), random_ngram(4, 3, 4)
-    args = dict(horizon=7, rule=_rules.batch(2), lookahead=3)
-    direct = _generic.simulate_models(KEY, draft, target, 3000, **args)
-    lifted = _generic.simulate_models(KEY, draft.as_finite_state(2), target.as_finite_state(),
-                                      3000, **args)
-    again = _generic.simulate_models(KEY, draft, target, 3000, **args)
-    fewer = _generic.simulate_models(KEY, draft, target, 100, **args)
+    batch = specjax.BatchSpeculative(2, lookahead=3)
+    direct = specjax.decode(KEY, batch, draft, target, 3000, horizon=7)
+    lifted = specjax.decode(KEY, batch, draft.as_finite_state(2), target.as_finite_state(),
+                            3000, horizon=7)
+    again = specjax.decode(KEY, batch, draft, target, 3000, horizon=7)
+    fewer = specjax.decode(KEY, batch, draft, target, 100, horizon=7)
     for a, b, c, d in zip(direct, lifted, again, fewer):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
@@ -403,15 +402,17 @@ def test_ngram_protocol_equals_its_lift_and_is_deterministic():
 
 def test_new_values_do_not_recompile():
     draft, target = random_ngram(5, 2, 3), random_ngram(6, 3, 3)
-    args = dict(horizon=4, rule=SD, lookahead=None)
-    _generic.simulate_models(KEY, draft, target, 64, **args)
-    _generic.exact_models(draft.as_finite_state(2), target.as_finite_state(), **args)
-    sim_before, exact_before = _generic._simulate._cache_size(), _generic._exact._cache_size()
+    sd = specjax.Speculative()
+    simulate = specjax.sampling.models.simulate_models
+    forward = specjax.theory.finite_state.forward_finite_state
+    specjax.decode(KEY, sd, draft, target, 64, horizon=4)
+    specjax.exact(sd, draft.as_finite_state(2), target.as_finite_state(), horizon=4)
+    sim_before, exact_before = simulate._cache_size(), forward._cache_size()
     draft2, target2 = random_ngram(7, 2, 3), random_ngram(8, 3, 3)
-    _generic.simulate_models(jax.random.key(1), draft2, target2, 64, **args)
-    _generic.exact_models(draft2.as_finite_state(2), target2.as_finite_state(), **args)
-    assert _generic._simulate._cache_size() == sim_before
-    assert _generic._exact._cache_size() == exact_before
+    specjax.decode(jax.random.key(1), sd, draft2, target2, 64, horizon=4)
+    specjax.exact(sd, draft2.as_finite_state(2), target2.as_finite_state(), horizon=4)
+    assert simulate._cache_size() == sim_before
+    assert forward._cache_size() == exact_before
 
 
 # ----------------------------------------------------------------------------- the demo
@@ -439,11 +440,11 @@ def _sampler_cases(draft, target):
     return {
         "sd": (specjax.speculative_decoding, (draft, target), dict(lookahead=3), SD, ()),
         "batch wor": (specjax.batch_speculative_decoding, (draft, target),
-                      dict(num_drafts=2, replacement=False), _rules.batch(2, False), ()),
+                      dict(num_drafts=2, replacement=False), ("batch_wor", 2), ()),
         "biased": (specjax.biased_speculative_decoding, (draft, target), dict(epsilon=0.1),
-                   *_rules.biased(0.1, "optimal", jnp.float32)),
+                   ("biased", 0.1), ()),
         "autoregressive": (specjax.autoregressive_decoding, (target,), {},
-                           _rules.AUTOREGRESSIVE, ()),
+                           ("autoregressive",), ()),
     }
 
 
@@ -455,8 +456,7 @@ def test_public_samplers_take_protocol_models(name):
     sampler, models, kw, rule, extra = _sampler_cases(draft, target)[name]
     got = sampler(KEY, *models, 300, horizon=6, **kw)
     lookahead = kw.get("lookahead")
-    want = _generic.simulate_models(KEY, models[0], models[-1], 300, horizon=6, rule=rule,
-                                    lookahead=lookahead, extra=extra)
+    want = specjax.decode(KEY, make(rule, lookahead), models[0], models[-1], 300, horizon=6)
     for field in got._fields:
         np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
 
@@ -466,11 +466,10 @@ def test_public_exact_functions_take_finite_state_models(x64):
     target = random_ngram(2, 3, 3).as_finite_state(2)
     exact = specjax.exact_batch_speculative_decoding(draft, target, num_drafts=2, lookahead=3,
                                                      replacement=False, horizon=6)
-    want = _generic.exact_models(draft, target, horizon=6, rule=_rules.batch(2, False),
-                                 lookahead=3)
+    want = specjax.exact(make(("batch_wor", 2), 3), draft, target, horizon=6)
     for field in exact._fields:
         np.testing.assert_allclose(getattr(exact, field), getattr(want, field), atol=1e-14)
-    want_sd = _generic.exact_models(draft, target, horizon=6, rule=SD, lookahead=None)
+    want_sd = specjax.exact(make(SD, None), draft, target, horizon=6)
     np.testing.assert_allclose(specjax.expected_rejections(draft, target, horizon=6),
                                want_sd.expected_rejections, atol=1e-14)
     np.testing.assert_allclose(specjax.expected_calls(draft, target, horizon=6),
@@ -483,12 +482,20 @@ def test_public_entry_points_validate_models_and_horizon():
         specjax.speculative_decoding(KEY, draft, target, 10)
     with pytest.raises(ValueError, match="horizon must be a positive integer"):
         specjax.speculative_decoding(KEY, draft, target, 10, horizon=0)
-    with pytest.raises(ValueError, match="sharding is supported for MarkovChain models only"):
-        specjax.speculative_decoding(KEY, draft, target, 10, horizon=3,
-                                     sharding=specjax.chain_sharding())
-    with pytest.raises(ValueError, match="decoding_statistics runs MarkovChain models only"):
-        specjax.decoding_statistics(specjax.speculative_decoding, KEY, draft, target, 10,
-                                    horizon=3)
+    # Protocol models run sharded and through the counts-only path, like Markov chains.
+    plain = specjax.speculative_decoding(KEY, draft, target, 10, horizon=3)
+    sharded = specjax.speculative_decoding(KEY, draft, target, 10, horizon=3,
+                                           sharding=specjax.chain_sharding())
+    np.testing.assert_array_equal(plain.tokens, sharded.tokens)
+    counts = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 10,
+                                         horizon=3, chunk_size=4)
+    np.testing.assert_array_equal(counts.num_rejections, plain.num_rejections)
+    np.testing.assert_array_equal(counts.rejections_at, np.asarray(plain.rejected).sum(0))
+    with pytest.raises(ValueError, match="BlockVerification does not support Monte Carlo"):
+        specjax.decode(KEY, specjax.BlockVerification(2), draft, target, 10, horizon=3)
+    with pytest.raises(ValueError, match="BlockVerification has no exact values"):
+        specjax.exact(specjax.BlockVerification(2), draft.as_finite_state(2),
+                      target.as_finite_state(2), horizon=3)
     with pytest.raises(ValueError, match="draft must be a specjax.MarkovChain or an "
                                          "autoregressive model"):
         specjax.speculative_decoding(KEY, "draft", target, 10, horizon=3)

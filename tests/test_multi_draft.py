@@ -18,8 +18,7 @@ import stats
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
-from specjax import _rules
-from specjax import _verify
+from specjax.decoders import verification as _verify
 from test_literal_equivalence import assert_laws_equal
 from test_literal_equivalence import kernel_law
 from test_literal_equivalence import outcome_counts
@@ -156,7 +155,7 @@ def test_without_replacement_equals_enumerated_literal_algorithm(x64, num_drafts
         lambda ch: ref.batch_literal(ch, draft, target, num_drafts, replacement=False))
     assert_laws_equal(ref.marginalise_tokens(law), ref.target_sequence_law(target))
     p, q = jnp.asarray(draft[1]), jnp.asarray(target[1])
-    root, verify = _rules.laws(_rules.batch(num_drafts, replacement=False), p, q)
+    root, verify = specjax.BatchSpeculative(num_drafts, replacement=False).laws(p, q)
     assert_laws_equal(kernel_law(target[0], root, verify, _verify.bonus_law(q), horizon), law)
     rej, calls = ref.expected_counts_from_law(law)
     exact = specjax.exact_batch_speculative_decoding(chain(draft), chain(target),

@@ -20,11 +20,9 @@ import stats
 from conftest import edge_pair
 from conftest import random_pair
 from sampler_cases import CASES
-from sampler_cases import arguments
 from sampler_cases import instance
-from specjax import _engine
-from specjax import samplers
-from specjax import statistics
+from specjax.sampling import engine as _engine
+from specjax.sampling import counts as statistics
 
 HERE = pathlib.Path(__file__).parent
 
@@ -47,7 +45,7 @@ def test_any_key_implementation_works_and_is_deterministic():
     b = specjax.speculative_decoding(key, draft, target, 300)
     assert np.array_equal(a.tokens, b.tokens)
     assert np.array_equal(a.num_rejections,
-                          specjax.decoding_statistics(specjax.speculative_decoding, key, draft,
+                          specjax.decoding_statistics(key, specjax.Speculative(), draft,
                                                       target, 300, chunk_size=128).num_rejections)
 
 
@@ -71,17 +69,16 @@ def expected_counts(trace, num_states, lookahead):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_statistics_equal_trace_counts_in_one_shot_and_in_chunks(name):
-    sampler, kw = CASES[name]
+    decoder = CASES[name]
     draft, target = instance()
-    args = arguments(sampler, draft, target)
     key = jax.random.key(11)
     num_chains = 3000
-    trace = sampler(key, *args, num_chains, **kw)
-    lookahead = samplers.PLANS[sampler](key, *args, num_chains, **kw).lookahead
-    expected = expected_counts(trace, target.num_states, lookahead)
+    trace = specjax.decode(key, decoder, draft, target, num_chains)
+    expected = expected_counts(trace, target.num_states,
+                               decoder.resolve_lookahead(target.horizon))
     for chunk_size in (None, 1000, 1100):  # one shot, exact chunks, a padded last chunk
-        got = specjax.decoding_statistics(sampler, key, *args, num_chains,
-                                          chunk_size=chunk_size, **kw)
+        got = specjax.decoding_statistics(key, decoder, draft, target, num_chains,
+                                          chunk_size=chunk_size)
         for field, value in expected.items():
             assert np.array_equal(np.asarray(getattr(got, field)), value), (chunk_size, field)
         assert got.num_rejections.dtype == jnp.int32
@@ -92,15 +89,15 @@ def test_statistics_equal_trace_counts_in_one_shot_and_in_chunks(name):
 def test_statistics_first_chains_of_a_larger_run():
     draft, target = instance()
     key = jax.random.key(2)
-    small = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 500)
-    large = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 2000,
+    small = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 500)
+    large = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 2000,
                                         chunk_size=700)
     assert np.array_equal(small.num_rejections, large.num_rejections[:500])
 
 
 def test_statistics_progress_bar(capsys):
     draft, target = instance()
-    specjax.decoding_statistics(specjax.speculative_decoding, jax.random.key(0), draft, target,
+    specjax.decoding_statistics(jax.random.key(0), specjax.Speculative(), draft, target,
                                 1000, chunk_size=400, progress=True)
     err = capsys.readouterr().err
     assert "3/3" in err and "1,000/1,000" in err
@@ -125,10 +122,9 @@ def test_statistics_memory_is_bounded_for_a_million_chains_and_t_1000():
     sizes = {}
     for horizon in (1000, 2000):
         draft, target = specjax.paper_instance(horizon=horizon)
-        plan = samplers._plan_speculative(key, draft, target, 10**6)
-        compiled = statistics._run_counts.lower(
-            key, draft, target, (), np.uint32(0), np.int32(10**6), num_chains=10**6,
-            lookahead=plan.lookahead, rule=plan.rule, sharding=None).compile()
+        compiled = statistics._markov_counts.lower(
+            key, specjax.Speculative(), draft, target, np.uint32(0), np.int32(10**6),
+            num_chains=10**6, lookahead=horizon, sharding=None).compile()
         memory = compiled.memory_analysis()
         if memory is None:
             pytest.skip("this backend does not report compiled memory")
@@ -144,20 +140,39 @@ def test_statistics_validation():
     draft, target = instance()
     key = jax.random.key(0)
     run = specjax.decoding_statistics
-    with pytest.raises(ValueError, match="sampler must be one of"):
-        run(lambda *a: None, key, draft, target, 10)
-    with pytest.raises(ValueError, match="sampler must be one of"):
+    sd = specjax.Speculative()
+    with pytest.raises(ValueError, match="decoder must be a specjax decoder"):
+        run(key, lambda *a: None, draft, target, 10)
+    with pytest.raises(ValueError, match="samplers first"):
         run(specjax.expected_rejections, key, draft, target, 10)
     with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
-        run(specjax.speculative_decoding, key, draft, target, 10, chunk_size=0)
+        run(key, sd, draft, target, 10, chunk_size=0)
     with pytest.raises(ValueError, match="num_chains must be a positive integer"):
-        run(specjax.speculative_decoding, key, draft, target, 0)
+        run(key, sd, draft, target, 0)
     with pytest.raises(ValueError, match="num_drafts"):
-        run(specjax.batch_speculative_decoding, key, draft, target, 10, num_drafts=0)
+        run(key, specjax.BatchSpeculative(0), draft, target, 10)
     with pytest.raises(ValueError, match="at most 2"):
         specjax.speculative_decoding(key, draft, target, 2**32 + 1)
     with pytest.raises(ValueError, match="too large"):
-        run(specjax.speculative_decoding, key, draft, target, 2**32 - 1, chunk_size=2**20 - 1)
+        run(key, sd, draft, target, 2**32 - 1, chunk_size=2**20 - 1)
+    with pytest.raises(ValueError, match="too large"):  # 7 uniforms per call and chain
+        run(key, specjax.BlockVerification(3), draft, target, 2**32 // 7 - 5, chunk_size=2**20)
+
+
+def test_statistics_deprecated_sampler_first_form_still_counts_the_same():
+    draft, target = instance()
+    key = jax.random.key(4)
+    new = specjax.decoding_statistics(key, specjax.BatchSpeculative(2, lookahead=3), draft,
+                                      target, 500, chunk_size=200)
+    with pytest.warns(DeprecationWarning, match="decoding_statistics"):
+        old = specjax.decoding_statistics(specjax.batch_speculative_decoding, key, draft, target,
+                                          500, num_drafts=2, lookahead=3, chunk_size=200)
+    for field in ("num_rejections", "rejections_at", "verified_at", "calls_at",
+                  "final_token_counts"):
+        assert np.array_equal(np.asarray(getattr(new, field)), np.asarray(getattr(old, field)))
+    with pytest.warns(DeprecationWarning):
+        auto = specjax.decoding_statistics(specjax.autoregressive_decoding, key, target, 100)
+    assert int(auto.calls_at.sum()) == 100 * target.horizon
 
 
 def test_sharding_validation_on_one_device():
@@ -180,7 +195,7 @@ def test_sharding_validation_on_one_device():
 
 
 def test_sharding_validation_counts_shards():
-    from specjax import _sharding
+    from specjax.sampling import sharding as _sharding
     devices = np.asarray([jax.devices()[0]] * 1)
     mesh = Mesh(devices, ("chains",))
     sharding = NamedSharding(mesh, P("chains"))

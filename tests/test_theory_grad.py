@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import theory
+from specjax.theory import exact as theory
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair

@@ -19,7 +19,7 @@ emitted token. ``AutoregressiveModel`` is the protocol as a ``typing.Protocol``.
   ``n - 1`` tokens; ``NGramModel.fit`` counts a corpus with additive smoothing and optional
   interpolation with lower orders.
 * ``FiniteStateModel``: a model with ``S`` integer states, ``next_state (S, V)`` and rows
-  ``table (S, V)``: the view the exact theory needs (``specjax._generic.exact_models``).
+  ``table (S, V)``: the view the exact theory needs (``specjax.sampling.models.exact_models``).
   ``NGramModel.as_finite_state`` lifts an n-gram to the ``V**L`` contexts of length ``L``, so a
   bigram draft and a 4-gram target share the 4-gram's state space; ``from_markov_chain`` lifts any
   ``MarkovChain``.
@@ -47,10 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax._models import MarkovChain
-from specjax._models import check_chain
-from specjax._models import greedy_draft as _greedy_chain
-from specjax._models import one_hot_argmax
+from specjax.models.markov import MarkovChain
+from specjax.models.markov import check_chain
+from specjax.models.markov import greedy_draft as _greedy_chain
+from specjax.models.markov import one_hot_argmax
 
 #: Largest table (``S * V`` entries, contexts times tokens) an n-gram or a lifted state space may
 #: have: 2**26 entries is 256 MiB in float32, and keeps every index ``c V + x`` within int32.

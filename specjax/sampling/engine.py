@@ -32,13 +32,15 @@ import jax
 import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
-from specjax import _sharding
+from specjax.sampling import sharding as _sharding
 
-from specjax._verify import VerificationLaw
+from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import int31
+from specjax.decoders.draws import search
+from specjax.decoders.verification import VerificationLaw
+from specjax.decoders.verification import bonus_law
 
 ROOT, VERIFY, BONUS = 0, 1, 2  # row kinds of the per-position law table
-_INT32_MAX = jnp.iinfo(jnp.int32).max
-_RESOLUTION_BITS = 31  # uniforms are 31-bit integers; probabilities are resolved to 2**-31
 
 
 class DecodingTrace(NamedTuple):
@@ -57,50 +59,6 @@ class DecodingTrace(NamedTuple):
     num_rejections: jax.Array  # shape=(C,), dtype=int32
     num_calls: jax.Array  # shape=(C,), dtype=int32
     new_call: jax.Array  # shape=(C, T), dtype=bool
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def categorical_thresholds(masses: jax.Array) -> jax.Array:
-    """Integer inverse-CDF thresholds for drawing from (un-normalised) ``masses``.
-
-    Entry ``i`` is drawn for a 31-bit uniform integer ``u`` iff ``thr[i - 1] < u <= thr[i]``, so
-    ``P(i) = (thr[i] - thr[i - 1]) / 2**31``. Zero-mass entries get zero width (a token of
-    probability zero is never drawn, whatever the rounding), and every entry from the last one
-    with positive mass on is ``INT32_MAX``, so the search never runs past it.
-
-    Args:
-      masses: ``(..., W)`` non-negative masses.
-
-    Returns:
-      ``(..., W')`` int32 thresholds, ``W'`` the next power of two ``>= W`` (padding has no mass).
-    """
-    width = masses.shape[-1]
-    padded = _next_power_of_two(width)
-    masses = jnp.pad(masses, [(0, 0)] * (masses.ndim - 1) + [(0, padded - width)])
-    cdf = jnp.cumsum(masses, axis=-1)
-    total = cdf[..., -1:]
-    cdf = cdf / jnp.where(total > 0, total, jnp.ones_like(total))
-    scaled = jnp.ceil(cdf * 2.0**_RESOLUTION_BITS) - 1
-    scaled = jnp.clip(scaled, -1, 2.0**_RESOLUTION_BITS - 256).astype(jnp.int32)
-    positive = masses > 0
-    thr = jax.lax.cummax(jnp.where(positive, scaled, -1), axis=masses.ndim - 1)
-    index = jnp.arange(padded, dtype=jnp.int32).reshape((1,) * (masses.ndim - 1) + (padded,))
-    last_positive = jnp.max(jnp.where(positive, index, -1), axis=-1, keepdims=True)
-    return jnp.where(index >= last_positive, _INT32_MAX, thr)
-
-
-def _search(thresholds_at, u: jax.Array, width: int) -> jax.Array:
-    """First ``i`` with ``thr[i] >= u``; ``thresholds_at(i)`` reads one threshold (a gather)."""
-    lo = jnp.zeros_like(u)
-    half = width // 2
-    while half >= 1:
-        below = thresholds_at(lo + half - 1) < u
-        lo = jnp.where(below, lo + half, lo)
-        half //= 2
-    return lo
 
 
 def _key_words(key) -> tuple[jax.Array, jax.Array]:
@@ -137,9 +95,10 @@ def chain_bits(key, offset, num_chains: int, sharding=None) -> jax.Array:
     return hi ^ lo
 
 
-def _int31(bits: jax.Array) -> jax.Array:
-    """Uniform integers in ``[0, 2**31)`` as int32, from 32 random bits."""
-    return jax.lax.shift_right_logical(bits, jnp.uint32(1)).astype(jnp.int32)
+def decoder_table(decoder, draft_trans: jax.Array, target_trans: jax.Array) -> jax.Array:
+    """The ``(T, V, 3, W')`` thresholds of a token-wise decoder's laws on Markov rows."""
+    root, verify = decoder.laws(draft_trans, target_trans)
+    return law_table(root, verify, bonus_law(target_trans))
 
 
 def law_table(root: VerificationLaw, verify: VerificationLaw, bonus: VerificationLaw) -> jax.Array:
@@ -150,6 +109,33 @@ def law_table(root: VerificationLaw, verify: VerificationLaw, bonus: Verificatio
     """
     rows = [jnp.concatenate([law.accepted, law.rejected], axis=-1) for law in (root, verify, bonus)]
     return categorical_thresholds(jnp.stack(rows, axis=-2))
+
+
+def phase_row(j: jax.Array, lookahead: int) -> jax.Array:
+    """The row kind of phase ``j``: ``ROOT`` opens a call, ``VERIFY`` inside it, ``BONUS`` after
+    ``K`` accepted drafts (``K = 0``: every position is the target's own draw)."""
+    return jnp.where(j == lookahead, BONUS, jnp.where(j == 0, ROOT, VERIFY))
+
+
+def advance(j: jax.Array, rejected: jax.Array, lookahead: int):
+    """The call-phase state machine: ``(next phase, a call starts here, a draft is verified
+    here)`` after an outcome in phase ``j``. A rejection or a bonus token ends the call."""
+    next_j = jnp.where(rejected | (j == lookahead), 0, j + 1)
+    return next_j, j == 0, j != lookahead
+
+
+def outcome(thresholds_at, u, width: int, num_states: int):
+    """Draws one outcome of a ``2V`` (accepted | rejected) row: ``(token, rejected)``."""
+    index = search(thresholds_at, u, width)
+    rejected = index >= num_states
+    return jnp.where(rejected, index - num_states, index), rejected
+
+
+def first_tokens(key_init, init_law: jax.Array, offset, num_chains: int, sharding=None):
+    """``x_0`` of chains ``offset .. offset + C - 1``, drawn from ``init_law`` ``(V,)``."""
+    init_thr = categorical_thresholds(init_law)
+    u0 = int31(chain_bits(key_init, offset, num_chains, sharding))
+    return jax.vmap(lambda u: search(lambda i: init_thr[i], u, init_thr.shape[-1]))(u0)
 
 
 def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry, u):
@@ -168,18 +154,14 @@ def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry,
       (``verified``: a draft was verified here, i.e. the position is not a bonus token).
     """
     x, j, num_rejections, num_calls = carry
-    kind = jnp.where(j == lookahead, BONUS, jnp.where(j == 0, ROOT, VERIFY))
-    base = (x * row_kinds + kind) * width
-    outcome = _search(lambda i: flat_thresholds[base + i], u, width)
-    rejected = outcome >= num_states
-    token = jnp.where(rejected, outcome - num_states, outcome)
-    next_j = jnp.where(rejected | (j == lookahead), 0, j + 1)
-    new_call = j == 0
+    base = (x * row_kinds + phase_row(j, lookahead)) * width
+    token, rejected = outcome(lambda i: flat_thresholds[base + i], u, width, num_states)
+    next_j, new_call, verified = advance(j, rejected, lookahead)
     carry = (token, next_j, num_rejections + rejected, num_calls + new_call)
-    return carry, (token, rejected, new_call, j != lookahead)
+    return carry, (token, rejected, new_call, verified)
 
 
-def _small_int_dtype(num_states: int):
+def small_int_dtype(num_states: int):
     """The narrowest integer type for token ids: the per-step outputs are transposed at the end,
     and moving int8 instead of int32 there is a large share of a run's time when ``V`` is small."""
     if num_states <= jnp.iinfo(jnp.int8).max:
@@ -200,13 +182,11 @@ def _run_chains(key, init, thresholds, num_chains: int, lookahead: int, offset, 
     horizon, _, row_kinds, width = thresholds.shape
     key_init, key_steps = jax.random.split(key)
 
-    init_thr = categorical_thresholds(init)
-    u0 = _int31(chain_bits(key_init, offset, num_chains, sharding))
-    x0 = jax.vmap(lambda u: _search(lambda i: init_thr[i], u, init_thr.shape[-1]))(u0)
+    x0 = first_tokens(key_init, init, offset, num_chains, sharding)
 
     def scan_step(carry, inputs):
         thresholds_n, n = inputs
-        u = _int31(chain_bits(jax.random.fold_in(key_steps, n), offset, num_chains, sharding))
+        u = int31(chain_bits(jax.random.fold_in(key_steps, n), offset, num_chains, sharding))
         step = functools.partial(_chain_step, thresholds_n.reshape(-1), lookahead, num_states,
                                  row_kinds, width)
         carry, outputs = jax.vmap(step)(carry, u)
@@ -231,12 +211,12 @@ def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int, looka
         ``K >= T`` never reaches a bonus (the paper's ``K = T``).
       offset: index of the first chain (traced): the chains are ``offset .. offset + C - 1`` of
         a larger run with the same key.
-      sharding: a ``NamedSharding`` of the chain axis (``specjax._sharding.resolve``), or ``None``.
+      sharding: a ``NamedSharding`` of the chain axis (``specjax.sampling.sharding.resolve``), or ``None``.
 
     Returns:
       A ``DecodingTrace``.
     """
-    token_dtype = _small_int_dtype(init.shape[-1])
+    token_dtype = small_int_dtype(init.shape[-1])
 
     def emit(outputs):
         token, rejected, new_call, _ = outputs

@@ -6,7 +6,7 @@ P("chains"))``); the samplers constrain every per-chain array to that layout ins
 XLA's partitioner runs each device's chains on that device, without communication until the
 per-position counts are summed at the end. Everything else (the model's probabilities, the law
 table, the key) is replicated. Because chain ``c`` draws its random numbers from a counter equal
-to ``c`` (``specjax._engine.chain_bits``), the layout cannot change a single token.
+to ``c`` (``specjax.sampling.engine.chain_bits``), the layout cannot change a single token.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -81,12 +82,12 @@ def _safe_ratio(num: jax.Array, den: jax.Array, fill) -> jax.Array:
     return jnp.where(positive, _divide(num, safe_den), jnp.full_like(num, fill))
 
 
-def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:
-    """Normalised ``[q - p]_+``: the law SD resamples from after a rejection.
+def speculative_residual(p: jax.Array, q: jax.Array) -> jax.Array:
+    """Normalised ``[q - p]_+``: the law SD resamples from after a rejection (draft first).
 
     Args:
-      q: ``(..., V)`` target probabilities.
       p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
 
     Returns:
       ``(..., V)``; all zeros (finite value and gradient) when ``[q - p]_+`` has no mass, which
@@ -96,6 +97,16 @@ def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:
       Section 2.1 of the paper; Algorithm 1, line 8.
     """
     return safe_normalize(jnp.maximum(q - p, 0))
+
+
+def residual_distribution(q: jax.Array, p: jax.Array) -> jax.Array:
+    """Deprecated: ``speculative_residual(p, q)``, which takes the draft first like every other
+    function. This name keeps its target-first order (swapping it would silently break positional
+    calls) and warns."""
+    warnings.warn("specjax.residual_distribution(q, p) is deprecated: use "
+                  "specjax.speculative_residual(p, q) (draft first)", DeprecationWarning,
+                  stacklevel=2)
+    return speculative_residual(p, q)
 
 
 def acceptance_probability(p: jax.Array, q: jax.Array, *, epsilon) -> jax.Array:
@@ -170,7 +181,12 @@ def bonus_law(q: jax.Array) -> VerificationLaw:
     return VerificationLaw(q, jnp.zeros_like(q))
 
 
-def _check_num_drafts(num_drafts) -> None:
+def check_num_drafts(num_drafts) -> None:
+    """``num_drafts`` is a static positive int or ``math.inf``."""
+    if isinstance(num_drafts, (jax.Array, jax.core.Tracer)):
+        raise ValueError(f"num_drafts is a static setting (a Python int or math.inf fixed when the "
+                         f"computation is compiled), got an array {num_drafts!r}; pass a Python "
+                         f"int (inside your own jax.jit, use static_argnames or functools.partial)")
     if num_drafts == math.inf:
         return
     if isinstance(num_drafts, bool) or not isinstance(num_drafts, numbers.Integral) \
@@ -293,7 +309,7 @@ def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
     References:
       Theorem 3 and its appendix proof (the residual chain ``q^{m+1} = [q^m - p]_+``).
     """
-    _check_num_drafts(num_drafts)
+    check_num_drafts(num_drafts)
     if num_drafts == math.inf:
         return jnp.where(p > 0, jnp.zeros_like(q), q)
     return scaled_residual(p, q, batch_scale(p, q, num_drafts))
@@ -380,7 +396,7 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
       Yang et al. 2024, "Multi-candidate speculative decoding"; Jeon et al. 2024, "Recursive
       speculative decoding".
     """
-    _check_num_drafts(num_drafts)
+    check_num_drafts(num_drafts)
     num_states = p.shape[-1]
     stages = without_replacement_stages(num_drafts, num_states)
     rows = q.shape[:-1]

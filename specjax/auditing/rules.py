@@ -34,7 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax._verify import acceptance_probability
+from specjax.decoders.verification import acceptance_probability
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks.

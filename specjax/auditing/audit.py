@@ -41,22 +41,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax._audit_rules import BROKEN_RULES
-from specjax._audit_rules import CORRECT_RULES
-from specjax._audit_rules import Rule
-from specjax._audit_rules import accept_all
-from specjax._audit_rules import accept_all_u
-from specjax._audit_rules import accepts_at_zero_uniform
-from specjax._audit_rules import accepts_at_zero_uniform_u
-from specjax._audit_rules import from_uniform
-from specjax._audit_rules import greedy_rule
-from specjax._audit_rules import greedy_rule_u
-from specjax._audit_rules import greedy_scored_with_softmax
-from specjax._audit_rules import greedy_scored_with_softmax_u
-from specjax._audit_rules import speculative_rule
-from specjax._audit_rules import speculative_rule_u
-from specjax._audit_rules import wrong_residual
-from specjax._audit_rules import wrong_residual_u
+from specjax.auditing.rules import BROKEN_RULES
+from specjax.auditing.rules import CORRECT_RULES
+from specjax.auditing.rules import Rule
+from specjax.auditing.rules import accept_all
+from specjax.auditing.rules import accept_all_u
+from specjax.auditing.rules import accepts_at_zero_uniform
+from specjax.auditing.rules import accepts_at_zero_uniform_u
+from specjax.auditing.rules import from_uniform
+from specjax.auditing.rules import greedy_rule
+from specjax.auditing.rules import greedy_rule_u
+from specjax.auditing.rules import greedy_scored_with_softmax
+from specjax.auditing.rules import greedy_scored_with_softmax_u
+from specjax.auditing.rules import speculative_rule
+from specjax.auditing.rules import speculative_rule_u
+from specjax.auditing.rules import wrong_residual
+from specjax.auditing.rules import wrong_residual_u
 
 __all__ = [
     "AuditReport", "audit", "audit_exact", "Rule", "CORRECT_RULES", "BROKEN_RULES", "from_uniform",

@@ -1,7 +1,7 @@
-"""Tune a draft for what decoding costs: exact, differentiable objectives and an optax loop.
+"""Tune a draft for what decoding costs: an optax loop over exact, differentiable objectives.
 
 The exact quantities of ``specjax.theory`` are differentiable in the draft, so a draft family
-(``specjax.drafts``) can be tuned by gradient descent on the cost of decoding itself instead of
+(``specjax.tuning.families``) can be tuned by gradient descent on the cost of decoding itself instead of
 being distilled by maximum likelihood (``kl_fit``) in the hope that acceptance follows.
 
 Example:
@@ -33,157 +33,9 @@ import jax.numpy as jnp
 import optax
 
 from specjax import _checks
-from specjax import _verify
-from specjax._models import MarkovChain
-from specjax.drafts import DraftFamily
-from specjax.theory import batch_expected_rejections
-from specjax.theory import exact_biased_speculative_decoding
-from specjax.theory import expected_calls
-from specjax.theory import expected_rejections
-from specjax.theory import sequence_kl
-
-# --- objectives ----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """An exact, differentiable cost of decoding: ``objective(draft, target) -> scalar``.
-
-    Build one with ``sd_rejections``, ``batch_rejections``, ``target_calls``,
-    ``biased_tradeoff`` or ``kl_divergence`` (or ``make_objective`` by name). Objectives are
-    frozen dataclasses: hashable, so ``tune_draft`` compiles once per objective. Any other
-    callable ``(draft, target) -> scalar`` works with ``tune_draft`` too.
-
-    Attributes:
-      kind: ``"sd"``, ``"batch"``, ``"calls"``, ``"biased"`` or ``"kl"``.
-      num_drafts: ``M`` for ``"batch"``.
-      lookahead: ``K`` for ``"calls"`` (and optionally ``"sd"``/``"batch"``); ``None`` is ``T``.
-      epsilon: the over-acceptance ``eps`` of ``"biased"``.
-      weight: ``lambda``, the price of one unit of ``Loss*_TV`` in ``"biased"``.
-    """
-
-    kind: str
-    num_drafts: Any = None
-    lookahead: int | None = None
-    epsilon: float = 0.0
-    weight: float = 1.0
-
-    @property
-    def label(self) -> str:
-        """A short name for tables: ``sd``, ``batch(M=4)``, ``calls(K=4)``, ..."""
-        k = "" if self.lookahead is None else f"K={self.lookahead}"
-        if self.kind == "sd":
-            return "sd" if not k else f"sd({k})"
-        if self.kind == "batch":
-            return f"batch(M={self.num_drafts}{', ' + k if k else ''})"
-        if self.kind == "calls":
-            return f"calls({k or 'K=T'})"
-        if self.kind == "biased":
-            return f"biased(eps={self.epsilon:g}, lambda={self.weight:g})"
-        return self.kind
-
-    def __call__(self, draft: MarkovChain, target: MarkovChain) -> jax.Array:
-        if self.kind == "sd":
-            return expected_rejections(draft, target, lookahead=self.lookahead)
-        if self.kind == "batch":
-            return batch_expected_rejections(draft, target, num_drafts=self.num_drafts,
-                                             lookahead=self.lookahead)
-        if self.kind == "calls":
-            return expected_calls(draft, target, lookahead=self.lookahead)
-        if self.kind == "biased":
-            return _biased_tradeoff(draft, target, self.epsilon, self.weight)
-        if self.kind == "kl":
-            # The prompt term KL(q_0 || p_0) does not depend on the draft's transitions and the
-            # draft's prompt law is never used by decoding: compare transitions only.
-            return sequence_kl(target, MarkovChain.tree_unflatten(None, (target.init, draft.trans)))
-        raise ValueError(f"unknown objective kind {self.kind!r}")
-
-
-def _biased_tradeoff(draft, target, epsilon, weight):
-    exact = exact_biased_speculative_decoding(draft, target, epsilon=epsilon)
-    b = _verify.acceptance_probability(draft.trans, target.trans, epsilon=epsilon)
-    loss = _verify.tv_loss_star(draft.trans, target.trans, b)  # (T, V), per context
-    context = exact.marginals[:-1]  # (T, V): the biased decoder's own law of x_{n-1}
-    return exact.expected_rejections + weight * jnp.sum(context * loss)
-
-
-def _check_lookahead(lookahead):
-    _checks.check_positive_int("lookahead", lookahead, allow_none=True)
-
-
-def sd_rejections(*, lookahead: int | None = None) -> Objective:
-    """Expected rejections of SD: Theorem 1's ``sum_n E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` (K = T)."""
-    _check_lookahead(lookahead)
-    return Objective("sd", lookahead=lookahead)
-
-
-def batch_rejections(num_drafts, *, lookahead: int | None = None) -> Objective:
-    """Expected rejections of batch SD with ``M`` drafts (Theorem 3)."""
-    _verify._check_num_drafts(num_drafts)
-    _check_lookahead(lookahead)
-    return Objective("batch", num_drafts=num_drafts, lookahead=lookahead)
-
-
-def target_calls(*, lookahead: int | None) -> Objective:
-    """Expected target calls of SD with lookahead ``K`` (bonus token after ``K`` accepts)."""
-    _check_lookahead(lookahead)
-    return Objective("calls", lookahead=lookahead)
-
-
-def biased_tradeoff(epsilon: float, *, weight: float = 1.0) -> Objective:
-    """Biased SD's trade-off ``E[N_rej] + lambda * sum_n E[Loss*_TV(b_n)]`` at fixed ``eps``.
-
-    ``b = min(1, (q + eps) / p)`` with Theorem 4's optimal residual (Decoding-OPT), ``K = T``.
-    The bias term is the paper's single-token ``Loss*_TV`` of each position, averaged over the
-    biased decoder's own law of the context ``x_{n-1}`` and summed over positions: the paper
-    solves the trade-off one token at a time (its remark after Theorem 4 notes the
-    whole-sequence problem has no closed form). By Theorem 5 each term is
-    ``P(reject) + Loss* = TV(p, q)`` per context, so ``lambda = 1`` gives SD's objective under
-    the biased decoder's context law; ``lambda > 1`` favours less bias, ``lambda < 1`` fewer
-    rejections.
-
-    Args:
-      epsilon: ``eps >= 0``.
-      weight: ``lambda >= 0``.
-    """
-    epsilon = _checks.check_finite_non_negative("epsilon", epsilon)
-    weight = _checks.check_finite_non_negative("weight", weight)
-    return Objective("biased", epsilon=epsilon, weight=weight)
-
-
-def kl_divergence() -> Objective:
-    """Forward ``KL(q || p)`` of whole sequences, up to the prompt term: maximum likelihood.
-
-    It is ``+inf`` (never NaN, gradient finite) when the draft gives probability 0 to a token the
-    target can produce, e.g. when logits far below the row's maximum (about 87 in float32) make
-    the softmax underflow; ``tune_draft`` refuses such a start. Start from moderate logits.
-    """
-    return Objective("kl")
-
-
-OBJECTIVES = ("sd", "batch", "calls", "biased", "kl")
-
-
-def make_objective(name: str, *, num_drafts=4, lookahead: int | None = None,
-                   epsilon: float = 0.05, weight: float = 1.0) -> Objective:
-    """An objective by name (for command lines); settings that do not apply are ignored.
-
-    ``"sd"`` (``lookahead``), ``"batch"`` (``num_drafts``, ``lookahead``), ``"calls"``
-    (``lookahead``), ``"biased"`` (``epsilon``, ``weight``; ``K = T``), ``"kl"``. ``lookahead``
-    ``None`` is ``K = T``.
-    """
-    if name == "sd":
-        return sd_rejections(lookahead=lookahead)
-    if name == "batch":
-        return batch_rejections(num_drafts, lookahead=lookahead)
-    if name == "calls":
-        return target_calls(lookahead=lookahead)
-    if name == "biased":
-        return biased_tradeoff(epsilon, weight=weight)
-    if name == "kl":
-        return kl_divergence()
-    raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {name!r}")
-
+from specjax.models.markov import MarkovChain
+from specjax.tuning.families import DraftFamily
+from specjax.tuning.objectives import Objective
 
 # --- the tuner -------------------------------------------------------------------------------------
 

@@ -1,84 +1,193 @@
-"""Exact quantities of the theory for Markov-chain drafts and targets, differentiable in both.
+"""Exact quantities of any decoder: ``exact`` and ``accepted_length``, and the conveniences.
 
 Every function here is exact (no sampling), jit-safe, ``vmap``-able over a batch of instances and
 differentiable with respect to the draft ``p`` and the target ``q`` (their probabilities, or
 logits through ``MarkovChain.from_logits``). They run in float32 by default and in float64 when
 ``jax_enable_x64`` is on.
 
-The decoders are the samplers' own: ``exact_*`` functions propagate the law of the state the
-samplers simulate through the very same per-position laws (``specjax._rules``), so an exact value
-and a Monte Carlo mean of the matching sampler estimate the same number.
+``exact`` propagates the law of the state a decoder's sampler simulates through the very same
+laws the sampler draws from (the decoder's ``laws`` or ``call_law``), so an exact value and a
+Monte Carlo mean of ``decode`` estimate the same number:
+
+* token-wise decoders on ``MarkovChain``s: ``specjax.theory.recursion`` (``O(T V^2)``);
+* token-wise decoders on ``FiniteStateModel``s: ``specjax.theory.finite_state``;
+* call-level decoders on ``MarkovChain``s: ``specjax.theory.calls``.
 
 On gradients with respect to probabilities: the functions are smooth (piecewise linear) in the
 entries of ``init`` and ``trans`` as written, but only directions that keep rows on the simplex
 (summing to zero along each row) have a meaning; take gradients through logits
 (``MarkovChain.from_logits``) or project them, as ``specjax`` tuning does.
 
-Validation: as for the samplers, shapes and settings are checked before any work and raise
-``ValueError``; probability values are checked when the arrays are concrete (a ``MarkovChain``
-checks them on construction) and skipped under a caller's ``jit``/``vmap``/``grad``.
+Validation: shapes and settings are checked before any work and raise ``ValueError``;
+probability values are checked when the arrays are concrete (a ``MarkovChain`` checks them on
+construction) and skipped under a caller's ``jit``/``vmap``/``grad``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import numbers
 
 import jax
 import jax.numpy as jnp
 
 from specjax import _checks
-from specjax import _exact
-from specjax import _generic
-from specjax import _rules
-from specjax import _verify
-from specjax._exact import ExactDecoding
-from specjax._models import MarkovChain
-from specjax._models import check_chain
-from specjax._models import check_pair
-from specjax.models import FiniteStateModel
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.decoders.batch import BatchSpeculative
+from specjax.decoders.biased import BiasedSpeculative
+from specjax.decoders.rejection import RejectionRule
+from specjax.decoders.speculative import Speculative
+from specjax.models.checks import model_kind
+from specjax.models.markov import MarkovChain
+from specjax.theory import calls
+from specjax.theory import recursion
+from specjax.theory.finite_state import forward_finite_state
+from specjax.theory.recursion import ExactDecoding
 
 
-@functools.partial(jax.jit, static_argnames=("rule", "lookahead"))
-def _forward(draft, target, extra, *, rule, lookahead):
-    return _exact.forward(target.init, draft.trans, target.trans, rule, extra, lookahead)
+@functools.partial(jax.jit, static_argnames=("lookahead",))
+def _forward(decoder, draft, target, *, lookahead):
+    return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead)
 
 
-def _check_exact_models(draft, target, horizon) -> int:
-    """Validates the models of an exact function and returns ``T``: two ``MarkovChain``s (their
-    own ``T``), or two ``FiniteStateModel``s on one state space with ``horizon`` given."""
-    if isinstance(draft, MarkovChain) or isinstance(target, MarkovChain):
-        check_pair(draft, target)
+def _exact_horizon(kind, target, horizon) -> int:
+    if kind == "markov":
         _checks.check_positive_int("horizon", horizon, allow_none=True)
         if horizon is not None and horizon != target.horizon:
             raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
                              f"models; leave it None (got {horizon})")
         return target.horizon
-    if not (isinstance(draft, FiniteStateModel) and isinstance(target, FiniteStateModel)):
-        raise ValueError(
-            "draft and target must both be MarkovChains, or both FiniteStateModels on one state "
-            "space (exact quantities need a finite state space: lift n-grams with "
-            f"as_finite_state), got {type(draft).__name__} and {type(target).__name__}")
-    _generic.check_shared_states(draft, target)
     if horizon is None:
         raise ValueError("horizon must be given (a positive integer T) for finite-state models")
     _checks.check_positive_int("horizon", horizon)
     return horizon
 
 
-def _run_exact(draft, target, rule, lookahead, horizon: int, extra=()) -> ExactDecoding:
-    """Dispatches checked models: the ``(token, phase)`` recursion for ``MarkovChain``s, the
-    ``(state, phase)`` recursion of ``specjax._generic`` for ``FiniteStateModel``s."""
-    if isinstance(target, MarkovChain):
-        k = _rules.resolve_lookahead(lookahead, horizon)
-        return _forward(draft, target, extra, rule=rule, lookahead=k)
-    return _generic.run_exact(draft, target, horizon=horizon, rule=rule, lookahead=lookahead,
-                              extra=extra)
+def _plan_exact(decoder, draft, target, horizon):
+    """Validates an exact computation; returns ``(decoder, draft, kind, T, K)``."""
+    check_decoder(decoder)
+    if hasattr(decoder, "validate"):
+        decoder.validate()
+    if draft is None and not getattr(decoder, "uses_draft", True):
+        draft = target
+    kind = model_kind(draft, target)
+    if kind == "protocol":
+        raise ValueError(
+            "draft and target must both be MarkovChains, or both FiniteStateModels on one state "
+            "space (exact quantities need a finite state space: lift n-grams with "
+            f"as_finite_state), got {type(draft).__name__} and {type(target).__name__}")
+    if kind == "finite_state" and "finite_state" not in decoder.model_kinds:
+        raise ValueError(f"{type(decoder).__name__} has no exact values on FiniteStateModels: "
+                         "its call law is written for MarkovChain models (see the support "
+                         "table in docs/guides/decoders.md)")
+    horizon = _exact_horizon(kind, target, horizon)
+    lookahead = decoder.resolve_lookahead(horizon)
+    if isinstance(decoder, CallDecoder):
+        decoder.check_exact(target.num_states, horizon)
+    else:
+        rows = horizon * target.num_states if kind == "markov" else target.num_contexts
+        decoder.check(target.num_states, rows)
+    return decoder, draft, kind, horizon, lookahead
 
 
-def _exact_decoding(draft, target, rule, lookahead, horizon, extra=()) -> ExactDecoding:
-    return _run_exact(draft, target, rule, lookahead, _check_exact_models(draft, target, horizon),
-                      extra)
+def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecoding:
+    """Exact per-position statistics of any decoder: the entry point of the theory.
+
+    Args:
+      decoder: any decoder value (``specjax.Speculative()``, ``specjax.BatchSpeculative(4)``,
+        ``specjax.BlockVerification(3)``, your own).
+      draft: the draft model ``p`` (``None`` for ``Autoregressive()``).
+      target: the target model ``q``.
+      horizon: ``T``, required for ``FiniteStateModel``s sharing one state space (e.g. n-grams
+        lifted with ``as_finite_state``); a ``MarkovChain`` carries its own ``T``.
+
+    Returns:
+      ``ExactDecoding``: ``rejected (T, V)`` (``P(x_n = x and drawn after a rejection)``),
+      ``new_call (T,)``, ``marginals (T + 1, V)``, ``verified (T,)``, and the derived
+      ``.expected_rejections`` (the paper's ``E[N_rej]``), ``.expected_calls``,
+      ``.rejection_rate`` and ``.acceptance_rate``: the means of ``decode``'s counts.
+
+    Raises:
+      ValueError: bad models or settings, or a decoder without exact values for the models'
+        kind (call-level decoders on ``FiniteStateModel``s), before any work.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> round(float(specjax.exact(specjax.Speculative(), draft, target).expected_rejections), 3)
+      22.716
+
+    References:
+      Theorems 1 and 3 (``E[N_rej]`` as a sum of per-position rejection masses).
+    """
+    decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, horizon)
+    if isinstance(decoder, CallDecoder):
+        return calls.forward_calls(decoder, draft, target, lookahead=lookahead)
+    if kind == "finite_state":
+        return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead)
+    return _forward(decoder, draft, target, lookahead=lookahead)
+
+
+@functools.partial(jax.jit, static_argnames=("position", "lookahead"))
+def _tokenwise_accepted_length(decoder, draft, target, *, position, lookahead):
+    horizon = target.horizon
+    k = min(lookahead, horizon - position + 1)
+    rows = slice(position - 1, position - 1 + k)
+    root, verify = decoder.laws(draft.trans[rows], target.trans[rows])
+    reach = root.accepted[0]
+    total = jnp.sum(reach, axis=-1)
+    if k == 1:
+        return total
+
+    def step(reach, accepted):
+        reach = jnp.dot(reach, accepted, precision=jax.lax.Precision.HIGHEST)
+        return reach, jnp.sum(reach, axis=-1)
+
+    _, more = jax.lax.scan(step, reach, verify.accepted[1:])
+    return total + jnp.sum(more, axis=0)
+
+
+def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
+    """Expected number of drafts accepted by a call that starts at ``position``, exactly.
+
+    The quantity engines report as the mean accepted length: a call from position ``n`` after
+    ``x_{n-1} = a`` verifies drafts for ``x_n, x_{n+1}, ...`` (at most ``K' = min(K, T - n + 1)``);
+    the value counts the accepted ones, not the bonus or correction token.
+
+    Args:
+      decoder: any decoder value except ``Autoregressive()`` (which drafts nothing: its value is
+        0, returned as such).
+      draft, target: ``MarkovChain``s.
+      position: ``n`` in ``[1, T]``.
+
+    Returns:
+      ``(V,)``: one value per previous token ``a``.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> specjax.accepted_length(specjax.Speculative(lookahead=4), draft, target).shape
+      (7,)
+    """
+    decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, None)
+    if kind != "markov":
+        raise ValueError("accepted_length takes MarkovChain models (one value per previous "
+                         "token)")
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) \
+            or not 1 <= position <= horizon:
+        raise ValueError(f"position must be an integer in [1, T] = [1, {horizon}], "
+                         f"got {position!r}")
+    if lookahead == 0:
+        return jnp.zeros((target.num_states,), target.dtype)
+    if isinstance(decoder, CallDecoder):
+        return calls.accepted_length_calls(decoder, draft, target, position=int(position),
+                                           lookahead=lookahead)
+    return _tokenwise_accepted_length(decoder, draft, target, position=int(position),
+                                      lookahead=lookahead)
+
+
+# --- conveniences: one line each over ``exact`` ------------------------------------------------
 
 
 def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
@@ -106,7 +215,7 @@ def exact_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
     References:
       Theorem 1; Leviathan et al. 2023 for the bonus token.
     """
-    return _exact_decoding(draft, target, _rules.SPECULATIVE, lookahead, horizon)
+    return exact(Speculative(lookahead), draft, target, horizon=horizon)
 
 
 def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *, num_drafts,
@@ -117,7 +226,7 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
 
     ``.rejected[n - 1]`` is the paper's pseudo-measure ``f`` (equation (ff)) marginalised to the
     last token. The residual chain ``q^{m+1} = [q^m - p]_+`` is carried un-normalised in closed
-    form (see ``specjax._verify.batch_residual_mass``), so values and gradients stay finite when
+    form (see ``specjax.decoders.verification.batch_residual_mass``), so values and gradients stay finite when
     a residual runs out of mass.
 
     Args:
@@ -139,8 +248,8 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
       Theorem 3 and its appendix proof; Proposition (appendix) on ``M -> infinity``; Yang et al.
       2024 for drafts without replacement.
     """
-    return _exact_decoding(draft, target, _rules.batch(num_drafts, replacement), lookahead,
-                           horizon)
+    return exact(BatchSpeculative(num_drafts, replacement=replacement, lookahead=lookahead),
+                 draft, target, horizon=horizon)
 
 
 def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *, epsilon,
@@ -166,9 +275,8 @@ def exact_biased_speculative_decoding(draft: MarkovChain, target: MarkovChain, *
     References:
       Theorems 4-5; Table 1.
     """
-    horizon = _check_exact_models(draft, target, horizon)  # before reading the models' dtype
-    rule, extra = _rules.biased(epsilon, residual, _generic.model_dtype(target))
-    return _run_exact(draft, target, rule, lookahead, horizon, extra)
+    return exact(BiasedSpeculative(epsilon, residual=residual, lookahead=lookahead), draft,
+                 target, horizon=horizon)
 
 
 def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_prob, residual,
@@ -198,8 +306,8 @@ def exact_rejection_decoding(draft: MarkovChain, target: MarkovChain, *, accept_
     References:
       Algorithm 2; Theorem 2 (instance-dependent rejection lower bound).
     """
-    return _exact_decoding(draft, target, _rules.general(accept_prob, residual), lookahead,
-                           horizon)
+    return exact(RejectionRule(accept_prob, residual, lookahead=lookahead), draft, target,
+                 horizon=horizon)
 
 
 def expected_rejections(draft: MarkovChain, target: MarkovChain, *,
@@ -278,155 +386,3 @@ def batch_expected_rejections(draft: MarkovChain, target: MarkovChain, *, num_dr
     return exact_batch_speculative_decoding(
         draft, target, num_drafts=num_drafts, lookahead=lookahead,
         replacement=replacement, horizon=horizon).expected_rejections
-
-
-# --- whole-sequence laws -----------------------------------------------------------------------
-
-
-def marginals(model: MarkovChain) -> jax.Array:
-    """The law of ``x_n`` for ``n = 0..T`` under ``model``: ``(T + 1, V)``."""
-    check_chain("model", model)
-
-    def step(mu, trans_n):
-        mu = jnp.dot(mu, trans_n, precision=jax.lax.Precision.HIGHEST)
-        return mu, mu
-
-    _, mus = jax.lax.scan(step, model.init, model.trans)
-    return jnp.concatenate([model.init[None], mus])
-
-
-def _output_chain(draft, target, rule, extra) -> MarkovChain:
-    law, _ = _rules.laws(rule, draft.trans, target.trans, extra)
-    trans = law.accepted + law.rejected
-    if _checks.is_concrete(trans):
-        _checks.check_probabilities(
-            "the decoder's output transitions (does residual(p, q, b) have mass wherever "
-            "rejection is possible?)", trans)
-    return MarkovChain.tree_unflatten(None, (target.init, trans))
-
-
-def output_chain(draft: MarkovChain, target: MarkovChain, *, accept_prob,
-                 residual) -> MarkovChain:
-    """The exact law of the sequences a rule of Algorithm 2 outputs, as a ``MarkovChain``.
-
-    For Markov drafts and targets and ``K = T`` (the paper's setting), the decoder's output is
-    itself a Markov chain with transition ``b p + (1 - sum b p) P`` at each position. (With a
-    finite lookahead the bonus token makes the output law depend on the hidden phase, so it is not
-    a Markov chain in the tokens; use ``exact_rejection_decoding(...).marginals`` there.)
-
-    Args:
-      draft: the draft ``MarkovChain`` ``p``.
-      target: the target ``MarkovChain`` ``q``.
-      accept_prob: ``accept_prob(p, q) -> b`` on ``(V,)`` rows.
-      residual: ``residual(p, q, b) -> P`` on ``(V,)`` rows.
-
-    Returns:
-      A ``MarkovChain``; equal to ``target`` exactly when the rule is unbiased.
-
-    References:
-      Algorithm 2; Theorem 4 (the output law ``P^A``).
-    """
-    check_pair(draft, target)
-    return _output_chain(draft, target, _rules.general(accept_prob, residual), ())
-
-
-def biased_output_chain(draft: MarkovChain, target: MarkovChain, *, epsilon,
-                        residual: str = "optimal") -> MarkovChain:
-    """The exact output law of biased SD (``K = T``) as a ``MarkovChain``; see ``output_chain``.
-
-    ``sequence_kl(biased_output_chain(p, q, epsilon=e), q)`` is the whole-sequence KL divergence
-    of Decoding-OPT (``residual="optimal"``) or Decoding-UNO (``residual="target"``) from the
-    target.
-    """
-    check_pair(draft, target)
-    rule, extra = _rules.biased(epsilon, residual, target.dtype)
-    return _output_chain(draft, target, rule, extra)
-
-
-def _kl_rows(a, b):
-    """``KL(a || b)`` over the last axis: 0 log 0 = 0, +inf where ``a > 0 = b``; no NaN."""
-    pos_a, pos_b = a > 0, b > 0
-    safe_a = jnp.where(pos_a, a, jnp.ones_like(a))
-    safe_b = jnp.where(pos_b, b, jnp.ones_like(b))
-    terms = jnp.where(pos_a, a * (jnp.log(safe_a) - jnp.log(safe_b)), jnp.zeros_like(a))
-    infinite = jnp.any(pos_a & ~pos_b, axis=-1)
-    return jnp.where(infinite, jnp.inf, jnp.sum(terms, axis=-1))
-
-
-def sequence_kl(model_a: MarkovChain, model_b: MarkovChain) -> jax.Array:
-    """``KL(A || B)`` between the laws of whole sequences ``x_{0:T}`` of two Markov chains.
-
-    By the chain rule it decomposes over positions:
-    ``KL(a_0 || b_0) + sum_n E_{x_{n-1} ~ A}[KL(A_n(.|x_{n-1}) || B_n(.|x_{n-1}))]``, an
-    ``O(T V^2)`` computation. It is ``+inf`` when ``A`` can produce a sequence ``B`` cannot (e.g.
-    Decoding-UNO keeps drafting tokens the target forbids); rows ``A`` never reaches do not count.
-
-    Args:
-      model_a: the ``MarkovChain`` ``A`` (e.g. a decoder's ``output_chain``).
-      model_b: the ``MarkovChain`` ``B`` (e.g. the target).
-
-    Returns:
-      A non-negative scalar (or ``+inf``).
-    """
-    check_chain("model_a", model_a)
-    check_chain("model_b", model_b)
-    _checks.check_same_shape(model_a, model_b)
-    mu = marginals(model_a)[:-1]  # (T, V): law of x_{n-1}
-    rows = _kl_rows(model_a.trans, model_b.trans)  # (T, V)
-    reached = mu > 0
-    # Unreached rows may have an infinite KL: zero them before weighting (0 * inf is NaN).
-    weighted = mu * jnp.where(reached, rows, 0)
-    return _kl_rows(model_a.init, model_b.init) + jnp.sum(weighted)
-
-
-# --- single-token trade-off (Section 4) ----------------------------------------------------------
-
-
-class ParetoFront(NamedTuple):
-    """Points ``(P(reject), Loss*_TV)`` of biased acceptance ``b = min(1, (q + eps) / p)``.
-
-    Attributes:
-      epsilon: the over-acceptance values swept.
-      rejection_probability: ``sum (1 - b) p`` for each ``eps``.
-      loss_star: Theorem 4's optimal bias ``Loss*_TV(b)`` for each ``eps``.
-      tv: ``TV(p, q)``; Theorem 5 says ``rejection_probability + loss_star == tv``.
-    """
-
-    epsilon: jax.Array  # shape=(E,)
-    rejection_probability: jax.Array  # shape=(E, ...)
-    loss_star: jax.Array  # shape=(E, ...)
-    tv: jax.Array  # shape=(...)
-
-
-def pareto_front(p: jax.Array, q: jax.Array, epsilons) -> ParetoFront:
-    """Sweeps ``eps`` and returns the trade-off points of Theorem 5 for one token.
-
-    Args:
-      p: ``(..., V)`` draft probabilities.
-      q: ``(..., V)`` target probabilities.
-      epsilons: ``(E,)`` non-negative over-acceptance values.
-
-    Returns:
-      ``ParetoFront``; every point lies on the line ``P(reject) + Loss* = TV(p, q)``.
-
-    References:
-      Theorems 4-5; Figure 3.
-    """
-    p, q = jnp.asarray(p), jnp.asarray(q)
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
-    _checks.check_probabilities("p", p)
-    _checks.check_probabilities("q", q)
-    epsilons = jnp.asarray(epsilons, dtype=p.dtype)
-    if epsilons.ndim != 1:
-        raise ValueError(f"epsilons must be one-dimensional, got shape {epsilons.shape}")
-    if _checks.is_concrete(epsilons) and not bool(jnp.all(epsilons >= 0)):
-        raise ValueError("epsilons must be non-negative and not NaN")
-
-    def point(eps):
-        b = _verify.acceptance_probability(p, q, epsilon=eps)
-        return _verify.rejection_probability(p, b), _verify.tv_loss_star(p, q, b)
-
-    reject, loss = jax.vmap(point)(epsilons)
-    return ParetoFront(epsilons, reject, loss, _verify.tv_distance(p, q))
-

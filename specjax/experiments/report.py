@@ -160,7 +160,7 @@ def write_figures(results, out_dir) -> list:
     """Writes the PNG figures to ``out_dir``; returns their paths."""
     import matplotlib.pyplot as plt
 
-    from specjax import plots
+    from specjax.experiments import plots
     paths = []
     for name, (experiment, plot, horizon) in FIGURES.items():
         extra = () if horizon is None else (results["settings"][horizon],)

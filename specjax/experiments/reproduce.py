@@ -23,21 +23,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import _models
+from specjax.models import markov as _models
 from specjax._progress import Progress
-from specjax import _report
-from specjax import _verify
-from specjax._report import FIGURES  # noqa: F401 - re-exported: the names of the figures
-from specjax._report import z_score
-from specjax._models import MarkovChain
-from specjax.samplers import batch_speculative_decoding
-from specjax.samplers import biased_speculative_decoding
-from specjax.samplers import speculative_decoding
-from specjax.theory import batch_expected_rejections
-from specjax.theory import biased_output_chain
-from specjax.theory import exact_biased_speculative_decoding
-from specjax.theory import expected_rejections
-from specjax.theory import sequence_kl
+from specjax.experiments import report as _report
+from specjax.decoders import verification as _verify
+from specjax.experiments.report import FIGURES  # noqa: F401 - re-exported: the names of the figures
+from specjax.experiments.report import z_score
+from specjax.models.markov import MarkovChain
+from specjax.sampling.samplers import batch_speculative_decoding
+from specjax.sampling.samplers import biased_speculative_decoding
+from specjax.sampling.samplers import speculative_decoding
+from specjax.theory.exact import batch_expected_rejections
+from specjax.theory.laws import biased_output_chain
+from specjax.theory.exact import exact_biased_speculative_decoding
+from specjax.theory.exact import expected_rejections
+from specjax.theory.laws import sequence_kl
 
 PAPER = {
     "expected_rejections_T50": 16.41,

@@ -4,7 +4,7 @@ A decoder is a Markov chain over ``(previous token, phase)`` (see ``specjax._eng
 ``j`` counts the drafts accepted since the last target call, ``j = 0`` opens a call (the *root*,
 where batch SD verifies its ``M`` drafts), ``j = K`` emits the target's bonus token. This module
 propagates the exact law ``pi_n[j, x] = P(phase j, x_n = x)`` through the same per-position laws
-the samplers draw from (``specjax._rules.laws``), so every expected count is a sum of masses:
+the samplers draw from (the decoder's ``laws``), so every expected count is a sum of masses:
 
 * ``P(x_n = x, R_n = 1) = sum_j (pi_{n-1}[j] @ rejected_j)[x]`` (the paper's ``f`` of
   Theorem 3, marginalised to the last token);
@@ -28,8 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax import _rules
-from specjax import _verify
+from specjax.decoders import verification as _verify
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -87,23 +86,38 @@ def _vecmat(x, a):
     return jnp.dot(x, a, precision=_HIGHEST)
 
 
-def forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
-    """Exact statistics of ``rule`` with lookahead ``K`` for drafts ``p`` and targets ``q``.
+def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
+    """Exact statistics of a token-wise ``decoder`` with lookahead ``K`` for drafts ``p`` and
+    targets ``q``.
 
     Args:
       init: ``(V,)`` law of ``x_0``.
       p: ``(T, V, V)`` draft transitions.
       q: ``(T, V, V)`` target transitions.
-      rule: a rule tuple from ``specjax._rules`` (static).
-      extra: traced rule parameters (e.g. ``(epsilon,)``).
-      lookahead: ``K`` (static); ``K >= T`` is the paper's setting (no bonus token).
+      decoder: a token-wise decoder (its ``laws``, ``same_root``, ``root_scale``).
+      lookahead: ``K`` (static); ``K >= T`` is the paper's setting (no bonus token), ``K = 0``
+        autoregressive decoding.
 
     Returns:
       ``ExactDecoding``.
     """
-    if lookahead >= p.shape[0] and _rules.has_root_scale(rule):
-        return _unbiased_forward(init, p, q, rule)
-    return _general_forward(init, p, q, rule, extra, lookahead)
+    if lookahead == 0:
+        return _autoregressive(init, q)
+    if lookahead >= p.shape[0] and decoder.has_root_scale:
+        return _unbiased_forward(init, p, q, decoder)
+    return _general_forward(init, p, q, decoder, lookahead)
+
+
+def _autoregressive(init, q) -> ExactDecoding:
+    """Every position is one call and the target's own draw: nothing is verified or rejected."""
+    def step(mu, q_n):
+        mu = _vecmat(mu, q_n)
+        return mu, mu
+
+    _, marginals = jax.lax.scan(step, init, q)
+    zeros = jnp.zeros(q.shape[:1], q.dtype)
+    return _finish(init, jnp.zeros(q.shape[:2], q.dtype), marginals, new_call=zeros + 1,
+                   verified=zeros)
 
 
 def _finish(init, rejected, marginals, new_call=None, verified=None) -> ExactDecoding:
@@ -117,16 +131,16 @@ def _finish(init, rejected, marginals, new_call=None, verified=None) -> ExactDec
                          verified=verified)
 
 
-def _unbiased_forward(init, p, q, rule) -> ExactDecoding:
+def _unbiased_forward(init, p, q, decoder) -> ExactDecoding:
     """``K >= T`` for SD and batch SD, whose rejected masses are ``[q - S p]_+`` (``S = 1``
-    inside a call, ``S = S_M`` at the root, see ``specjax._verify.batch_scale``) and whose
+    inside a call, ``S = S_M`` at the root, see ``specjax.decoders.verification.batch_scale``) and whose
     accepted masses are ``q`` minus those (unbiasedness), so the in-call accepted law is never
     needed: per position, ``pi_root @ [q - S p]_+ + pi_in @ [q - p]_+`` and ``pi @ q``.
 
     The root's ``S`` is computed inside the scan, one ``(V, V)`` slice at a time, where its
     ``M - 1`` passes stay in cache (measured 2x faster on CPU than a sweep over all positions).
     """
-    one_phase = rule == _rules.SPECULATIVE
+    one_phase = decoder.same_root
 
     # No CSE barrier: inside a scan it is not needed, and it slows the primal pass 2x on CPU.
     @functools.partial(jax.checkpoint, prevent_cse=False)
@@ -137,7 +151,7 @@ def _unbiased_forward(init, p, q, rule) -> ExactDecoding:
             total = _vecmat(pi, q_n)
             return total, (rejected, total)
         root, inside = pi[0], pi[1]
-        scale = _rules.root_scale(rule, p_n, q_n)
+        scale = decoder.root_scale(p_n, q_n)
         rejected = (_vecmat(root, _verify.scaled_residual(p_n, q_n, scale))
                     + _vecmat(inside, _verify.scaled_residual(p_n, q_n, 1)))
         total = _vecmat(root + inside, q_n)
@@ -148,15 +162,15 @@ def _unbiased_forward(init, p, q, rule) -> ExactDecoding:
     return _finish(init, rejected, marginals)
 
 
-def _general_forward(init, p, q, rule, extra, lookahead: int) -> ExactDecoding:
+def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     """Any rule and lookahead: the laws are evaluated per position and propagated by products."""
     horizon = p.shape[0]
     in_call_only = lookahead >= horizon
-    one_phase = in_call_only and _rules.same_root(rule)
+    one_phase = in_call_only and decoder.same_root
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def step_laws(p_n, q_n):
-        return _rules.laws(rule, p_n, q_n, extra)
+        return decoder.laws(p_n, q_n)
 
     def step(pi, pq):
         p_n, q_n = pq

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
-from specjax import _verify
-from specjax._models import MarkovChain
-from specjax._models import check_chain
-from specjax.theory import marginals
+from specjax.decoders import verification as _verify
+from specjax.models.markov import MarkovChain
+from specjax.models.markov import check_chain
+from specjax.theory.laws import marginals
 
 
 def _dtype():

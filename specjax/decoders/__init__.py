@@ -1,0 +1,15 @@
+"""Decoders: the verification rule written once (``verification``), the decoder protocol
+(``base``) and one file per decoder."""
+
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import CallLaw
+from specjax.decoders.base import Decoder
+from specjax.decoders.base import TokenwiseDecoder
+from specjax.decoders.base import array_field
+from specjax.decoders.base import decoder_dataclass
+from specjax.decoders.batch import BatchSpeculative
+from specjax.decoders.biased import BiasedSpeculative
+from specjax.decoders.block import BlockVerification
+from specjax.decoders.rejection import RejectionRule
+from specjax.decoders.speculative import Speculative

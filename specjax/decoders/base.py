@@ -1,0 +1,171 @@
+"""The decoder protocol: what a decoder must provide so that every entry point can run it.
+
+A decoder is a small immutable value (a frozen dataclass registered as a JAX pytree by
+``decoder_dataclass``): its static settings (lookahead, number of drafts, a residual's name, a
+user's functions) are the pytree's metadata, so ``jit`` specialises on them, and its numeric
+parameters (biased SD's ``epsilon``) are leaves, so they can be traced and differentiated.
+``specjax.decode``, ``specjax.exact``, ``specjax.decoding_statistics``,
+``specjax.accepted_length`` and the tuning objectives are written once against this protocol;
+adding a decoder never edits them.
+
+There are two kinds of decoder.
+
+**Token-wise** (``TokenwiseDecoder``): every token is the outcome of one verification step whose
+law depends on the draft row ``p`` and the target row ``q`` of the current context, and on the
+*phase* of the call (its root, a later draft inside it, or the bonus token after ``K`` accepted
+drafts). A token-wise decoder provides
+
+* ``laws(p, q) -> (root, verify)``: two ``VerificationLaw``s over ``(..., V)`` rows, the joint law
+  of (token, rejected?) at the root of a call and at every later draft of the call (the bonus
+  law is always the target's row);
+* ``lookahead``: ``None`` (the paper's ``K = T``) or ``K``; ``resolve_lookahead(T)`` gives the
+  static ``K`` the engines use (0 for autoregressive decoding: every token a bonus);
+* optionally ``check(num_states, num_rows)`` (refuse a setting too large for the models),
+  ``same_root`` (root law equals the in-call law: the exact recursion needs one phase fewer) and
+  ``root_scale(p, q)`` (for unbiased rules whose rejected mass is ``[q - S p]_+``: a faster exact
+  recursion).
+
+Speculative decoding, batch SD with and without replacement, biased SD and any user rule of the
+paper's Algorithm 2 are token-wise. The Monte Carlo engine draws each chain's (token, rejected)
+from these laws, the exact recursion sums the same masses, so the two cannot disagree.
+
+**Call-level** (``CallDecoder``): a target call drafts a block (or a tree) and verifies it
+jointly; its outcome is a run of kept drafts and one last token. A call-level decoder provides
+
+* ``lookahead``: ``K``, the most drafts a call keeps (a call emits at most ``K + 1`` tokens);
+* ``num_uniforms``: how many 31-bit uniforms one call of one chain consumes;
+* ``prepare(draft, target)``: per-run tables (e.g. the draft's thresholds), built once;
+* ``sample_call(tables, n, prev, u) -> (tokens (K + 1,), num_kept, last_rejected)``: one call
+  from position ``n`` after token ``prev``; the call emits ``tokens[:num_kept + 1]``;
+* ``call_law(p_rows, q_rows, bonus_row, with_bonus) -> CallLaw``: the exact law of a call's
+  outcome for every previous token (``p_rows``, ``q_rows``: ``(K', V, V)``, the rows of the
+  positions the call may fill; ``bonus_row``: the target row after them), used by the exact
+  forward recursion over call starts;
+* optionally ``check(num_states, num_rows)``.
+
+Block verification is call-level; token trees and optimal multi-draft verification fit the same
+protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+from typing import NamedTuple
+
+import jax
+
+from specjax import _checks
+
+from specjax._pytree import array_field  # noqa: E402,F401 - re-exported for decoder authors
+from specjax._pytree import pytree_dataclass  # noqa: E402
+
+decoder_dataclass = pytree_dataclass
+
+# ---------------------------------------------------------------------------------------------
+# The two protocols.
+
+
+class Decoder:
+    """Base class of every decoder (see the module docstring for the protocol)."""
+
+    #: ``"tokenwise"`` or ``"call"``: which engines run the decoder.
+    kind: ClassVar[str] = ""
+    #: Model kinds the decoder supports beyond ``MarkovChain`` (which every decoder supports):
+    #: ``"finite_state"`` (exact values on ``FiniteStateModel``s) and ``"protocol"`` (Monte Carlo
+    #: on any autoregressive model of the protocol).
+    model_kinds: ClassVar[tuple] = ()
+
+    def check(self, num_states: int, num_rows: int) -> None:
+        """Raise ``ValueError`` when the decoder cannot run on ``V = num_states`` tokens with
+        ``num_rows`` rows evaluated at once (e.g. an enumeration that would not fit)."""
+        del num_states, num_rows
+
+    @property
+    def label(self) -> str:
+        """A short name for tables."""
+        return repr(self)
+
+
+class TokenwiseDecoder(Decoder):
+    """A decoder whose every token is one verification step: provide ``laws`` and
+    ``lookahead``."""
+
+    kind: ClassVar[str] = "tokenwise"
+    model_kinds: ClassVar[tuple] = ("finite_state", "protocol")
+    #: Whether the root law equals the in-call law (everything but multi-draft roots).
+    same_root: ClassVar[bool] = True
+    #: Whether ``root_scale`` is available (rejected mass ``[q - S p]_+``, accepted ``q`` minus it).
+    has_root_scale: ClassVar[bool] = False
+
+    def laws(self, p, q):
+        """``(root, verify)`` ``VerificationLaw``s for draft rows ``p`` and target rows ``q``."""
+        raise NotImplementedError
+
+    def root_scale(self, p, q):
+        """The root's ``S`` as ``(..., 1)`` when ``has_root_scale``."""
+        raise NotImplementedError
+
+    def resolve_lookahead(self, horizon: int) -> int:
+        """The static ``K`` the engines use: ``None`` means ``T``, larger values act as ``T``
+        (one compilation for all of them)."""
+        lookahead = getattr(self, "lookahead", None)
+        return horizon if lookahead is None else min(lookahead, horizon)
+
+
+class CallLaw(NamedTuple):
+    """The exact law of one call of a call-level decoder, for every previous token ``a``.
+
+    A call from position ``n`` keeps ``i`` drafts (``x_n .. x_{n+i-1}``) and emits one last token
+    at ``n + i``, drawn after a rejection or as the target's bonus token.
+
+    Attributes:
+      kept: ``[i, a, x]`` = P(the call keeps at least ``i + 1`` drafts and draft ``i + 1`` is x).
+      rejected: ``[i, a, y]`` = P(the call keeps exactly ``i`` drafts, then ``y`` after a
+        rejection).
+      bonus: ``[i, a, y]`` = P(the call keeps exactly ``i`` drafts, then ``y`` as a bonus token).
+        The rows of ``bonus`` at ``i = K'`` may sum to less than ``P(keep all)`` when the call
+        reaches the end of the horizon: the sequence then ends.
+    """
+
+    kept: jax.Array  # shape=(K', V, V)
+    rejected: jax.Array  # shape=(K' + 1, V, V)
+    bonus: jax.Array  # shape=(K' + 1, V, V)
+
+
+class CallDecoder(Decoder):
+    """A decoder that verifies a whole drafted block per call: see the module docstring."""
+
+    kind: ClassVar[str] = "call"
+    model_kinds: ClassVar[tuple] = ()
+
+    @property
+    def num_uniforms(self) -> int:
+        raise NotImplementedError
+
+    def prepare(self, draft, target):
+        """Per-run tables for ``sample_call`` (computed once per run, under ``jit``)."""
+        return (draft.trans, target.trans)
+
+    def sample_call(self, tables, n, prev, u):
+        raise NotImplementedError
+
+    def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
+        raise NotImplementedError
+
+    def resolve_lookahead(self, horizon: int) -> int:
+        return min(self.lookahead, horizon)
+
+
+def check_decoder(decoder) -> None:
+    """Raise ``ValueError`` unless ``decoder`` is a decoder value."""
+    if not isinstance(decoder, (TokenwiseDecoder, CallDecoder)):
+        raise ValueError(
+            "decoder must be a specjax decoder such as specjax.Speculative() or "
+            "specjax.BatchSpeculative(4) (a TokenwiseDecoder or CallDecoder), got "
+            f"{decoder!r}")
+
+
+def check_lookahead(lookahead, *, allow_none: bool = True) -> None:
+    """``lookahead`` is a static positive int (or ``None``): refuse a traced or array value with
+    a hint, as for every static setting."""
+    _checks.check_static_int("lookahead", lookahead, allow_none=allow_none)

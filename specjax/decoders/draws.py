@@ -1,0 +1,77 @@
+"""Categorical draws from one 31-bit uniform integer: the building block every sampler shares.
+
+A law over ``W`` outcomes becomes integer inverse-CDF thresholds (``categorical_thresholds``); a
+uniform integer ``u`` in ``[0, 2**31)`` picks the first outcome whose threshold is at least ``u``
+(``search``, a branch-free binary search). Zero-mass outcomes get zero width, so a token of
+probability zero is never drawn whatever the rounding, and an event of probability one never
+fails (``bernoulli``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+INT32_MAX = jnp.iinfo(jnp.int32).max
+RESOLUTION_BITS = 31  # uniforms are 31-bit integers; probabilities are resolved to 2**-31
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def categorical_thresholds(masses: jax.Array) -> jax.Array:
+    """Integer inverse-CDF thresholds for drawing from (un-normalised) ``masses``.
+
+    Entry ``i`` is drawn for a 31-bit uniform integer ``u`` iff ``thr[i - 1] < u <= thr[i]``, so
+    ``P(i) = (thr[i] - thr[i - 1]) / 2**31``. Zero-mass entries get zero width (a token of
+    probability zero is never drawn, whatever the rounding), and every entry from the last one
+    with positive mass on is ``INT32_MAX``, so the search never runs past it.
+
+    Args:
+      masses: ``(..., W)`` non-negative masses.
+
+    Returns:
+      ``(..., W')`` int32 thresholds, ``W'`` the next power of two ``>= W`` (padding has no mass).
+    """
+    width = masses.shape[-1]
+    padded = _next_power_of_two(width)
+    masses = jnp.pad(masses, [(0, 0)] * (masses.ndim - 1) + [(0, padded - width)])
+    cdf = jnp.cumsum(masses, axis=-1)
+    total = cdf[..., -1:]
+    cdf = cdf / jnp.where(total > 0, total, jnp.ones_like(total))
+    scaled = jnp.ceil(cdf * 2.0**RESOLUTION_BITS) - 1
+    scaled = jnp.clip(scaled, -1, 2.0**RESOLUTION_BITS - 256).astype(jnp.int32)
+    positive = masses > 0
+    thr = jax.lax.cummax(jnp.where(positive, scaled, -1), axis=masses.ndim - 1)
+    index = jnp.arange(padded, dtype=jnp.int32).reshape((1,) * (masses.ndim - 1) + (padded,))
+    last_positive = jnp.max(jnp.where(positive, index, -1), axis=-1, keepdims=True)
+    return jnp.where(index >= last_positive, INT32_MAX, thr)
+
+
+def search(thresholds_at, u: jax.Array, width: int) -> jax.Array:
+    """First ``i`` with ``thr[i] >= u``; ``thresholds_at(i)`` reads one threshold (a gather)."""
+    lo = jnp.zeros_like(u)
+    half = width // 2
+    while half >= 1:
+        below = thresholds_at(lo + half - 1) < u
+        lo = jnp.where(below, lo + half, lo)
+        half //= 2
+    return lo
+
+
+def int31(bits: jax.Array) -> jax.Array:
+    """Uniform integers in ``[0, 2**31)`` as int32, from 32 random bits."""
+    return jax.lax.shift_right_logical(bits, jnp.uint32(1)).astype(jnp.int32)
+
+
+def bernoulli(prob: jax.Array, u: jax.Array) -> jax.Array:
+    """``True`` with probability ``prob`` for a 31-bit uniform integer ``u`` (exactly never at
+    ``prob = 0``, always at ``prob = 1``)."""
+    thr = categorical_thresholds(jnp.stack([prob, 1 - prob], axis=-1))
+    return u <= thr[..., 0]
+
+
+def draw(thresholds: jax.Array, u: jax.Array) -> jax.Array:
+    """The outcome of one ``(W',)`` threshold row for the uniform integer ``u``."""
+    return search(lambda i: thresholds[i], u, thresholds.shape[-1])

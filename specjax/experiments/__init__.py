@@ -1,0 +1,2 @@
+"""The paper's experiments: reproduction, report and figures."""
+

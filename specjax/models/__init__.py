@@ -1,0 +1,13 @@
+"""Models: Markov chains (the paper's setting) and any autoregressive model (n-grams, finite-state models, the protocol)."""
+
+from specjax.models.markov import MarkovChain
+from specjax.models.markov import paper_instance
+from specjax.models.markov import random_markov_chain
+from specjax.models.autoregressive import AutoregressiveModel
+from specjax.models.autoregressive import FiniteStateModel
+from specjax.models.autoregressive import GreedyModel
+from specjax.models.autoregressive import NGramModel
+from specjax.models.autoregressive import greedy_draft
+from specjax.models.autoregressive import MAX_TABLE_SIZE
+from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.autoregressive import ngram_counts

@@ -1,0 +1,105 @@
+"""Validation of models: the autoregressive-model protocol, finite-state pairs, and model kinds.
+
+Every entry point classifies its models with ``model_kind`` before any work: ``"markov"`` (two
+``MarkovChain``s), ``"finite_state"`` (two ``FiniteStateModel``s on one state space) or
+``"protocol"`` (any other models of the protocol), and refuses mixtures with a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.models.autoregressive import FiniteStateModel
+from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.markov import MarkovChain
+from specjax.models.markov import check_pair
+
+
+def _check_protocol_model(name: str, model) -> None:
+    """Raise ``ValueError`` unless ``model`` follows the protocol: a JAX pytree whose
+    ``probs(init_state())`` is a float ``(V,)`` law (values checked when concrete)."""
+    if not is_autoregressive_model(model):
+        raise ValueError(
+            f"{name} must be a specjax.MarkovChain or an autoregressive model (num_states, "
+            f"init_state(), probs(state), update(state, token); see specjax.models), got "
+            f"{type(model).__name__}")
+    leaves = jax.tree_util.tree_leaves(model)
+    if any(leaf is model for leaf in leaves):
+        raise ValueError(
+            f"{name} must be a JAX pytree (e.g. a class registered with "
+            f"jax.tree_util.register_pytree_node_class, arrays as leaves), got an unregistered "
+            f"{type(model).__name__}")
+    num_states = model.num_states
+    _checks.check_positive_int(f"{name}.num_states", num_states)
+    try:
+        row = jax.eval_shape(lambda m: m.probs(m.init_state()), model)
+    except Exception as error:  # a user's model: report what failed, naming the argument
+        raise ValueError(f"{name}.probs(init_state()) failed: {error}") from error
+    if row.shape != (num_states,) or not jnp.issubdtype(row.dtype, jnp.floating):
+        raise ValueError(
+            f"{name}.probs(state) must return a float array of shape (num_states,) = "
+            f"({num_states},), got shape {row.shape} and dtype {row.dtype}")
+    if all(_checks.is_concrete(leaf) for leaf in leaves):
+        _checks.check_probabilities(f"{name}.probs(init_state())",
+                                    model.probs(model.init_state()))
+
+
+def check_models(draft, target) -> None:
+    """Raise ``ValueError`` unless both follow the protocol with the same ``V``."""
+    for name, model in (("draft", draft), ("target", target)):
+        _check_protocol_model(name, model)
+    if draft.num_states != target.num_states:
+        raise ValueError(
+            f"draft and target must have the same number of states V, got "
+            f"{draft.num_states} (draft) and {target.num_states} (target)")
+
+
+def model_dtype(model):
+    """The float dtype of a model's probabilities (a ``MarkovChain``'s, or the protocol's)."""
+    if hasattr(model, "trans"):
+        return model.trans.dtype
+    return model.probs(model.init_state()).dtype
+
+
+def check_shared_states(draft, target) -> None:
+    """Raise ``ValueError`` unless both are ``FiniteStateModel``s on one state space (same ``V``,
+    ``S``, start and ``next_state``; the values are compared when concrete)."""
+    for name, model in (("draft", draft), ("target", target)):
+        if not isinstance(model, FiniteStateModel):
+            raise ValueError(
+                f"{name} must be a specjax.models.FiniteStateModel (e.g. "
+                f"NGramModel.as_finite_state()), got {type(model).__name__}")
+    check_models(draft, target)
+    if draft.num_contexts != target.num_contexts or draft.start != target.start:
+        raise ValueError(
+            f"draft and target must share their state space: S = {draft.num_contexts} and "
+            f"{target.num_contexts}, start = {draft.start} and {target.start}")
+    a, b = draft.next_state, target.next_state
+    if a is not b and _checks.is_concrete(a) and _checks.is_concrete(b) \
+            and not np.array_equal(np.asarray(a), np.asarray(b)):
+        raise ValueError("draft and target must share next_state (the same state space); "
+                         "lift both to one context length, e.g. as_finite_state(3)")
+
+
+def model_kind(draft, target, *, allow_no_draft: bool = False) -> str:
+    """Validates a pair of models and returns its kind: ``"markov"``, ``"finite_state"`` or
+    ``"protocol"``. With ``allow_no_draft`` (autoregressive decoding) ``draft`` may be ``None``
+    and the target is validated alone."""
+    if draft is None and allow_no_draft:
+        draft = target
+    if isinstance(draft, MarkovChain) or isinstance(target, MarkovChain):
+        other = target if isinstance(draft, MarkovChain) else draft
+        if not isinstance(other, MarkovChain) and is_autoregressive_model(other):
+            raise ValueError("draft and target must both be MarkovChains or both other "
+                             "autoregressive models (lift a MarkovChain with "
+                             "specjax.FiniteStateModel.from_markov_chain)")
+        check_pair(draft, target)  # names a non-model argument
+        return "markov"
+    if isinstance(draft, FiniteStateModel) and isinstance(target, FiniteStateModel):
+        check_shared_states(draft, target)
+        return "finite_state"
+    check_models(draft, target)
+    return "protocol"

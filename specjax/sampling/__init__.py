@@ -1,0 +1,14 @@
+"""Monte Carlo: ``decode`` runs any decoder over many chains; the engines, sharding, and the
+counts-only path ``decoding_statistics``."""
+
+from specjax.sampling.counts import DecodingStatistics
+from specjax.sampling.counts import decoding_statistics
+from specjax.sampling.decode import decode
+from specjax.sampling.engine import DecodingTrace
+from specjax.sampling.samplers import autoregressive_decoding
+from specjax.sampling.samplers import batch_speculative_decoding
+from specjax.sampling.samplers import biased_speculative_decoding
+from specjax.sampling.samplers import block_verification_decoding
+from specjax.sampling.samplers import rejection_decoding
+from specjax.sampling.samplers import speculative_decoding
+from specjax.sampling.sharding import chain_sharding

@@ -1,0 +1,89 @@
+"""The Monte Carlo engine of call-level decoders (block verification; trees next).
+
+A chain is a sequence of target calls. A call from position ``n`` after token ``prev`` draws its
+``U = decoder.num_uniforms`` uniforms, asks the decoder for its outcome
+(``decoder.sample_call``: the emitted tokens, how many drafts were kept, whether the last token
+came after a rejection) and writes the tokens it emits at positions ``n .. n + kept`` (those
+beyond ``T`` are dropped: the sequence ends). At most ``T`` calls are needed, since each emits
+at least one token; finished chains do nothing.
+
+Random numbers: call ``m`` of chain ``c`` uses the Threefry hash of the counters
+``c U + j`` (``j < U``) under ``fold_in(key_calls, m)``, so a chain's numbers depend on its index
+alone: chunks and device layouts cannot change a token, as in the token-wise engine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decoders.draws import int31
+from specjax.sampling import engine
+from specjax.sampling import sharding as _sharding
+from specjax.sampling.engine import DecodingTrace
+
+
+def _write_call(decoder, tables, horizon: int, carry, u):
+    """One call of one chain: the decoder's outcome written into the chain's trace."""
+    tokens, rejected, bonus, new_call, n, prev = carry
+    active = n <= horizon
+    emitted, kept, last_rejected = decoder.sample_call(tables, n, prev, u)
+    offsets = jnp.arange(emitted.shape[0], dtype=jnp.int32)
+    keep = active & (offsets <= kept) & (n + offsets <= horizon)
+    tokens = tokens.at[jnp.where(keep, n + offsets, horizon + 1)].set(emitted, mode="drop")
+    end = n + kept  # the position of the last token
+    last_at = jnp.where(active & (end <= horizon), end - 1, horizon)
+    rejected = rejected.at[last_at].set(last_rejected, mode="drop")
+    bonus = bonus.at[last_at].set(~last_rejected, mode="drop")
+    new_call = new_call.at[jnp.where(active, n - 1, horizon)].set(True, mode="drop")
+    last = emitted[kept]
+    return (tokens, rejected, bonus, new_call, jnp.where(active, end + 1, n),
+            jnp.where(active, last, prev))
+
+
+@functools.partial(jax.jit, static_argnames=("num_chains", "sharding"))
+def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
+                   sharding=None):
+    """Runs chains ``offset .. offset + C - 1`` of a call-level decoder on ``MarkovChain``s.
+
+    Args:
+      key: a JAX PRNG key.
+      decoder: a call-level decoder whose ``lookahead`` is already at most ``T``.
+      draft, target: ``MarkovChain``s.
+      offset: index of the first chain (traced).
+      num_chains: ``C`` (static).
+      sharding: a ``NamedSharding`` of the chain axis, or ``None``.
+
+    Returns:
+      ``(DecodingTrace, verified)``; ``verified (C, T)``: a draft was verified at the position
+      (it is not a bonus token).
+    """
+    horizon = target.horizon
+    uniforms = decoder.num_uniforms
+    key_init, key_calls = jax.random.split(key)
+    x0 = engine.first_tokens(key_init, target.init, offset, num_chains, sharding)
+    tables = decoder.prepare(draft, target)
+    call = functools.partial(_write_call, decoder, tables, horizon)
+    first = jnp.asarray(offset, jnp.uint32) * jnp.uint32(uniforms)
+
+    def step(carry, m):
+        bits = engine.chain_bits(jax.random.fold_in(key_calls, m), first, num_chains * uniforms)
+        u = _sharding.constrain(int31(bits).reshape(num_chains, uniforms), sharding)
+        return jax.vmap(call)(carry, u), None
+
+    tokens = jnp.zeros((num_chains, horizon + 1), jnp.int32).at[:, 0].set(x0)
+    flags = jnp.zeros((num_chains, horizon), bool)
+    flags = _sharding.constrain(flags, sharding)
+    carry = (_sharding.constrain(tokens, sharding), flags, flags, flags,
+             _sharding.constrain(jnp.ones((num_chains,), jnp.int32), sharding), x0)
+    (tokens, rejected, bonus, new_call, _, _), _ = jax.lax.scan(step, carry,
+                                                                 jnp.arange(horizon))
+    return DecodingTrace(
+        tokens=tokens,
+        rejected=rejected,
+        num_rejections=jnp.sum(rejected, axis=-1, dtype=jnp.int32),
+        num_calls=jnp.sum(new_call, axis=-1, dtype=jnp.int32),
+        new_call=new_call,
+    ), ~bonus

@@ -1,0 +1,243 @@
+"""Runs too large to keep their tokens: counts only, in chunks of chains, on any device layout.
+
+``decoding_statistics(key, decoder, draft, target, num_chains)`` runs any decoder as
+``specjax.decode`` does, but keeps, instead of the ``(C, T + 1)`` tokens, what a study of its cost needs: the
+rejections and calls of each chain, how many chains rejected, verified a draft, or started a
+target call at each position, and the law of the final token. Memory is ``O(C + T + V)`` per
+chunk instead of ``O(C T)``: ``10^6`` chains with ``T = 1,000`` need tens of MB, not the 6 GB of
+their trace.
+
+Exactness. Chain ``c`` draws its random numbers from the counter ``c`` alone
+(``specjax.sampling.engine.chain_bits``), so a chunk of chains ``[o, o + s)`` is exactly those chains of
+the one-shot run, the per-chain results concatenate and the counts (integers) add: a chunked run
+equals the one-shot run, and both equal the counts taken from the sampler's full
+``DecodingTrace`` with the same key. The counts are combined on the host as int64.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.sampling import sharding as _sharding
+from specjax.decoders.base import CallDecoder
+from specjax.sampling import decode
+from specjax.sampling import engine
+from specjax._progress import Progress
+
+#: Chains per chunk and per device when ``chunk_size`` is not given: on a CPU about 50 MB of
+#: working memory; on an accelerator a chunk must be large enough to hide the fixed cost of each
+#: position's kernels (see the README's "GPU/TPU readiness"), about 0.5 GB.
+DEFAULT_CHUNK_SIZE = 1 << 20
+DEFAULT_CHUNK_SIZE_ACCELERATOR = 1 << 24
+_MAX_CHAINS = 1 << 32  # chain counters are 32-bit
+TRACE_CHUNK_ELEMENTS = 1 << 24  # tokens per device in a chunk of the engines that keep them
+
+
+class DecodingStatistics(NamedTuple):
+    """Counts of a decoding run of ``C`` chains of horizon ``T`` over ``V`` tokens (no tokens).
+
+    Attributes:
+      num_rejections: the paper's ``N_rej`` of each chain (equal to ``DecodingTrace``'s).
+      num_calls: target calls of each chain.
+      rejections_at: how many chains drew ``x_n`` after a rejection, ``n = 1..T``.
+      verified_at: how many chains verified a draft at position ``n`` (every position but the
+        target's bonus token after ``K`` accepted drafts).
+      calls_at: how many chains started a target call at position ``n``.
+      final_token_counts: how many chains ended in each token ``x_T``.
+
+    The per-chain fields are JAX arrays (laid out like the run's ``sharding``); the counts are
+    NumPy int64, exact whatever the number of chains.
+    """
+
+    num_rejections: jax.Array  # shape=(C,), dtype=int32
+    num_calls: jax.Array  # shape=(C,), dtype=int32
+    rejections_at: np.ndarray  # shape=(T,), dtype=int64
+    verified_at: np.ndarray  # shape=(T,), dtype=int64
+    calls_at: np.ndarray  # shape=(T,), dtype=int64
+    final_token_counts: np.ndarray  # shape=(V,), dtype=int64
+
+    @property
+    def num_chains(self) -> int:
+        """``C``."""
+        return int(self.final_token_counts.sum())
+
+    @property
+    def rejection_rate(self) -> np.ndarray:
+        """Fraction of chains rejecting at position ``n``; estimates ``ExactDecoding.rejection_rate``."""
+        return self.rejections_at / self.num_chains
+
+    @property
+    def acceptance_rate(self) -> np.ndarray:
+        """Accepted / verified drafts at position ``n`` (1 where none was verified); estimates
+        ``ExactDecoding.acceptance_rate``, the acceptance rate given a draft was verified."""
+        verified = np.maximum(self.verified_at, 1)
+        return 1.0 - self.rejections_at / verified
+
+    @property
+    def acceptance_rate_se(self) -> np.ndarray:
+        """Binomial standard error of ``acceptance_rate`` (0 where nothing was verified)."""
+        rate = self.acceptance_rate
+        return np.sqrt(rate * (1 - rate) / np.maximum(self.verified_at, 1))
+
+    @property
+    def final_token_law(self) -> np.ndarray:
+        """The empirical law of ``x_T``."""
+        return self.final_token_counts / self.num_chains
+
+
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding"))
+def _markov_counts(key, decoder, draft, target, offset, num_valid, *, num_chains, lookahead,
+                   sharding):
+    table = engine.decoder_table(decoder, draft.trans, target.trans)
+    return engine.simulate_counts(key, target.init, table, num_chains, lookahead, offset=offset,
+                                  num_valid=num_valid, sharding=sharding)
+
+
+@functools.partial(jax.jit, static_argnames=("num_states",))
+def _trace_counts(trace, verified, num_valid, *, num_states):
+    """The counts of a chunk's trace (engines that keep their tokens), padding not counted."""
+    valid = jnp.arange(trace.tokens.shape[0]) < num_valid
+    rows = [jnp.sum(flag & valid[:, None], axis=0, dtype=jnp.int32)
+            for flag in (trace.rejected, verified, trace.new_call)]
+    final = jnp.bincount(trace.tokens[:, -1], weights=valid.astype(jnp.int32),
+                         length=num_states)
+    return engine.ChunkCounts(num_rejections=trace.num_rejections, num_calls=trace.num_calls,
+                              per_position=jnp.stack(rows, axis=-1),
+                              final_tokens=final.astype(jnp.int32))
+
+
+def _chunk_counts(key, run, offset: int, chunk: int, valid: int):
+    if run.models == "markov" and not isinstance(run.decoder, CallDecoder):
+        return _markov_counts(key, run.decoder, run.draft, run.target, np.uint32(offset),
+                              np.int32(valid), num_chains=chunk, lookahead=run.lookahead,
+                              sharding=run.sharding)
+    trace, verified = decode.run_chunk(key, run, np.uint32(offset), chunk)
+    return _trace_counts(trace, verified, np.int32(valid), num_states=run.target.num_states)
+
+
+def default_chunk_size(sharding=None, horizon: int | None = None) -> int:
+    """``chunk_size`` when none is given: ``DEFAULT_CHUNK_SIZE`` chains per device on a CPU,
+    ``DEFAULT_CHUNK_SIZE_ACCELERATOR`` on a GPU or TPU, times the number of shards. With a
+    ``horizon`` (engines that keep each chunk's tokens: call-level decoders and protocol
+    models), at most ``TRACE_CHUNK_ELEMENTS / T`` chains per device."""
+    device = next(iter(sharding.device_set)) if sharding is not None else jax.devices()[0]
+    per_device = DEFAULT_CHUNK_SIZE if device.platform == "cpu" else DEFAULT_CHUNK_SIZE_ACCELERATOR
+    if horizon is not None:
+        per_device = min(per_device, max(1, TRACE_CHUNK_ELEMENTS // (horizon + 1)))
+    return per_device * _sharding.num_shards(sharding)
+
+
+def _resolve_chunk_size(chunk_size, num_chains: int, sharding, horizon=None) -> int:
+    shards = _sharding.num_shards(sharding)
+    if chunk_size is None:
+        return min(num_chains, default_chunk_size(sharding, horizon))
+    _checks.check_positive_int("chunk_size", chunk_size)
+    if chunk_size % shards:
+        raise ValueError(f"chunk_size ({chunk_size}) must be a multiple of the number of shards "
+                         f"({shards}) of sharding")
+    return min(chunk_size, num_chains)
+
+
+def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, *,
+                        chunk_size: int | None = None, progress: bool = False,
+                        sharding=None, horizon: int | None = None, **legacy) -> DecodingStatistics:
+    """Runs ``decoder`` like ``specjax.decode`` but keeps counts only, in chunks of chains.
+
+    Args:
+      key: a JAX PRNG key.
+      decoder: any decoder value (``specjax.Speculative()``, ...).
+      draft, target, num_chains, horizon, sharding: as for ``specjax.decode``.
+      chunk_size: chains per chunk (default ``default_chunk_size``: 2**20 chains per CPU device,
+        2**24 per GPU or TPU, at most ``2**24 / (T + 1)`` per device for the engines that keep
+        a chunk's tokens; all of them when fewer); a multiple of the number of shards. Every
+        chunk has the same shape (the last one is padded and its padding not counted), so a run
+        compiles once.
+      progress: show a progress bar (tqdm) on standard error, one step per chunk.
+
+    Returns:
+      ``DecodingStatistics``, equal to the counts of ``specjax.decode``'s ``DecodingTrace`` for
+      the same arguments, whatever ``chunk_size`` and ``sharding``.
+
+    Raises:
+      ValueError: bad arguments (as ``decode`` raises), ``chunk_size`` not a positive multiple
+        of the number of shards, or ``num_chains`` rounded up to a multiple of ``chunk_size``
+        above ``2**32`` (divided by the uniforms per call of a call-level decoder).
+
+    The old form ``decoding_statistics(sampler, key, *args, **kwargs)`` (a sampler function
+    first) still works and warns that it is deprecated.
+
+    This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``.
+    """
+    if callable(key) and not isinstance(key, jax.Array):
+        return _legacy(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
+                       progress=progress, sharding=sharding, horizon=horizon, **legacy)
+    if legacy:
+        raise TypeError(f"decoding_statistics() got unexpected keyword arguments "
+                        f"{sorted(legacy)}")
+    if num_chains is None:
+        raise ValueError("num_chains must be given (a positive integer)")
+    run = decode.plan(key, decoder, draft, target, num_chains, horizon=horizon,
+                      sharding=sharding)
+    keeps_tokens = isinstance(run.decoder, CallDecoder) or run.models != "markov"
+    chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
+                                run.horizon if keeps_tokens else None)
+    num_chunks = -(-num_chains // chunk)
+    per_chain = run.decoder.num_uniforms if isinstance(run.decoder, CallDecoder) else 1
+    if num_chunks * chunk * per_chain > _MAX_CHAINS:
+        raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "
+                         f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
+                         f"must be at most 2**32" + ("" if per_chain == 1 else
+                                                     f" / {per_chain}"))
+    run = decode.replicate(run)
+    bar = Progress(num_chunks, enabled=progress)
+    per_position = np.zeros((run.horizon, 3), np.int64)
+    final = np.zeros((run.target.num_states,), np.int64)
+    rejections, calls = [], []
+    for i in range(num_chunks):
+        start = i * chunk
+        valid = min(chunk, num_chains - start)
+        out = _chunk_counts(key, run, start, chunk, valid)
+        per_position += np.asarray(out.per_position, np.int64)
+        final += np.asarray(out.final_tokens, np.int64)
+        rejections.append(out.num_rejections[:valid] if valid < chunk else out.num_rejections)
+        calls.append(out.num_calls[:valid] if valid < chunk else out.num_calls)
+        bar.step(f"chains {start + valid:,}/{num_chains:,}")
+    join = (lambda parts: parts[0]) if num_chunks == 1 else jnp.concatenate
+    return DecodingStatistics(
+        num_rejections=join(rejections),
+        num_calls=join(calls),
+        rejections_at=per_position[:, 0],
+        verified_at=per_position[:, 1],
+        calls_at=per_position[:, 2],
+        final_token_counts=final,
+    )
+
+
+def _legacy(sampler, key, *args, chunk_size=None, progress=False, sharding=None, horizon=None,
+            **kwargs) -> DecodingStatistics:
+    """``decoding_statistics(sampler, key, *args, **kwargs)``: the form before decoders were
+    values. Maps the sampler and its arguments to a decoder and warns."""
+    to_decoder = getattr(sampler, "decoder_from", None)
+    if to_decoder is None:
+        raise ValueError(
+            "decoding_statistics takes (key, decoder, draft, target, num_chains); the deprecated "
+            "form takes one of specjax's samplers first (e.g. specjax.speculative_decoding), "
+            f"got {sampler!r}")
+    warnings.warn("decoding_statistics(sampler, key, ...) is deprecated: use "
+                  "decoding_statistics(key, decoder, draft, target, num_chains, ...)",
+                  DeprecationWarning, stacklevel=3)
+    args = [a for a in args if a is not None]
+    if sharding is not None:
+        kwargs["sharding"] = sharding
+    if horizon is not None:
+        kwargs["horizon"] = horizon
+    decoder, draft, target, num_chains, rest = to_decoder(*args, **kwargs)
+    return decoding_statistics(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
+                               progress=progress, **rest)

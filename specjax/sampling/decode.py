@@ -1,0 +1,177 @@
+"""``decode``: any decoder, any model kind it supports, any device layout, one entry point.
+
+A run is planned before any work: the key, the decoder, the models (their kind: two
+``MarkovChain``s, two ``FiniteStateModel``s, or any protocol models), ``num_chains``, the horizon
+and the sharding are checked and the decoder's static settings resolved (``lookahead=None`` is
+``K = T``). The plan then runs on the engine of the decoder's kind:
+
+* token-wise decoders on ``MarkovChain``s: the law-table engine (``specjax.sampling.engine``);
+* token-wise decoders on any other autoregressive model: ``specjax.sampling.models``;
+* call-level decoders (block verification): ``specjax.sampling.calls``.
+
+Every engine numbers chains by a 32-bit counter and draws chain ``c``'s numbers from ``c``
+alone, so a run can be cut into chunks and laid out over devices without changing a token
+(``decoding_statistics`` does both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+from jax.sharding import NamedSharding
+
+from specjax import _checks
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.models.checks import model_kind
+from specjax.sampling import calls
+from specjax.sampling import engine
+from specjax.sampling import models
+from specjax.sampling import sharding as _sharding
+from specjax.sampling.engine import DecodingTrace
+
+MAX_COUNTER = 2**32  # chains (and a call-level decoder's uniforms) are numbered with 32 bits
+
+
+class Plan(NamedTuple):
+    """A validated run (no key): the decoder with its settings resolved, the models and their
+    kind, and the static sizes."""
+
+    decoder: object
+    draft: object
+    target: object
+    num_chains: int
+    lookahead: int  # the resolved K (0 for autoregressive decoding)
+    models: str  # "markov", "finite_state" or "protocol"
+    horizon: int
+    sharding: NamedSharding | None
+
+
+def _check_horizon(target, kind: str, horizon) -> int:
+    if kind == "markov":
+        _checks.check_positive_int("horizon", horizon, allow_none=True)
+        if horizon is not None and horizon != target.horizon:
+            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
+                             f"models; leave it None (got {horizon})")
+        return target.horizon
+    if horizon is None:
+        raise ValueError("horizon must be given (a positive integer T) for autoregressive "
+                         "models other than MarkovChain")
+    _checks.check_positive_int("horizon", horizon)
+    return horizon
+
+
+def check_supported(decoder, kind: str, what: str) -> None:
+    """Raise ``ValueError`` unless ``decoder`` supports models of ``kind`` for ``what``
+    (``"protocol"``: Monte Carlo; ``"finite_state"``: exact values)."""
+    if kind == "markov" or kind in decoder.model_kinds:
+        return
+    names = {"finite_state": "FiniteStateModels", "protocol": "autoregressive models other "
+             "than MarkovChain"}
+    raise ValueError(
+        f"{type(decoder).__name__} does not support {what} on {names[kind]}: its "
+        f"{'sampler' if kind == 'protocol' else 'exact law'} is written for MarkovChain models "
+        f"(see the support table in docs/guides/decoders.md)")
+
+
+def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None) -> Plan:
+    """Validates a run of ``decoder`` before any work and resolves its settings."""
+    _checks.check_key(key)
+    check_decoder(decoder)
+    if hasattr(decoder, "validate"):
+        decoder.validate()
+    if draft is None and not getattr(decoder, "uses_draft", True):
+        draft = target
+    kind = model_kind(draft, target)
+    mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
+    check_supported(decoder, mc_kind, "Monte Carlo")
+    _checks.check_static_int("num_chains", num_chains)
+    horizon = _check_horizon(target, kind, horizon)
+    resolved_sharding = _sharding.resolve(sharding, num_chains)
+    lookahead = decoder.resolve_lookahead(horizon)
+    if isinstance(decoder, CallDecoder):
+        decoder = dataclasses.replace(decoder, lookahead=lookahead)
+        per_chain = decoder.num_uniforms
+    else:
+        per_chain = 1
+    if num_chains * per_chain > MAX_COUNTER:
+        raise ValueError(
+            f"num_chains must be at most 2**32 / {per_chain} (chains are numbered with 32 bits"
+            f"{'' if per_chain == 1 else ', ' + str(per_chain) + ' uniforms per call'}), got "
+            f"{num_chains}" + ("; for large runs use specjax.decoding_statistics"
+                               if per_chain == 1 else ""))
+    rows = horizon * target.num_states if mc_kind == "markov" else num_chains
+    decoder.check(target.num_states, rows)
+    return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
+                resolved_sharding)
+
+
+def replicate(run: Plan) -> Plan:
+    """``run`` with its arrays on every device of its mesh (no-op without a sharding)."""
+    decoder, draft, target = _sharding.put_replicated((run.decoder, run.draft, run.target),
+                                                      run.sharding)
+    return run._replace(decoder=decoder, draft=draft, target=target)
+
+
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding"))
+def _simulate_markov(key, decoder, draft, target, offset, *, num_chains, lookahead, sharding):
+    table = engine.decoder_table(decoder, draft.trans, target.trans)
+    return engine.simulate(key, target.init, table, num_chains, lookahead, offset=offset,
+                           sharding=sharding)
+
+
+def run_chunk(key, run: Plan, offset, num_chains: int):
+    """Chains ``offset .. offset + num_chains - 1`` of a planned run: ``(trace, verified)``,
+    ``verified`` ``None`` for the token-wise Markov engine (its counts path keeps it)."""
+    if isinstance(run.decoder, CallDecoder):
+        return calls.simulate_calls(key, run.decoder, run.draft, run.target, offset,
+                                    num_chains=num_chains, sharding=run.sharding)
+    if run.models == "protocol":
+        return models.simulate_models(key, run.decoder, run.draft, run.target, offset,
+                                      num_chains=num_chains, horizon=run.horizon,
+                                      lookahead=run.lookahead, sharding=run.sharding)
+    trace = _simulate_markov(key, run.decoder, run.draft, run.target, offset,
+                             num_chains=num_chains, lookahead=run.lookahead,
+                             sharding=run.sharding)
+    return trace, None
+
+
+def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None = None,
+           sharding=None) -> DecodingTrace:
+    """Samples ``num_chains`` sequences with ``decoder``: the Monte Carlo entry point.
+
+    Args:
+      key: a JAX PRNG key (``jax.random.key(seed)``).
+      decoder: any decoder value, e.g. ``specjax.Speculative()``, ``specjax.BatchSpeculative(4)``,
+        ``specjax.BlockVerification(3)``, or your own (``docs/guides/new-decoder.md``).
+      draft: the draft model ``p`` (``None`` for ``Autoregressive()``).
+      target: the target model ``q``; unbiased decoders output exactly its law.
+      num_chains: ``C``, the number of independent chains (a static Python int).
+      horizon: ``T``; required for models other than ``MarkovChain`` (which carries its own).
+      sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` or a ``NamedSharding`` of
+        the chain axis (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the
+        number of shards. The tokens equal an unsharded run's with the same key.
+
+    Returns:
+      ``DecodingTrace``: ``tokens (C, T + 1)``, ``rejected (C, T)``, ``num_rejections (C,)``
+      (the paper's ``N_rej``), ``num_calls (C,)``, ``new_call (C, T)``.
+
+    Raises:
+      ValueError: a bad key, decoder, models or setting, or a decoder that does not support the
+        models' kind; raised before any work. Under a caller's own ``jax.jit`` the checks on
+        probability values are skipped (shape and setting checks still run).
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> trace = specjax.decode(jax.random.key(0), specjax.BatchSpeculative(4), draft, target,
+      ...                        1000)
+      >>> trace.tokens.shape, bool(trace.num_rejections.mean() < 21)
+      ((1000, 51), True)
+    """
+    run = replicate(plan(key, decoder, draft, target, num_chains, horizon=horizon,
+                         sharding=sharding))
+    return run_chunk(key, run, 0, num_chains)[0]

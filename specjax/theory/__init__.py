@@ -1,0 +1,23 @@
+"""Exact quantities: ``exact`` and ``accepted_length`` for any decoder (the forward recursions
+over a decoder's state), closed forms, output laws, sequence KL and the Pareto front."""
+
+from specjax.theory.block import exact_block_accepted_length
+from specjax.theory.block import exact_block_expected_calls
+from specjax.theory.block import exact_joint_accepted_length
+from specjax.theory.block import exact_tokenwise_accepted_length
+from specjax.theory.exact import accepted_length
+from specjax.theory.exact import batch_expected_rejections
+from specjax.theory.exact import exact
+from specjax.theory.exact import exact_batch_speculative_decoding
+from specjax.theory.exact import exact_biased_speculative_decoding
+from specjax.theory.exact import exact_rejection_decoding
+from specjax.theory.exact import exact_speculative_decoding
+from specjax.theory.exact import expected_calls
+from specjax.theory.exact import expected_rejections
+from specjax.theory.laws import ParetoFront
+from specjax.theory.laws import biased_output_chain
+from specjax.theory.laws import marginals
+from specjax.theory.laws import output_chain
+from specjax.theory.laws import pareto_front
+from specjax.theory.laws import sequence_kl
+from specjax.theory.recursion import ExactDecoding
