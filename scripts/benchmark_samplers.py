@@ -139,7 +139,7 @@ def measure(path: str, num_chains: int, horizon: int, repeats: int) -> dict:
             return specjax.speculative_decoding(k, draft, target, num_chains, sharding=sharding)
     else:
         def run(k):
-            return specjax.decoding_statistics(specjax.speculative_decoding, k, draft, target,
+            return specjax.decoding_statistics(k, specjax.Speculative(), draft, target,
                                                num_chains, sharding=sharding)
     idle_rss = _current_rss()
     start = time.perf_counter()
@@ -164,18 +164,18 @@ def _current_rss() -> int:
 
 def _compiled_bytes(path, draft, target, num_chains, sharding):
     """XLA's temporaries + outputs for the whole run (all devices), or None if not reported."""
-    from specjax.sampling import samplers
-    from specjax.sampling import counts as statistics
+    from specjax.sampling import counts
+    from specjax.sampling import decoding
     key = jax.random.key(0)
-    plan = samplers._plan_speculative(key, draft, target, num_chains, sharding=sharding)
-    static = dict(num_chains=num_chains, lookahead=plan.lookahead, rule=plan.rule,
-                  sharding=plan.sharding)
+    run = decoding.replicate(decoding.plan(key, specjax.Speculative(), draft, target,
+                                           num_chains, sharding=sharding))
+    static = dict(num_chains=num_chains, lookahead=run.lookahead, sharding=run.sharding)
+    args = (key, run.decoder, run.draft, run.target, np.uint32(0))
     if path == "trace":
-        lowered = samplers._run.lower(key, draft, target, (), **static)
+        lowered = decoding._simulate_markov.lower(*args, **static)
     else:
-        static["num_chains"] = min(num_chains, statistics.default_chunk_size(plan.sharding))
-        lowered = statistics._run_counts.lower(key, draft, target, (), np.uint32(0),
-                                               np.int32(1), **static)
+        static["num_chains"] = min(num_chains, counts.default_chunk_size(run.sharding))
+        lowered = counts._markov_counts.lower(*args, np.int32(1), **static)
     memory = lowered.compile().memory_analysis()
     if memory is None:
         return None

@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.decoders import block
 
 
 def instances(horizon: int, num_random: int):
@@ -65,16 +64,16 @@ def run(horizon: int, max_lookahead: int, num_chains: int, num_random: int, seed
         for k in range(1, max_lookahead + 1):
             key = jax.random.fold_in(jax.random.key(seed), k)
             sd = specjax.speculative_decoding(key, draft, target, num_chains, lookahead=k)
-            bv = block.block_verification_decoding(key, draft, target, num_chains, lookahead=k)
+            bv = specjax.block_verification_decoding(key, draft, target, num_chains, lookahead=k)
             with jax.enable_x64(True):
                 d64, t64 = as_float64(draft), as_float64(target)
                 prompt = np.asarray(t64.init)
                 exact = {f: float(prompt @ np.asarray(fn(d64, t64, lookahead=k)))
-                         for f, fn in (("tokenwise", block.exact_tokenwise_accepted_length),
-                                       ("block", block.exact_block_accepted_length),
-                                       ("joint", block.exact_joint_accepted_length))}
+                         for f, fn in (("tokenwise", specjax.exact_tokenwise_accepted_length),
+                                       ("block", specjax.exact_block_accepted_length),
+                                       ("joint", specjax.exact_joint_accepted_length))}
                 sd_calls = float(specjax.expected_calls(d64, t64, lookahead=k))
-                bv_calls = float(block.exact_block_expected_calls(d64, t64, lookahead=k))
+                bv_calls = float(specjax.exact_block_expected_calls(d64, t64, lookahead=k))
             token_sim, token_se = mean_se(first_call_accepted(sd))
             block_sim, block_se = mean_se(first_call_accepted(bv))
             per_call.append(dict(

@@ -45,14 +45,12 @@ def main(argv=None) -> dict:
 
     draft, target = specjax.paper_instance(num_states=args.states, horizon=args.horizon)
     if args.num_drafts > 1:
-        sampler, kw = specjax.batch_speculative_decoding, dict(num_drafts=args.num_drafts)
-        exact = specjax.exact_batch_speculative_decoding(draft, target, lookahead=args.lookahead,
-                                                         **kw)
+        decoder = specjax.BatchSpeculative(args.num_drafts, lookahead=args.lookahead)
         name = f"batch SD, M = {args.num_drafts}"
     else:
-        sampler, kw = specjax.speculative_decoding, {}
-        exact = specjax.exact_speculative_decoding(draft, target, lookahead=args.lookahead)
+        decoder = specjax.Speculative(args.lookahead)
         name = "SD"
+    exact = specjax.exact(decoder, draft, target)
     name += ", K = T" if args.lookahead is None else f", K = {args.lookahead}"
     sharding = specjax.chain_sharding() if args.shard else None
     steps = args.chains * args.horizon
@@ -61,10 +59,9 @@ def main(argv=None) -> dict:
           f"({jax.devices()[0].device_kind}), sharded: {bool(sharding)}")
 
     start = time.perf_counter()
-    stats = specjax.decoding_statistics(sampler, jax.random.key(args.seed), draft, target,
-                                        args.chains, lookahead=args.lookahead,
-                                        chunk_size=args.chunk_size, sharding=sharding,
-                                        progress=not args.no_progress, **kw)
+    stats = specjax.decoding_statistics(jax.random.key(args.seed), decoder, draft, target,
+                                        args.chains, chunk_size=args.chunk_size,
+                                        sharding=sharding, progress=not args.no_progress)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     print(f"time {seconds:.1f} s (compilation included), {steps / seconds / 1e6:.1f} M "

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 import specjax
-from specjax.models.autoregressive import markov as _models
+from specjax.models import markov as _models
 from specjax.experiments.reproduce import mean_se
 from specjax.experiments.reproduce import z_score
 

@@ -49,10 +49,14 @@ def check_probabilities(name: str, x, *, axis: int = -1) -> None:
     tol = row_sum_tolerance(values.dtype)
     if (err > tol).any():
         bad = np.unravel_index(np.argmax(err), err.shape)
-        raise ValueError(
-            f"{name} rows must sum to one (tolerance {tol:g}); row {tuple(int(i) for i in bad)} "
-            f"sums to {sums[bad]:.8g}"
-        )
+        if values.ndim == 1:  # one law: "row ()" would say nothing
+            where = f"{name} is one row of shape {values.shape} (a law over V = " \
+                    f"{values.shape[-1]} tokens) and it sums to {sums[bad]:.8g}"
+        else:
+            where = f"{name} has shape {values.shape} (laws over its last axis, V = " \
+                    f"{values.shape[-1]}) and its row {tuple(int(i) for i in bad)} sums to " \
+                    f"{sums[bad]:.8g}"
+        raise ValueError(f"{name} rows must sum to one (tolerance {tol:g}): {where}")
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""Pytrees by one mechanism: frozen dataclasses registered with ``jax.tree_util.register_dataclass``.
+"""Pytrees by one mechanism: frozen dataclasses registered as JAX pytrees (``pytree_dataclass``).
 
 Models and decoders are values: immutable, hashable by value, and JAX pytrees whose array fields
 are leaves (traced, differentiable) and whose other fields are static metadata (part of ``jit``'s
@@ -8,14 +8,16 @@ cache key).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 
 
 def array_field(**kwargs):
-    """A dataclass field that is a pytree leaf (traced under ``jit``, differentiable); every
-    other field of a ``decoder_dataclass`` is static metadata."""
+    """A dataclass field that is a pytree child (a leaf or a subtree of leaves: traced under
+    ``jit``, differentiable); every other field of a ``pytree_dataclass`` (``decoder_dataclass``)
+    is static metadata."""
     metadata = dict(kwargs.pop("metadata", {}), array=True)
     return dataclasses.field(metadata=metadata, **kwargs)
 
@@ -32,15 +34,47 @@ def _value_key(obj):
     return (type(obj), treedef, tuple(_leaf_key(leaf) for leaf in leaves))
 
 
-def pytree_dataclass(cls):
+def pytree_dataclass(cls=None, *, init_on_unflatten: bool = True):
     """Makes ``cls`` a frozen dataclass and a JAX pytree: fields made with ``array_field()`` are
     leaves, the others static metadata (hashable: part of ``jit``'s cache key). Equality and
     hashing compare values (leaves by content when concrete), so two equal decoders are one
-    static setting."""
+    static setting.
+
+    ``init_on_unflatten=True`` (the default) registers with ``register_dataclass``, whose
+    unflattening calls the constructor: ``__post_init__`` then also sees tracers, abstract values,
+    placeholders (``None``, ``object()``) and gradients as leaves, so it may check static fields
+    only. With ``init_on_unflatten=False`` (``@pytree_dataclass(init_on_unflatten=False)``)
+    unflattening sets the fields directly and only a call of the class runs ``__init__`` and
+    ``__post_init__``: for classes whose constructor validates the leaves' values (models: rows
+    summing to one), which a gradient or a placeholder need not satisfy.
+    """
+    if cls is None:
+        return functools.partial(pytree_dataclass, init_on_unflatten=init_on_unflatten)
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=True)(cls)
     data = [f.name for f in dataclasses.fields(cls) if f.metadata.get("array")]
     meta = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("array")]
     cls.__eq__ = lambda self, other: type(other) is type(self) and \
         _value_key(self) == _value_key(other)
     cls.__hash__ = lambda self: hash(_value_key(self))
-    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    if init_on_unflatten:
+        return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    keys = [jax.tree_util.GetAttrKey(name) for name in data]
+
+    def flatten(obj):
+        return (tuple(getattr(obj, name) for name in data),
+                tuple(getattr(obj, name) for name in meta))
+
+    def flatten_with_keys(obj):
+        children, aux = flatten(obj)
+        return tuple(zip(keys, children)), aux
+
+    def unflatten(aux, children):
+        obj = object.__new__(cls)
+        for name, value in zip(meta, aux):
+            object.__setattr__(obj, name, value)
+        for name, value in zip(data, children):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls

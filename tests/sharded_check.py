@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import specjax
-from specjax.sampling import decode
+from specjax.sampling import decoding as decode
 from sampler_cases import CASES
 from sampler_cases import instance
 

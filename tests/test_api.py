@@ -1,12 +1,12 @@
 """Public API: models, validation errors, determinism, jit/vmap safety, dtypes, trace fields."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax
-from specjax import samplers
 
 KEY = jax.random.key(0)
 
@@ -23,7 +23,7 @@ def _accept(p, q):
 
 
 def _residual(p, q, b):
-    return specjax.residual_distribution(q, p)
+    return specjax.speculative_residual(p, q)
 
 
 SAMPLERS = [
@@ -203,13 +203,34 @@ def test_disjoint_supports_always_reject():
 def test_no_recompilation_for_new_values():
     d, t = small_pair()
     d2, t2 = small_pair(seed=5)
+    compiled = specjax.sampling.decoding._simulate_markov
     specjax.speculative_decoding(KEY, d, t, 32)
-    before = samplers._run._cache_size()
+    before = compiled._cache_size()
     specjax.speculative_decoding(jax.random.key(3), d2, t2, 32)
     specjax.biased_speculative_decoding(KEY, d, t, 32, epsilon=0.1)
-    after_first_biased = samplers._run._cache_size()
+    after_first_biased = compiled._cache_size()
     specjax.biased_speculative_decoding(KEY, d2, t2, 32, epsilon=0.3)
-    assert samplers._run._cache_size() == after_first_biased == before + 1
+    assert compiled._cache_size() == after_first_biased == before + 1
+
+
+def test_decoders_inside_a_users_jit_trace_once():
+    """A decoder's numeric settings are pytree leaves: new values (and new models) under the
+    user's own ``jit`` reuse one trace; its static settings are part of the cache key."""
+    d, t = small_pair()
+    d2, t2 = small_pair(seed=5)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def rejections(key, draft, target, epsilon):
+        decoder = specjax.BiasedSpeculative(epsilon, lookahead=2)
+        trace = specjax.decode(key, decoder, draft, target, 16)
+        return trace.num_rejections.mean() + specjax.exact(decoder, draft, target).expected_calls
+
+    for key, draft, target, eps in [(KEY, d, t, 0.1), (jax.random.key(1), d2, t2, 0.3)]:
+        assert np.isfinite(float(rejections(key, draft, target, eps)))
+    assert specjax.Speculative(3) == specjax.Speculative(3)
+    assert hash(specjax.BatchSpeculative(2)) == hash(specjax.BatchSpeculative(2))
+    assert specjax.Speculative(3) != specjax.Speculative(4)
 
 
 def test_user_jit_and_vmap_over_keys():

@@ -15,6 +15,7 @@ Seeds are fixed and were never changed to make a test pass.
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,20 +24,19 @@ from scipy import stats as sps
 
 from conftest import edge_pair
 from conftest import random_rows
-from specjax.auditing import BROKEN_RULES
-from specjax.auditing import CORRECT_RULES
-from specjax.auditing import _chi2_sf
-from specjax.auditing import _simulate
-from specjax.auditing import accept_all
-from specjax.auditing import accepts_at_zero_uniform
-from specjax.auditing import accepts_at_zero_uniform_u
-from specjax.auditing import audit
-from specjax.auditing import audit_exact
-from specjax.auditing import from_uniform
-from specjax.auditing import greedy_rule
-from specjax.auditing import greedy_rule_u
-from specjax.auditing import speculative_rule
-from specjax.auditing import speculative_rule_u
+from specjax.auditing.audit import BROKEN_RULES
+from specjax.auditing.audit import CORRECT_RULES
+from specjax.auditing.audit import _chi2_sf
+from specjax.auditing.audit import accept_all
+from specjax.auditing.audit import accepts_at_zero_uniform
+from specjax.auditing.audit import accepts_at_zero_uniform_u
+from specjax.auditing.audit import audit
+from specjax.auditing.audit import audit_exact
+from specjax.auditing.audit import from_uniform
+from specjax.auditing.audit import greedy_rule
+from specjax.auditing.audit import greedy_rule_u
+from specjax.auditing.audit import speculative_rule
+from specjax.auditing.audit import speculative_rule_u
 from stats import ALPHA
 from stats import Z
 from stats import chi_square_pvalue
@@ -124,12 +124,14 @@ def test_drafting_function_estimates_the_draft_law():
 
 
 def test_no_recompilation_for_new_values():
+    """New p, q and key reuse the compiled audit: the rule (a static argument) is traced twice
+    by the first audit (its shape check and the simulation) and never again."""
+    chex.clear_trace_counter()
+    rule = chex.assert_max_traces(speculative_rule, n=2)
     p, q = edge_rows()
-    audit(jax.random.key(1), speculative_rule, p, q, num_samples=N_CORRECT, alpha=AUDIT_ALPHA)
-    size = _simulate._cache_size()
+    audit(jax.random.key(1), rule, p, q, num_samples=N_CORRECT, alpha=AUDIT_ALPHA)
     p2, q2 = random_batch(3, *p.shape)
-    audit(jax.random.key(5), speculative_rule, p2, q2, num_samples=N_CORRECT, alpha=AUDIT_ALPHA)
-    assert _simulate._cache_size() == size
+    audit(jax.random.key(5), rule, p2, q2, num_samples=N_CORRECT, alpha=AUDIT_ALPHA)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,9 +273,20 @@ def test_deterministic_and_a_single_row_equals_row_zero_of_a_batch(broken_report
 
 
 def test_chi2_survival_function_matches_scipy():
-    for stat, df in [(0.5, 1), (3.0, 2), (40.0, 3), (10.0, 30), (200.0, 100), (1e3, 7)]:
-        assert math.isclose(_chi2_sf(stat, df), sps.chi2.sf(stat, df), rel_tol=1e-9,
-                            abs_tol=1e-300)
+    """JAX's gammaincc in float64 (the audit's p-values), with x64 off in the caller, scalars
+    and arrays, from the bulk to tails far below float32's range."""
+    cases = [(0.5, 1), (3.0, 2), (40.0, 3), (10.0, 30), (200.0, 100), (1e3, 7), (0.0, 3),
+             (1e-8, 1), (30.0, 40), (1.2e3, 200)]
+    assert not jax.config.jax_enable_x64
+    for stat, df in cases:
+        value = _chi2_sf(stat, df)
+        assert isinstance(value, float)
+        assert math.isclose(value, sps.chi2.sf(stat, df), rel_tol=1e-9, abs_tol=1e-300)
+    stats, dfs = np.array(cases, np.float64).T
+    values = _chi2_sf(stats, dfs)
+    assert values.dtype == np.float64 and values.shape == (len(cases),)
+    np.testing.assert_allclose(values, sps.chi2.sf(stats, dfs), rtol=1e-9, atol=1e-300)
+    assert not jax.config.jax_enable_x64  # the float64 evaluation did not leak
 
 
 def bad_verify_shape(key, p, q, x):

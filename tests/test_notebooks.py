@@ -29,6 +29,15 @@ def test_notebook_is_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_self_contained(path):
+    """A notebook imports installed packages only (no sys.path edits, no helpers from the
+    repository's scripts folder), so it runs outside a clone."""
+    cells = json.loads(path.read_text())["cells"]
+    source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert "sys.path" not in source and "scripts" not in source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_at_toy_sizes(path, tmp_path):
     cells = json.loads(path.read_text())["cells"]
     source = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")

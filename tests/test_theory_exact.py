@@ -269,7 +269,7 @@ def test_no_unbiased_rule_beats_sd(x64):
 
         exact = specjax.exact_rejection_decoding(d, t, accept_prob=accept,
                                                  residual=specjax.optimal_residual)
-        out = specjax.output_chain(d, t, accept_prob=accept, residual=specjax.optimal_residual)
+        out = specjax.output_chain(specjax.RejectionRule(accept, specjax.optimal_residual), d, t)
         np.testing.assert_allclose(np.asarray(out.trans), np.asarray(t.trans), atol=1e-12)
         np.testing.assert_allclose(np.asarray(exact.marginals),
                                    np.asarray(specjax.marginals(t)), atol=1e-12)
@@ -332,8 +332,8 @@ def test_tv_and_residual_conventions(x64):
     p = jnp.array([0.5, 0.5, 0.0])
     q = jnp.array([0.2, 0.3, 0.5])
     assert abs(float(specjax.tv_distance(p, q)) - 0.5) < 1e-15
-    np.testing.assert_allclose(np.asarray(specjax.residual_distribution(q, p)), [0, 0, 1])
-    np.testing.assert_array_equal(np.asarray(specjax.residual_distribution(p, p)), 0.0)
+    np.testing.assert_allclose(np.asarray(specjax.speculative_residual(p, q)), [0, 0, 1])
+    np.testing.assert_array_equal(np.asarray(specjax.speculative_residual(p, p)), 0.0)
     assert float(specjax.rejection_probability(p, jnp.ones(3))) == 0.0
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.theory import exact as theory
+from specjax.theory import values as theory
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
@@ -80,7 +80,7 @@ def test_gradients_through_logits_finite_with_minus_inf(name):
 
 SINGLE_TOKEN = {
     "tv": lambda p, q: specjax.tv_distance(p, q),
-    "residual": lambda p, q: jnp.sum(jnp.sin(specjax.residual_distribution(q, p))),
+    "residual": lambda p, q: jnp.sum(jnp.sin(specjax.speculative_residual(p, q))),
     "batch improvement M=4": lambda p, q: specjax.batch_improvement(p, q, num_drafts=4),
     "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(specjax.batch_residual_mass(p, q, 30))),
     "loss star": lambda p, q: specjax.tv_loss_star(
@@ -277,8 +277,8 @@ def test_validation_messages():
     with pytest.raises(ValueError, match="rows must sum to one"):
         specjax.pareto_front(jnp.array([0.5, 0.6]), jnp.array([0.5, 0.5]), [0.1])
     with pytest.raises(ValueError, match="residual"):  # a residual with no mass where needed
-        specjax.output_chain(d, t, accept_prob=lambda p, q: 0.5 * jnp.ones_like(p),
-                             residual=lambda p, q, b: jnp.zeros_like(q))
+        specjax.output_chain(specjax.RejectionRule(lambda p, q: 0.5 * jnp.ones_like(p),
+                                                   lambda p, q, b: jnp.zeros_like(q)), d, t)
 
 
 def test_sequence_kl_infinite_not_nan():

@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,7 @@ import optax
 import pytest
 
 import specjax
-from specjax import tuning
+from specjax.tuning import tuner as tuning
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
@@ -63,6 +64,11 @@ def test_family_validation():
         specjax.draft_family("nope", V, T)
     with pytest.raises(ValueError, match="rank"):
         specjax.LowRankDraft(V, T, 0)
+    with pytest.raises(ValueError, match="rank must be at most num_states = 20"):
+        specjax.LowRankDraft(20, 64, rank=50)
+    with pytest.raises(ValueError, match="rank"):
+        specjax.draft_family("lowrank", V, T, rank=V + 1)
+    assert specjax.LowRankDraft(V, T, V).rank == V  # full rank: the stationary family
     with pytest.raises(ValueError, match="num_states"):
         specjax.StationaryDraft(0, T)
     family = specjax.StationaryDraft(V, T)
@@ -108,7 +114,7 @@ def test_objective_labels_and_names():
     assert [o.label for o in objectives()] == [
         "sd", "sd(K=3)", "batch(M=3)", "batch(M=inf)", "calls(K=3)",
         "biased(eps=0.05, lambda=2)", "kl"]
-    for name in tuning.OBJECTIVES:
+    for name in specjax.tuning.objectives.OBJECTIVES:
         assert specjax.make_objective(name).kind == name
 
 
@@ -251,6 +257,24 @@ def test_non_finite_start_is_refused():
         specjax.tune_draft(family, wild, target, specjax.kl_divergence())
 
 
+def test_lowrank_uniform_is_a_saddle_and_init_is_not():
+    """At ``uniform()`` both factors are zero, so their gradients are exactly zero (only the
+    bias learns, and tuning from there stays context-free); at ``init(key)`` they are not."""
+    family = specjax.LowRankDraft(V, T, 2)
+    target = target_chain(3)
+    objective = specjax.sd_rejections()
+
+    def grads(params):
+        return jax.grad(lambda prm: objective(family.chain(prm), target))(params)
+
+    at_uniform = grads(family.uniform())
+    assert not np.asarray(at_uniform["u"]).any() and not np.asarray(at_uniform["w"]).any()
+    assert np.abs(np.asarray(at_uniform["bias"])).max() > 1e-4  # only the bias learns
+    at_init = grads(family.init(jax.random.key(0), scale=0.1))
+    for name in ("u", "w"):
+        assert np.abs(np.asarray(at_init[name])).max() > 1e-4, name
+
+
 def test_result_does_not_depend_on_log_every():
     family = specjax.LowRankDraft(V, T, 2)
     target = target_chain(7)
@@ -350,17 +374,19 @@ def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
 def test_new_target_does_not_recompile_and_callbacks_report(capsys):
     family = specjax.StationaryDraft(V, T)
     objective = specjax.sd_rejections()
-    optimizer = optax.adam(0.05)
+    # The optimiser (a static argument) is traced once per compiled program: 10 steps logged
+    # every 4 run chunks of 4, 4 and 2 steps, two programs, reused by the second target.
+    chex.clear_trace_counter()
+    adam = optax.adam(0.05)
+    optimizer = optax.GradientTransformation(adam.init, chex.assert_max_traces(adam.update, n=2))
     seen = []
     specjax.tune_draft(family, family.uniform(), target_chain(8), objective, num_steps=10,
                        optimizer=optimizer, log_every=4,
                        callback=lambda step, value, best: seen.append((step, value, best)))
     assert [s for s, _, _ in seen] == [4, 8, 10]
     assert all(best <= value + 1e-6 for _, value, best in seen)
-    size = tuning._steps._cache_size()
     specjax.tune_draft(family, family.uniform(), target_chain(9), objective, num_steps=10,
                        optimizer=optimizer, log_every=4, progress=True)
-    assert tuning._steps._cache_size() == size
     err = capsys.readouterr().err
     assert "tune_draft: step      4/10" in err and "step     10/10" in err
 

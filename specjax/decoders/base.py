@@ -41,7 +41,7 @@ jointly; its outcome is a run of kept drafts and one last token. A call-level de
   outcome for every previous token (``p_rows``, ``q_rows``: ``(K', V, V)``, the rows of the
   positions the call may fill; ``bonus_row``: the target row after them), used by the exact
   forward recursion over call starts;
-* optionally ``check(num_states, num_rows)``.
+* optionally ``check(num_states, num_rows)`` and ``check_exact(num_states, horizon)``.
 
 Block verification is call-level; token trees and optimal multi-draft verification fit the same
 protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
@@ -151,6 +151,11 @@ class CallDecoder(Decoder):
 
     def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
         raise NotImplementedError
+
+    def check_exact(self, num_states: int, horizon: int) -> None:
+        """Raise ``ValueError`` when the exact call law cannot be built for ``V`` tokens and
+        horizon ``T`` (e.g. an enumeration that would not fit)."""
+        del num_states, horizon
 
     def resolve_lookahead(self, horizon: int) -> int:
         return min(self.lookahead, horizon)

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax.decoders import verification
@@ -67,7 +68,7 @@ class BiasedSpeculative(TokenwiseDecoder):
         shape = jnp.shape(self.epsilon)
         if shape != ():
             raise ValueError(f"epsilon must be a scalar, got shape {shape}")
-        if _checks.is_concrete(self.epsilon) and not bool(jnp.asarray(self.epsilon) >= 0):
+        if _checks.is_concrete(self.epsilon) and not bool(np.asarray(self.epsilon) >= 0):
             raise ValueError(f"epsilon must be non-negative and not NaN, got "
                              f"{float(self.epsilon)}")
 

@@ -34,7 +34,7 @@ class RejectionRule(TokenwiseDecoder):
       ...     lambda p, q, b: jnp.maximum(q - p, 0))
       >>> draft, target = specjax.paper_instance()
       >>> round(float(specjax.exact(sd, draft, target).expected_rejections), 3)
-      22.716
+      22.719
 
     References:
       Algorithm 2 (Framework for Rejection-based Decoding); Theorem 2.

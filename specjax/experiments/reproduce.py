@@ -4,7 +4,7 @@
 paper's "Numerical Simulation Details" (Figures 2, 3, 4 and the ``T = 100`` appendix figure), a
 ``summary.md`` and a ``summary.json`` with every number. Each experiment is a function returning
 plain arrays and numbers (no plotting), so notebooks and tests can call them directly; plotting
-lives in ``specjax.plots``.
+lives in ``specjax.experiments.plots``.
 
 The setting is the paper's: non-stationary Markov chains with 7 states, horizon ``T = 50``,
 uniform prompt, rows drawn from a Dirichlet(1) with seed 10. The paper's own random draws are
@@ -33,10 +33,10 @@ from specjax.models.markov import MarkovChain
 from specjax.sampling.samplers import batch_speculative_decoding
 from specjax.sampling.samplers import biased_speculative_decoding
 from specjax.sampling.samplers import speculative_decoding
-from specjax.theory.exact import batch_expected_rejections
+from specjax.theory.values import batch_expected_rejections
 from specjax.theory.laws import biased_output_chain
-from specjax.theory.exact import exact_biased_speculative_decoding
-from specjax.theory.exact import expected_rejections
+from specjax.theory.values import exact_biased_speculative_decoding
+from specjax.theory.values import expected_rejections
 from specjax.theory.laws import sequence_kl
 
 PAPER = {
@@ -132,27 +132,43 @@ def convergence(key, draft, target, num_runs, num_drafts=FIGURE2_DRAFTS, progres
     return result
 
 
+def far_drafts(max_drafts) -> list:
+    """The ``M`` far beyond ``max_drafts`` (up to ``10^4``) where ``scaling`` is exact too."""
+    return [m for m in (100, 300, 1000, 3000, 10_000) if m > max_drafts]
+
+
+def scaling_steps(max_drafts, simulated_drafts) -> int:
+    """The progress steps of ``scaling``: one per exact value (``M = 1..max_drafts``, the far
+    ``M``, the limit; each ``M`` compiles its own program) and one per simulated ``M``."""
+    return max_drafts + len(far_drafts(max_drafts)) + 1 + len(simulated_drafts)
+
+
 def scaling(key, draft, target, max_drafts, simulated_drafts, num_runs, progress=None):
     """Figure 2(c): exact ``E[N_rej]`` for ``M = 1..max_drafts`` and at a few ``M`` up to
     ``10^4``, the ``M -> inf`` limit, and Monte Carlo points (mean, se) at ``simulated_drafts``."""
-    progress = progress or Progress(len(simulated_drafts), enabled=False)
+    progress = progress or Progress(scaling_steps(max_drafts, simulated_drafts), enabled=False)
+
+    def exact_at(m):
+        value = float(batch_expected_rejections(draft, target, num_drafts=m))
+        progress.step(f"exact batch SD M={m}")
+        return value
+
     drafts = list(range(1, max_drafts + 1))
-    exact = [float(batch_expected_rejections(draft, target, num_drafts=m)) for m in drafts]
+    exact = [exact_at(m) for m in drafts]
+    # Far beyond max_drafts, exactly: the approach to the limit (geometric, but with rate
+    # 1 - p(x*), which can be very close to 1).
+    far = far_drafts(max_drafts)
+    far_exact = [exact_at(m) for m in far]
+    limit = exact_at(math.inf)
     simulated = {}
     for m in simulated_drafts:
         samples = _counts(
             lambda k, c, m=m: batch_speculative_decoding(k, draft, target, c, num_drafts=m),
             jax.random.fold_in(key, 1000 + m), num_runs, progress, f"batch SD M={m}")
         simulated[m] = mean_se(samples)
-    # Far beyond max_drafts, exactly: the approach to the limit (geometric, but with rate
-    # 1 - p(x*), which can be very close to 1).
-    far = [m for m in (100, 300, 1000, 3000, 10_000) if m > max_drafts]
-    return {"num_drafts": drafts, "exact": exact,
-            "far_num_drafts": far,
-            "far_exact": [float(batch_expected_rejections(draft, target, num_drafts=m))
-                          for m in far],
-            "limit": float(batch_expected_rejections(draft, target, num_drafts=math.inf)),
-            "simulated": simulated, "sd": float(expected_rejections(draft, target))}
+    return {"num_drafts": drafts, "exact": exact, "far_num_drafts": far, "far_exact": far_exact,
+            "limit": limit, "simulated": simulated,
+            "sd": float(expected_rejections(draft, target))}
 
 
 # --- Figure 3: the rejection / bias trade-off of one token ---------------------------------------
@@ -182,12 +198,15 @@ def _empirical_law(tokens, num_states):
     return np.bincount(np.asarray(tokens), minlength=num_states) / tokens.shape[0]
 
 
+SWEEP_POINTS = 11  # Figure 3's eps sweep when Settings.epsilons is None
+
+
 def sweep_epsilons(p, q, epsilons=None) -> list:
     """``epsilons`` as a list; ``None`` is 11 values from 0 to ``max(p - q)``, beyond which
     ``b = 1`` everywhere (every draft accepted) and nothing changes."""
     if epsilons is not None:
         return list(epsilons)
-    return [round(x, 6) for x in np.linspace(0.0, float(jnp.max(p - q)), 11)]
+    return [round(x, 6) for x in np.linspace(0.0, float(jnp.max(p - q)), SWEEP_POINTS)]
 
 
 def tradeoff(key, p, q, epsilons, num_runs, progress=None):
@@ -282,13 +301,14 @@ def improvement(key, max_drafts, simulated_drafts, num_runs, progress=None):
 # --- Table 1 on Markov chains, exactly -----------------------------------------------------------
 
 
-def table1(draft, target, epsilons):
+def table1(draft, target, epsilons, progress=None):
     """Decoding-OPT vs Decoding-UNO with exact quantities instead of LLM-judge win rates.
 
     For each ``eps``: per-token TV of the output law to the target (averaged over positions, each
     context weighted by the decoder's own law of ``x_{n-1}``), whole-sequence ``KL(output || q)``,
     and the rejection rate ``E[N_rej] / T`` of each decoder.
     """
+    progress = progress or Progress(len(epsilons), enabled=False)
     rows = []
     horizon = target.horizon
     for eps in epsilons:
@@ -307,6 +327,7 @@ def table1(draft, target, epsilons):
         gap = row.pop("opt_tv_rows") - row.pop("uno_tv_rows")
         row["max_row_tv_opt_minus_uno"] = float(jnp.max(gap))
         rows.append(row)
+        progress.step(f"Table 1 eps={eps:g}")
     return rows
 
 
@@ -320,17 +341,41 @@ def _check(name, ok, detail):
 Z_TOLERANCE = 4.5  # per check, a false-failure rate of 7e-6 under the normal approximation
 
 
-def run_experiments(settings: Settings = Settings(), progress: bool = True) -> dict:
-    """Runs every experiment; returns the results (arrays included) as a dict."""
+def experiment_steps(settings: Settings) -> int:
+    """The progress steps of ``run_experiments``: one per simulation (running means, ``M``
+    points, ``eps`` x (OPT, UNO), Figure 4 cases) and per exact computation that compiles a
+    program of its own (each ``M`` of Figure 2(c) and of the appendix, each ``eps`` of Table 1)."""
     s = settings
+    num_epsilons = SWEEP_POINTS if s.epsilons is None else len(s.epsilons)
+    return ((1 + len(FIGURE2_DRAFTS)) + scaling_steps(s.max_drafts, s.simulated_drafts)
+            + 2 * num_epsilons + len(improvement_cases()) + (1 + len(APPENDIX_DRAFTS))
+            + scaling_steps(s.max_drafts, ()) + len(s.table_epsilons))
+
+
+def reproduce_steps(settings: Settings) -> int:
+    """The progress steps of ``reproduce``: the experiments', then the summary and the figures."""
+    return experiment_steps(settings) + 2
+
+
+def run_experiments(settings: Settings = Settings(), progress: bool | Progress = True) -> dict:
+    """Runs every experiment; returns the results (arrays included) as a dict.
+
+    ``progress``: show a progress bar (``True``), or not, or a ``Progress`` to advance (by
+    ``experiment_steps(settings)`` steps; ``reproduce`` passes its own, which goes on through
+    the summary and the figures).
+    """
+    if isinstance(progress, Progress):
+        return _run_experiments(settings, progress)
+    with Progress(experiment_steps(settings), enabled=progress) as bar:
+        return _run_experiments(settings, bar)
+
+
+def _run_experiments(s: Settings, bar: Progress) -> dict:
     key = jax.random.key(s.seed)
     draft, target = _models.paper_instance(s.seed, s.num_states, s.horizon)
     long_draft, long_target = _models.paper_instance(s.seed, s.num_states, s.long_horizon)
     p, q = draft.trans[0, 0], target.trans[0, 0]  # one token: position 1 after x_0 = 0
     epsilons = sweep_epsilons(p, q, s.epsilons)
-    # One bar step per simulation: running means, M points, eps x (OPT, UNO), Figure 4 cases.
-    bar = Progress((1 + len(FIGURE2_DRAFTS)) + len(s.simulated_drafts) + 2 * len(epsilons)
-                   + len(improvement_cases()) + (1 + len(APPENDIX_DRAFTS)), enabled=progress)
     results = {"settings": dataclasses.asdict(s), "paper": PAPER}
     results["convergence"] = convergence(jax.random.fold_in(key, 1), draft, target, s.num_runs,
                                          FIGURE2_DRAFTS, progress=bar)
@@ -344,8 +389,8 @@ def run_experiments(settings: Settings = Settings(), progress: bool = True) -> d
                                               long_target, s.num_runs, APPENDIX_DRAFTS,
                                               progress=bar)
     results["long_scaling"] = scaling(jax.random.fold_in(key, 6), long_draft, long_target,
-                                      s.max_drafts, (), s.num_runs)
-    results["table1"] = table1(draft, target, s.table_epsilons)
+                                      s.max_drafts, (), s.num_runs, progress=bar)
+    results["table1"] = table1(draft, target, s.table_epsilons, progress=bar)
     results["checks"] = checks(results)
     return results
 
@@ -430,10 +475,14 @@ def reproduce(out_dir="figures", settings: Settings = Settings(), progress: bool
     """
     out = check_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = run_experiments(settings, progress)
-    # The numbers first: a plotting failure must not lose them.
-    (out / "summary.md").write_text(_report.summary_markdown(results, PAPER, Z_TOLERANCE))
-    (out / "summary.json").write_text(json.dumps(_report.jsonable(results), indent=1,
-                                                 allow_nan=False))
-    _report.write_figures(results, out)
+    # One bar from the first simulation to the last figure written.
+    with Progress(reproduce_steps(settings), enabled=progress) as bar:
+        results = run_experiments(settings, bar)
+        # The numbers first: a plotting failure must not lose them.
+        (out / "summary.md").write_text(_report.summary_markdown(results, PAPER, Z_TOLERANCE))
+        (out / "summary.json").write_text(json.dumps(_report.jsonable(results), indent=1,
+                                                     allow_nan=False))
+        bar.step("summary.md and summary.json written")
+        _report.write_figures(results, out)
+        bar.step("figures written")
     return results

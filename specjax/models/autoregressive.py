@@ -47,6 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax._pytree import array_field
+from specjax._pytree import pytree_dataclass
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
 from specjax.models.markov import greedy_draft as _greedy_chain
@@ -113,7 +115,7 @@ def _shift(state, token, num_states: int, context_length: int):
     return (state % keep) * num_states + jnp.asarray(token, jnp.int32)
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_dataclass(init_on_unflatten=False)
 class NGramModel:
     """An n-gram: ``P(x_t | x_{t-n+1}, ..., x_{t-1})`` from a table over the ``V**(n-1)`` contexts.
 
@@ -121,8 +123,11 @@ class NGramModel:
     with token 0 before the start; see the module docstring). Order 1 is a unigram (one context).
 
     Attributes:
-      table: ``(V**(n-1), V)``; ``table[c]`` is the next-token law in context ``c``.
+      table: ``(V**(n-1), V)``; ``table[c]`` is the next-token law in context ``c`` (a leaf).
       order: ``n`` (static: aux data of the pytree).
+
+    A frozen dataclass and a pytree (``specjax._pytree.pytree_dataclass``); construction
+    validates (values when concrete), unflattening does not (gradients, placeholders).
 
     Example:
       >>> import numpy as np, specjax.models as models
@@ -134,11 +139,13 @@ class NGramModel:
       9
     """
 
-    __slots__ = ("table", "order")
+    table: jax.Array = array_field()
+    order: int
 
-    def __init__(self, table, order: int):
+    def __post_init__(self):
+        order = self.order
         _check_order(order)
-        table = jnp.asarray(table)
+        table = jnp.asarray(self.table)
         if table.ndim != 2 or table.shape[1] < 1:
             raise ValueError(f"table must have shape (V**(order-1), V), got shape {table.shape}")
         num_states = table.shape[1]
@@ -151,18 +158,8 @@ class NGramModel:
         if not jnp.issubdtype(table.dtype, jnp.floating):
             table = table.astype(jnp.result_type(float))
         _checks.check_probabilities("table", table)
-        self.table = table
-        self.order = int(order)
-
-    def tree_flatten(self):
-        return (self.table,), self.order
-
-    @classmethod
-    def tree_unflatten(cls, order, children):
-        obj = object.__new__(cls)
-        obj.table, = children
-        obj.order = order
-        return obj
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "order", int(order))
 
     @property
     def num_states(self) -> int:
@@ -318,7 +315,7 @@ def ngram_counts(sequences, *, order: int, num_states: int) -> np.ndarray:
 # ------------------------------------------------------------------------ finite-state models
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_dataclass(init_on_unflatten=False)
 class FiniteStateModel:
     """A model with ``S`` integer states: ``x ~ table[s]``, then ``s <- next_state[s, x]``.
 
@@ -333,14 +330,19 @@ class FiniteStateModel:
 
     ``next_state`` is an integer leaf: differentiate with respect to ``table`` (e.g. through
     ``NGramModel.as_finite_state`` or by rebuilding the model from a table), or pass
-    ``allow_int=True`` to ``jax.grad``.
+    ``allow_int=True`` to ``jax.grad``. A frozen dataclass and a pytree
+    (``specjax._pytree.pytree_dataclass``); construction validates (values when concrete),
+    unflattening does not.
     """
 
-    __slots__ = ("start", "next_state", "table")
+    start: int
+    next_state: jax.Array = array_field()
+    table: jax.Array = array_field()
 
-    def __init__(self, start: int, next_state, table):
-        table = jnp.asarray(table)
-        next_state = jnp.asarray(next_state)
+    def __post_init__(self):
+        start = self.start
+        table = jnp.asarray(self.table)
+        next_state = jnp.asarray(self.next_state)
         if table.ndim != 2 or table.shape[0] < 1 or table.shape[1] < 1:
             raise ValueError(f"table must have shape (S, V), got shape {table.shape}")
         if next_state.shape != table.shape:
@@ -360,19 +362,9 @@ class FiniteStateModel:
         if not jnp.issubdtype(table.dtype, jnp.floating):
             table = table.astype(jnp.result_type(float))
         _checks.check_probabilities("table", table)
-        self.start = int(start)
-        self.next_state = next_state.astype(jnp.int32)
-        self.table = table
-
-    def tree_flatten(self):
-        return (self.next_state, self.table), self.start
-
-    @classmethod
-    def tree_unflatten(cls, start, children):
-        obj = object.__new__(cls)
-        obj.next_state, obj.table = children
-        obj.start = start
-        return obj
+        object.__setattr__(self, "start", int(start))
+        object.__setattr__(self, "next_state", next_state.astype(jnp.int32))
+        object.__setattr__(self, "table", table)
 
     @property
     def num_states(self) -> int:
@@ -446,27 +438,20 @@ __all__ = [
 ]
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_dataclass(init_on_unflatten=False)
 class GreedyModel:
     """Any protocol model made deterministic: ``probs`` is one-hot at the wrapped model's argmax
-    (ties to the lowest index); states and updates are the wrapped model's."""
+    (ties to the lowest index); states and updates are the wrapped model's.
 
-    __slots__ = ("model",)
+    A frozen dataclass and a pytree whose child is the wrapped model (its leaves are this
+    model's leaves)."""
 
-    def __init__(self, model):
-        if not is_autoregressive_model(model):
-            raise ValueError(f"model must be an autoregressive model, got {type(model).__name__}")
-        self.model = model
+    model: object = array_field()
 
-    def tree_flatten(self):
-        return (self.model,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        del aux
-        obj = object.__new__(cls)
-        obj.model, = children
-        return obj
+    def __post_init__(self):
+        if not is_autoregressive_model(self.model):
+            raise ValueError(f"model must be an autoregressive model, got "
+                             f"{type(self.model).__name__}")
 
     @property
     def num_states(self) -> int:

@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
+from specjax._pytree import array_field
+from specjax._pytree import pytree_dataclass
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_dataclass(init_on_unflatten=False)
 class MarkovChain:
     """A non-stationary Markov chain over ``V`` tokens with horizon ``T``.
 
@@ -18,9 +20,11 @@ class MarkovChain:
 
     Construction validates shapes always and values (no NaN, no negative entries, rows summing to
     one) whenever the arrays are concrete; inside a transformation (``jit``, ``vmap``, ``grad``)
-    value checks are skipped because tracers carry no values. A ``MarkovChain`` is a pytree, so it
+    value checks are skipped because tracers carry no values. A ``MarkovChain`` is a frozen
+    dataclass and a pytree (``specjax._pytree.pytree_dataclass``: both fields are leaves), so it
     passes through ``jax.jit``, ``jax.vmap`` (a batch of chains: leading axes on both fields) and
-    ``jax.grad``.
+    ``jax.grad`` (a gradient is a ``MarkovChain`` of gradients: unflattening does not validate).
+    Two chains are equal when their arrays are.
 
     Example:
       >>> import jax.numpy as jnp, specjax
@@ -29,11 +33,12 @@ class MarkovChain:
       (2, 3)
     """
 
-    __slots__ = ("init", "trans")
+    init: jax.Array = array_field()
+    trans: jax.Array = array_field()
 
-    def __init__(self, init, trans):
-        init = jnp.asarray(init)
-        trans = jnp.asarray(trans)
+    def __post_init__(self):
+        init = jnp.asarray(self.init)
+        trans = jnp.asarray(self.trans)
         if init.ndim != 1:
             raise ValueError(f"init must have shape (V,), got shape {init.shape}")
         if trans.ndim != 3 or trans.shape[1] != trans.shape[2]:
@@ -53,19 +58,26 @@ class MarkovChain:
             trans = trans.astype(jnp.result_type(float))
         _checks.check_probabilities("init", init)
         _checks.check_probabilities("trans", trans)
-        self.init = init
-        self.trans = trans
+        object.__setattr__(self, "init", init)
+        object.__setattr__(self, "trans", trans)
 
-    # -- pytree protocol: unflattening bypasses validation (leaves may be tracers or sentinels).
+    # The pytree protocol's names, kept for callers that build a chain without validation
+    # (``MarkovChain.tree_unflatten(None, (init, trans))``, e.g. a batch of chains, or a chain
+    # whose rows are known to be laws), as JAX unflattens one.
     def tree_flatten(self):
+        """``((init, trans), None)``."""
         return (self.init, self.trans), None
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux, children) -> "MarkovChain":
+        """The chain with fields ``children = (init, trans)``, as given: no validation, no
+        conversion (leaves may be tracers, batches or placeholders). ``aux`` is ignored."""
         del aux
-        obj = object.__new__(cls)
-        obj.init, obj.trans = children
-        return obj
+        init, trans = children
+        chain = object.__new__(cls)
+        object.__setattr__(chain, "init", init)
+        object.__setattr__(chain, "trans", trans)
+        return chain
 
     @property
     def num_states(self) -> int:

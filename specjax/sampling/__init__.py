@@ -3,7 +3,7 @@ counts-only path ``decoding_statistics``."""
 
 from specjax.sampling.counts import DecodingStatistics
 from specjax.sampling.counts import decoding_statistics
-from specjax.sampling.decode import decode
+from specjax.sampling.decoding import decode
 from specjax.sampling.engine import DecodingTrace
 from specjax.sampling.samplers import autoregressive_decoding
 from specjax.sampling.samplers import batch_speculative_decoding

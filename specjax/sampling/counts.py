@@ -27,7 +27,7 @@ import numpy as np
 from specjax import _checks
 from specjax.sampling import sharding as _sharding
 from specjax.decoders.base import CallDecoder
-from specjax.sampling import decode
+from specjax.sampling import decoding
 from specjax.sampling import engine
 from specjax._progress import Progress
 
@@ -118,7 +118,7 @@ def _chunk_counts(key, run, offset: int, chunk: int, valid: int):
         return _markov_counts(key, run.decoder, run.draft, run.target, np.uint32(offset),
                               np.int32(valid), num_chains=chunk, lookahead=run.lookahead,
                               sharding=run.sharding)
-    trace, verified = decode.run_chunk(key, run, np.uint32(offset), chunk)
+    trace, verified = decoding.run_chunk(key, run, np.uint32(offset), chunk)
     return _trace_counts(trace, verified, np.int32(valid), num_states=run.target.num_states)
 
 
@@ -183,7 +183,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                         f"{sorted(legacy)}")
     if num_chains is None:
         raise ValueError("num_chains must be given (a positive integer)")
-    run = decode.plan(key, decoder, draft, target, num_chains, horizon=horizon,
+    run = decoding.plan(key, decoder, draft, target, num_chains, horizon=horizon,
                       sharding=sharding)
     keeps_tokens = isinstance(run.decoder, CallDecoder) or run.models != "markov"
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
@@ -195,7 +195,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                          f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
                          f"must be at most 2**32" + ("" if per_chain == 1 else
                                                      f" / {per_chain}"))
-    run = decode.replicate(run)
+    run = decoding.replicate(run)
     bar = Progress(num_chunks, enabled=progress)
     per_position = np.zeros((run.horizon, 3), np.int64)
     final = np.zeros((run.target.num_states,), np.int64)

@@ -14,7 +14,7 @@ from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.block import BlockVerification
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.speculative import Speculative
-from specjax.sampling.decode import decode
+from specjax.sampling.decoding import decode
 from specjax.sampling.engine import DecodingTrace
 
 

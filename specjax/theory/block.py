@@ -19,8 +19,8 @@ from specjax.decoders.block import check_enumerable
 from specjax.decoders.block import lift
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_pair
-from specjax.theory.exact import accepted_length
-from specjax.theory.exact import exact
+from specjax.theory.values import accepted_length
+from specjax.theory.values import exact
 
 
 def _check_block_args(draft, target, lookahead, position, prev_token) -> int:

@@ -86,7 +86,8 @@ class DraftFamily:
             treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, shapes)])
 
     def uniform(self):
-        """Parameters of the uniform draft (all logits zero)."""
+        """Parameters of the uniform draft (all logits zero). For ``LowRankDraft`` a saddle
+        point of tuning (see ``LowRankDraft.uniform``): start from ``init(key, scale)``."""
         shapes, treedef = self.shape_leaves()
         return jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s, _dtype()) for s in shapes])
 
@@ -97,7 +98,8 @@ class DraftFamily:
     def chain(self, params) -> MarkovChain:
         """The draft ``MarkovChain``: uniform prompt law, softmax of ``transitions(params)``."""
         trans = jax.nn.softmax(self.transitions(params), axis=-1)
-        return MarkovChain.tree_unflatten(None, (_uniform_init(self.num_states, trans.dtype), trans))
+        return MarkovChain.tree_unflatten(None, (_uniform_init(self.num_states, trans.dtype),
+                                                 trans))
 
     def kl_fit_closed_form(self, target: MarkovChain):
         """Forward-KL fit in closed form (parameters), or ``None`` when the family has none."""
@@ -175,7 +177,10 @@ class LowRankDraft(DraftFamily):
 
     ``bias`` (a ``(V,)`` row added to every context) lets a draft of small rank still match the
     average next-token law. There is no closed-form KL fit; ``specjax.kl_fit`` runs optax from
-    ``spectral_start``.
+    ``spectral_start``. The rank is at most ``V`` (``r = V`` is the stationary family).
+
+    ``uniform()`` (both factors zero) is a saddle point: the factors' gradients vanish there and
+    tuning from it only moves the bias. Tune from ``init(key, scale)`` or ``spectral_start``.
     """
 
     rank: int = 2
@@ -183,6 +188,20 @@ class LowRankDraft(DraftFamily):
     def __post_init__(self):
         super().__post_init__()
         _checks.check_positive_int("rank", self.rank)
+        if self.rank > self.num_states:
+            raise ValueError(f"rank must be at most num_states = {self.num_states} (the logits "
+                             f"are a V x V matrix), got rank = {self.rank}")
+
+    def uniform(self):
+        """Parameters of the uniform draft: factors and bias all zero.
+
+        A saddle point for tuning: at ``U = 0, W = 0`` the factors' gradients
+        (``dL/dU = G W^T``, ``dL/dW = U^T G`` for ``G = dL/dlogits``) are exactly zero, so
+        gradient steps move only ``bias`` and the draft stays context-free. To tune, start from
+        ``init(key, scale)`` (random factors; a small ``scale`` stays close to uniform) or from
+        ``spectral_start(target)``.
+        """
+        return super().uniform()
 
     @property
     def name(self):
@@ -201,9 +220,6 @@ class LowRankDraft(DraftFamily):
         u, s, vt = jnp.linalg.svd(logits - bias[None, :], full_matrices=False)
         root = jnp.sqrt(s[:self.rank])
         u, vt = u[:, :self.rank] * root[None, :], vt[:self.rank] * root[:, None]
-        pad = self.rank - u.shape[1]  # rank > V: extra zero factors
-        u = jnp.pad(u, ((0, 0), (0, pad)))
-        vt = jnp.pad(vt, ((0, pad), (0, 0)))
         return {"u": u, "w": vt, "bias": bias}
 
     def transitions(self, params):

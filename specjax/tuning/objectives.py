@@ -21,7 +21,7 @@ from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.speculative import Speculative
 from specjax.models.markov import MarkovChain
-from specjax.theory.exact import exact
+from specjax.theory.values import exact
 from specjax.theory.laws import sequence_kl
 
 QUANTITIES = ("rejections", "calls", "tradeoff", "kl")
@@ -81,6 +81,10 @@ class Objective:
         return self.kind
 
     def __call__(self, draft: MarkovChain, target: MarkovChain) -> jax.Array:
+        if not (isinstance(draft, MarkovChain) and isinstance(target, MarkovChain)):
+            raise ValueError(f"tuning objectives take MarkovChain models (draft families are "
+                             f"Markov chains), got {type(draft).__name__} and "
+                             f"{type(target).__name__}")
         if self.quantity == "kl":
             # The prompt term KL(q_0 || p_0) does not depend on the draft's transitions and the
             # draft's prompt law is never used by decoding: compare transitions only.

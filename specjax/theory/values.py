@@ -116,7 +116,7 @@ def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecodin
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> round(float(specjax.exact(specjax.Speculative(), draft, target).expected_rejections), 3)
-      22.716
+      22.719
 
     References:
       Theorems 1 and 3 (``E[N_rej]`` as a sum of per-position rejection masses).
@@ -170,10 +170,10 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
       >>> specjax.accepted_length(specjax.Speculative(lookahead=4), draft, target).shape
       (7,)
     """
+    if not isinstance(target, MarkovChain):
+        raise ValueError(f"accepted_length takes MarkovChain models (one value per previous "
+                         f"token), got {type(target).__name__}")
     decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, None)
-    if kind != "markov":
-        raise ValueError("accepted_length takes MarkovChain models (one value per previous "
-                         "token)")
     if isinstance(position, bool) or not isinstance(position, numbers.Integral) \
             or not 1 <= position <= horizon:
         raise ValueError(f"position must be an integer in [1, T] = [1, {horizon}], "

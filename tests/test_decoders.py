@@ -1,0 +1,346 @@
+"""Decoders as values: every decoder through every entry point, decoders defined outside the
+package (token-wise and call-level), the old conveniences equal the new entry points, and the
+support table (every decoder x entry point x model kind works or is refused clearly)."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+import stats
+from sampler_cases import CASES
+from sampler_cases import instance
+from sampler_cases import sd_accept
+from sampler_cases import sd_residual
+from specjax.decoders import verification
+
+KEY = jax.random.key(0)
+
+
+# ------------------------------------------------------------ decoders defined outside specjax
+@specjax.decoder_dataclass
+class CappedSpeculative(specjax.TokenwiseDecoder):
+    """A lossy rule written by a user: SD's acceptance scaled by ``cap`` (a traced leaf), with
+    Theorem 4's optimal residual. ``cap = 1`` is SD."""
+
+    cap: float = specjax.array_field(default=0.8)
+    lookahead: int | None = None
+
+    def acceptance(self, p, q):
+        return self.cap * specjax.acceptance_probability(p, q, epsilon=0.0)
+
+    def laws(self, p, q):
+        b = self.acceptance(p, q)
+        law = specjax.verification_law(p, b, specjax.optimal_residual(p, q, b))
+        return law, law
+
+
+@specjax.decoder_dataclass
+class CallSpeculative(specjax.CallDecoder):
+    """SD with lookahead ``K`` written as a call-level decoder (drafts a block, verifies it token
+    by token): an independent second route through the call-level engines, which must agree
+    with the token-wise ``Speculative(K)`` in law and in every exact value."""
+
+    lookahead: int
+
+    @property
+    def num_uniforms(self):
+        return 2 * self.lookahead + 1
+
+    def sample_call(self, tables, n, prev, u):
+        p_trans, q_trans = tables
+        horizon, k = p_trans.shape[0], self.lookahead
+        tokens, x, kept, alive = [], prev, jnp.int32(0), jnp.bool_(True)
+        last = jnp.zeros((), jnp.int32)
+        rejected_flag = jnp.bool_(False)
+        for i in range(k):
+            row = jnp.clip(n - 1 + i, 0, horizon - 1)
+            valid = alive & (n + i <= horizon)
+            p, q = p_trans[row, x], q_trans[row, x]
+            draft = specjax.decoders.draws.draw(
+                specjax.decoders.draws.categorical_thresholds(p), u[i])
+            accept = specjax.decoders.draws.bernoulli(
+                verification.acceptance_probability(p, q, epsilon=0.0)[draft], u[k + i])
+            fix = specjax.decoders.draws.draw(
+                specjax.decoders.draws.categorical_thresholds(jnp.maximum(q - p, 0)), u[2 * k])
+            token = jnp.where(accept, draft, fix)
+            rejected_here = valid & ~accept
+            last = jnp.where(rejected_here, fix, last)
+            rejected_flag = rejected_flag | rejected_here
+            kept = kept + (valid & accept)
+            alive = valid & accept
+            tokens.append(token)
+            x = jnp.where(alive, draft, x)
+        row = jnp.clip(n - 1 + k, 0, horizon - 1)
+        bonus = specjax.decoders.draws.draw(
+            specjax.decoders.draws.categorical_thresholds(q_trans[row, x]), u[2 * k])
+        last = jnp.where(rejected_flag, last, bonus)
+        emitted = jnp.stack(tokens + [bonus]).at[kept].set(last)
+        return emitted, kept, rejected_flag
+
+    def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus):
+        reach = jnp.eye(p_rows.shape[-1], dtype=p_rows.dtype)
+        kept, rejected = [], []
+        for p, q in zip(p_rows, q_rows):
+            rejected.append(reach @ jnp.maximum(q - p, 0))
+            reach = reach @ jnp.minimum(p, q)
+            kept.append(reach)
+        zeros = jnp.zeros_like(reach)
+        bonus = [zeros] * len(kept) + [reach @ bonus_row if with_bonus else zeros]
+        return specjax.CallLaw(jnp.stack(kept), jnp.stack(rejected + [zeros]), jnp.stack(bonus))
+
+
+def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64):
+    draft, target = instance(num_states=4, horizon=6)
+    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+    decoder = CappedSpeculative(0.8, lookahead=3)
+    exact = specjax.exact(decoder, draft, target)
+    trace = specjax.decode(KEY, decoder, draft, target, 20_000)
+    stats.assert_mean(trace.num_rejections, float(exact.expected_rejections), "rejections")
+    stats.assert_mean(trace.num_calls, float(exact.expected_calls), "calls")
+    counts = specjax.decoding_statistics(KEY, decoder, draft, target, 20_000, chunk_size=7000)
+    np.testing.assert_array_equal(counts.num_rejections, trace.num_rejections)
+    assert specjax.accepted_length(decoder, draft, target).shape == (4,)
+    # cap = 1 is SD exactly; a cap below 1 rejects more.
+    sd = specjax.exact(specjax.Speculative(3), draft, target)
+    one = specjax.exact(CappedSpeculative(1.0, lookahead=3), draft, target)
+    np.testing.assert_allclose(one.expected_rejections, sd.expected_rejections, atol=1e-12)
+    assert exact.expected_rejections > sd.expected_rejections
+    # Tuning: a differentiable objective of the outside decoder, in the draft and in its leaf.
+    for quantity in ("rejections", "calls", "tradeoff"):
+        cost = specjax.objective(decoder, quantity, weight=2.0)
+        grad = jax.grad(lambda trans: cost(specjax.MarkovChain(draft.init, trans), target))(
+            draft.trans)
+        assert np.isfinite(grad).all()
+    grad_cap = jax.grad(lambda c: specjax.exact(CappedSpeculative(c), draft,
+                                                target).expected_rejections)(0.7)
+    assert np.isfinite(grad_cap) and grad_cap < 0  # accepting more rejects less
+    family = specjax.StationaryDraft(num_states=4, horizon=6)
+    result = specjax.tune_draft(family, family.init(jax.random.key(1), 0.5), target,
+                                specjax.objective(decoder), num_steps=20)
+    assert result.value <= result.history[0]
+
+
+def test_a_call_level_decoder_defined_outside_equals_tokenwise_sd(x64):
+    """The call-level engines (sampler, exact recursion, accepted length, counts) on SD written
+    as a call: every exact value equals the token-wise recursion's, the law of the output is the
+    target's and the Monte Carlo means fit."""
+    draft, target = instance(num_states=4, horizon=7)
+    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+    for k in (1, 3, 7):
+        want = specjax.exact(specjax.Speculative(k), draft, target)
+        got = specjax.exact(CallSpeculative(k), draft, target)
+        for field in want._fields:
+            np.testing.assert_allclose(getattr(got, field), getattr(want, field), atol=1e-12,
+                                       err_msg=f"K={k} {field}")
+        for position in (1, 5):
+            np.testing.assert_allclose(
+                specjax.accepted_length(CallSpeculative(k), draft, target, position=position),
+                specjax.accepted_length(specjax.Speculative(k), draft, target,
+                                        position=position), atol=1e-12)
+    decoder = CallSpeculative(3)
+    want = specjax.exact(specjax.Speculative(3), draft, target)
+    trace = specjax.decode(KEY, decoder, draft, target, 20_000)
+    stats.assert_mean(trace.num_rejections, float(want.expected_rejections), "rejections")
+    stats.assert_mean(trace.num_calls, float(want.expected_calls), "calls")
+    final = np.bincount(np.asarray(trace.tokens[:, -1]), minlength=4)
+    stats.assert_law(dict(enumerate(final)), dict(enumerate(np.asarray(want.marginals[-1]))),
+                     20_000, "x_T")
+    counts = specjax.decoding_statistics(KEY, decoder, draft, target, 20_000, chunk_size=6000)
+    np.testing.assert_array_equal(counts.rejections_at, np.asarray(trace.rejected).sum(0))
+    # Verified drafts per position: binomial, |z| <= 4.5 with the largest possible SE.
+    verified = counts.verified_at / 20_000
+    assert np.all(np.abs(verified - np.asarray(want.verified)) < stats.Z * np.sqrt(0.25 / 20_000))
+
+
+# ------------------------------------------------------- new entry points == old conveniences
+def _old_sampler(name, key, draft, target, num_chains):
+    decoder = CASES[name]
+    if name == "autoregressive":
+        return specjax.autoregressive_decoding(key, target, num_chains)
+    if isinstance(decoder, specjax.Speculative):
+        return specjax.speculative_decoding(key, draft, target, num_chains,
+                                            lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.BatchSpeculative):
+        return specjax.batch_speculative_decoding(
+            key, draft, target, num_chains, num_drafts=decoder.num_drafts,
+            replacement=decoder.replacement, lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.BiasedSpeculative):
+        return specjax.biased_speculative_decoding(
+            key, draft, target, num_chains, epsilon=decoder.epsilon, residual=decoder.residual,
+            lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.RejectionRule):
+        return specjax.rejection_decoding(key, draft, target, num_chains,
+                                          accept_prob=sd_accept, residual=sd_residual)
+    return specjax.block_verification_decoding(key, draft, target, num_chains,
+                                               lookahead=decoder.lookahead)
+
+
+def _old_exact(name, draft, target):
+    decoder = CASES[name]
+    if isinstance(decoder, specjax.Speculative):
+        return specjax.exact_speculative_decoding(draft, target, lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.BatchSpeculative):
+        return specjax.exact_batch_speculative_decoding(
+            draft, target, num_drafts=decoder.num_drafts, replacement=decoder.replacement,
+            lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.BiasedSpeculative):
+        return specjax.exact_biased_speculative_decoding(
+            draft, target, epsilon=decoder.epsilon, residual=decoder.residual,
+            lookahead=decoder.lookahead)
+    if isinstance(decoder, specjax.RejectionRule):
+        return specjax.exact_rejection_decoding(draft, target, accept_prob=sd_accept,
+                                                residual=sd_residual)
+    return None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_new_entry_points_equal_the_old_conveniences(name):
+    draft, target = instance()
+    new = specjax.decode(KEY, CASES[name], draft, target, 256)
+    old = _old_sampler(name, KEY, draft, target, 256)
+    for field in new._fields:
+        np.testing.assert_array_equal(getattr(new, field), getattr(old, field), err_msg=field)
+    old_exact = _old_exact(name, draft, target)
+    if old_exact is not None:
+        new_exact = specjax.exact(CASES[name], draft, target)
+        for field in new_exact._fields:
+            np.testing.assert_array_equal(getattr(new_exact, field), getattr(old_exact, field))
+
+
+def test_block_conveniences_equal_the_entry_points():
+    draft, target = instance(num_states=3, horizon=6)
+    block = specjax.BlockVerification(2)
+    np.testing.assert_array_equal(
+        specjax.exact_block_expected_calls(draft, target, lookahead=2),
+        specjax.exact(block, draft, target).expected_calls)
+    np.testing.assert_array_equal(
+        specjax.exact_block_accepted_length(draft, target, lookahead=2, position=3),
+        specjax.accepted_length(block, draft, target, position=3))
+
+
+# ----------------------------------------------------------------------- the support table
+MODEL_KINDS = ("markov", "finite_state", "protocol")
+
+
+def _models(kind):
+    draft, target = instance(num_states=3, horizon=4)
+    if kind == "markov":
+        return draft, target, {}
+    lift = [specjax.FiniteStateModel.from_markov_chain(m) for m in (draft, target)]
+    if kind == "finite_state":
+        return lift[0], lift[1], dict(horizon=4)
+    ngram = [specjax.NGramModel(jnp.asarray(m.trans[0]), 2) for m in (draft, target)]
+    return ngram[0], ngram[1], dict(horizon=4)
+
+
+def _supported(name, kind, entry):
+    """The support table of docs/guides/decoders.md."""
+    block = name.startswith("block")
+    if kind == "markov":
+        return True
+    if entry in ("accepted_length", "objective"):
+        return False  # one value per previous token; tuning objectives take MarkovChains
+    if block:
+        return False
+    return entry != "exact" or kind == "finite_state"
+
+
+ENTRIES = ("decode", "decoding_statistics", "exact", "accepted_length", "objective")
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_decoder_entry_point_and_model_kind_works_or_is_refused(name, kind):
+    draft, target, kw = _models(kind)
+    decoder = CASES[name]
+    calls = {
+        "decode": lambda: specjax.decode(KEY, decoder, draft, target, 8, **kw).tokens,
+        "decoding_statistics": lambda: specjax.decoding_statistics(
+            KEY, decoder, draft, target, 8, chunk_size=4, **kw).rejections_at,
+        "exact": lambda: specjax.exact(decoder, draft, target, **kw).expected_calls,
+        "accepted_length": lambda: specjax.accepted_length(decoder, draft, target),
+        "objective": lambda: specjax.objective(decoder, "calls")(draft, target),
+    }
+    for entry in ENTRIES:
+        if _supported(name, kind, entry):
+            assert np.isfinite(np.asarray(calls[entry]())).all(), entry
+        else:
+            with pytest.raises(ValueError, match="MarkovChain|FiniteStateModel"):
+                calls[entry]()
+
+
+# ----------------------------------------------------------------- accepted length, settings
+def test_accepted_length_against_closed_forms(x64):
+    draft, target = instance(num_states=4, horizon=6)
+    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+    for k in (1, 2, 6):
+        np.testing.assert_allclose(
+            specjax.accepted_length(specjax.Speculative(k), draft, target, position=2),
+            specjax.exact_tokenwise_accepted_length(draft, target, lookahead=k, position=2),
+            atol=1e-12)
+    # One draft per call: the probability that the root accepts, 1 - sum [q - S_M p]_+.
+    one = specjax.accepted_length(specjax.BatchSpeculative(3, lookahead=1), draft, target)
+    rejected = specjax.batch_residual_mass(draft.trans[0], target.trans[0], 3).sum(-1)
+    np.testing.assert_allclose(one, 1 - rejected, atol=1e-12)
+    np.testing.assert_array_equal(specjax.accepted_length(specjax.Autoregressive(), None,
+                                                          target), np.zeros(4))
+    # K = T: the call may run to the end of the horizon.
+    full = specjax.accepted_length(specjax.Speculative(), draft, target, position=1)
+    np.testing.assert_allclose(full, specjax.exact_tokenwise_accepted_length(
+        draft, target, lookahead=6), atol=1e-12)
+    for position in (0, 7, 1.5, True):
+        with pytest.raises(ValueError, match="position must be an integer in"):
+            specjax.accepted_length(specjax.Speculative(), draft, target, position=position)
+
+
+def test_static_settings_passed_as_arrays_say_they_are_static():
+    for build in (lambda: specjax.Speculative(jnp.int32(4)),
+                  lambda: specjax.BatchSpeculative(jnp.int32(2)),
+                  lambda: specjax.BlockVerification(np.int64(2) + jnp.zeros((), jnp.int32))):
+        with pytest.raises(ValueError, match="static setting"):
+            build()
+    draft, target = instance()
+    with pytest.raises(ValueError, match="static setting"):
+        jax.jit(lambda k: specjax.exact(specjax.Speculative(k), draft, target).expected_calls)(
+            3)
+    assert specjax.Speculative(np.int64(3)).lookahead == 3  # NumPy integers are static values
+    with pytest.raises(ValueError, match="decoder must be a specjax decoder"):
+        specjax.exact("sd", draft, target)
+    with pytest.raises(ValueError, match="residual must be one of"):
+        specjax.BiasedSpeculative(0.1, residual="greedy")
+    with pytest.raises(ValueError, match="epsilon must be non-negative"):
+        specjax.decode(KEY, specjax.BiasedSpeculative(-0.1), draft, target, 4)
+    with pytest.raises(ValueError, match="replacement must be True or False"):
+        specjax.BatchSpeculative(2, replacement=1)
+    with pytest.raises(TypeError):
+        specjax.BatchSpeculative(2, False)  # settings after the first are keyword-only
+    assert dataclasses.replace(specjax.BatchSpeculative(2), num_drafts=math.inf).num_drafts \
+        == math.inf
+
+
+def test_output_chain_takes_a_decoder_and_refuses_phase_dependent_ones():
+    draft, target = instance()
+    chain = specjax.output_chain(specjax.Speculative(), draft, target)
+    np.testing.assert_allclose(chain.trans, target.trans, atol=1e-6)
+    rule = specjax.RejectionRule(sd_accept, sd_residual)
+    with pytest.warns(DeprecationWarning, match="output_chain"):
+        old = specjax.output_chain(draft, target, accept_prob=sd_accept, residual=sd_residual)
+    np.testing.assert_array_equal(old.trans, specjax.output_chain(rule, draft, target).trans)
+    for decoder in (specjax.Speculative(2), specjax.BatchSpeculative(2),
+                    specjax.BlockVerification(2)):
+        with pytest.raises(ValueError, match="not a Markov chain in the tokens"):
+            specjax.output_chain(decoder, draft, target)
+
+
+def test_residual_distribution_is_deprecated_for_the_draft_first_name():
+    p = jnp.array([0.5, 0.5, 0.0])
+    q = jnp.array([0.2, 0.3, 0.5])
+    with pytest.warns(DeprecationWarning, match="speculative_residual"):
+        old = specjax.residual_distribution(q, p)
+    np.testing.assert_array_equal(old, specjax.speculative_residual(p, q))
+    np.testing.assert_allclose(specjax.speculative_residual(p, q), [0, 0, 1])

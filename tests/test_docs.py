@@ -1,0 +1,156 @@
+"""The documentation runs and builds.
+
+* Every ```` ```python ```` block of ``README.md`` and of ``docs/**/*.md`` is executed. The blocks
+  of one page run in order in one fresh namespace, as a reader would run them. A block marked
+  ``no-run`` (```` ```python {.no-run} ````, which Markdown renders as Python) is skipped. All
+  pages run in one subprocess (compiled programs are shared between pages) with the suite's
+  strictness: warnings are errors and ``jax_numpy_rank_promotion`` is ``"raise"``. A failure
+  names the page and the block's line.
+* ``mkdocs build --strict`` builds the site (skipped when mkdocs or mkdocstrings is missing).
+* The README's set-up command is the one CI runs, and its relative links exist.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
+
+RUNNER = r"""
+import json
+import sys
+import traceback
+import warnings
+
+warnings.simplefilter("error")  # as the suite's filterwarnings = ["error"]
+
+import jax
+
+jax.config.update("jax_numpy_rank_promotion", "raise")  # as tests/conftest.py
+
+pages = json.loads(open(sys.argv[1]).read())
+results = {}
+for page in pages:
+    namespace = {"__name__": "__main__"}
+    results[page["path"]] = None
+    for line, code in page["blocks"]:
+        # Pad with newlines so that tracebacks give the line numbers of the Markdown file.
+        source = "\n" * line + code
+        try:
+            exec(compile(source, page["path"], "exec"), namespace)
+        except BaseException:
+            results[page["path"]] = (f"the block at {page['path']}:{line} failed:\n"
+                                     + traceback.format_exc())
+            break
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """The ``python`` fenced blocks of a Markdown text that should run: ``(line, code)`` pairs,
+    ``line`` the 0-based index of the block's first code line."""
+    blocks = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        fence, indent = match["fence"], len(match["indent"])
+        words = match["info"].strip().split()
+        start = i + 1
+        i += 1
+        while i < len(lines) and not (lines[i].strip().startswith(fence)
+                                      and set(lines[i].strip()) == {fence[0]}):
+            i += 1
+        if words and words[0] == "python" and "no-run" not in match["info"]:
+            code = "\n".join(line[indent:] for line in lines[start:i])
+            blocks.append((start, code + "\n"))
+        i += 1
+    return blocks
+
+
+def _name(path: pathlib.Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_fence_parser():
+    text = ("x\n```python\na = 1\n```\n```bash\nls\n```\n```python {.no-run}\nboom()\n```\n"
+            "- item\n\n  ```python\n  b = a + 1\n  ```\n")
+    assert python_blocks(text) == [(2, "a = 1\n"), (13, "b = a + 1\n")]
+
+
+def test_every_page_has_runnable_examples_where_expected():
+    for name in ["README.md", "docs/index.md", "docs/guides/decoders.md",
+                 "docs/guides/new-decoder.md"]:
+        assert python_blocks((ROOT / name).read_text()), name
+
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory):
+    """Runs every page's blocks once, in one subprocess; ``{page: None or the failure}``."""
+    tmp = tmp_path_factory.mktemp("docs")
+    pages = [{"path": _name(p), "blocks": python_blocks(p.read_text())} for p in PAGES]
+    (tmp / "pages.json").write_text(json.dumps(pages))
+    (tmp / "runner.py").write_text(RUNNER)
+    env = dict(os.environ, MPLBACKEND="Agg")
+    # Run from an empty folder: a page may write files, never into the repository.
+    out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "pages.json"),
+                          str(tmp / "results.json")], cwd=tmp, env=env, capture_output=True,
+                         text=True, timeout=900)
+    if out.returncode != 0 or not (tmp / "results.json").exists():
+        pytest.fail(f"the documentation runner crashed:\n{out.stderr[-4000:]}")
+    return json.loads((tmp / "results.json").read_text())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_page_code_runs(page, page_results):
+    failure = page_results[_name(page)]
+    assert failure is None, failure
+
+
+def test_readme_setup_is_what_ci_runs():
+    if not (ROOT / ".ci" / "run").exists():
+        pytest.skip("no .ci/run here (not a git checkout)")
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    commands = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text())
+    assert len(commands) >= 2
+    assert commands[1].endswith(ci), (commands[1], ci)
+
+
+def test_readme_links_exist():
+    text = (ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#\s]+)\)", text):
+        if not re.match(r"[a-z]+://", target):
+            assert (ROOT / target).exists(), target
+
+
+def test_site_builds_strictly(tmp_path):
+    if not (ROOT / "mkdocs.yml").exists():
+        pytest.skip("no mkdocs.yml here (not a git checkout)")
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
+    site = tmp_path / "site"
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                          "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    decoders = (site / "api" / "decoders" / "index.html").read_text()
+    assert "BatchSpeculative" in decoders and "laws" in decoders  # the docstrings were rendered
+    assert (site / "guides" / "new-decoder" / "index.html").exists()
