@@ -344,3 +344,55 @@ def test_residual_distribution_is_deprecated_for_the_draft_first_name():
         old = specjax.residual_distribution(q, p)
     np.testing.assert_array_equal(old, specjax.speculative_residual(p, q))
     np.testing.assert_allclose(specjax.speculative_residual(p, q), [0, 0, 1])
+
+
+# ------------------------------------------- against the previous implementation, stored
+GOLDEN = np.load(__import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz")
+
+
+def test_tokens_and_exact_values_equal_the_previous_implementation():
+    """``tests/data/golden_0925acd.npz`` holds what the code before decoders were values (commit
+    0925acd) printed for these inputs (``tests/data/README.md`` says how it was made): every
+    token of every decoder for the same key, every exact field in float64, and the chunked
+    statistics. The new entry points reproduce all of them."""
+    key = jax.random.key(2024)
+    draft, target = instance()
+    for name, decoder in CASES.items():
+        trace = specjax.decode(key, decoder, draft, target, 64)
+        for field in ("tokens", "rejected", "new_call"):
+            np.testing.assert_array_equal(getattr(trace, field), GOLDEN[f"{name}|{field}"],
+                                          err_msg=f"{name} {field}")
+    counts = specjax.decoding_statistics(key, specjax.Speculative(3), draft, target, 1000,
+                                         chunk_size=300)
+    for field in ("num_rejections", "rejections_at", "verified_at", "calls_at",
+                  "final_token_counts"):
+        np.testing.assert_array_equal(getattr(counts, field),
+                                      GOLDEN[f"statistics sd K=3|{field}"])
+    with jax.enable_x64(True):
+        d64, t64 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+        decoders = dict(CASES, **{"batch M=inf": specjax.BatchSpeculative(math.inf)})
+        for name, decoder in decoders.items():
+            if name in ("autoregressive", "block K=3"):
+                continue
+            result = specjax.exact(decoder, d64, t64)
+            for field in result._fields:
+                np.testing.assert_allclose(getattr(result, field),
+                                           GOLDEN[f"exact {name}|{field}"], rtol=0, atol=1e-13,
+                                           err_msg=f"{name} {field}")
+        block = specjax.BlockVerification(3)
+        np.testing.assert_allclose(specjax.exact(block, d64, t64).expected_calls,
+                                   GOLDEN["exact block K=3|expected_calls"], rtol=0, atol=1e-12)
+        # The old function summed m_i = min(m_{i-1} q, p(x_{1:i})); the call law sums P(tau >= i)
+        # from the backward pass. The two are equal on the simplex, and these float32-made rows
+        # sum to one only within about 1e-7 in float64, hence the tolerance (test_block.py checks
+        # the call law against the literal algorithm, enumerated, to 1e-10).
+        for n in (1, 11):
+            np.testing.assert_allclose(specjax.accepted_length(block, d64, t64, position=n),
+                                       GOLDEN[f"exact block K=3|accepted_length@{n}"], rtol=0,
+                                       atol=1e-6)
+        paper = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), specjax.paper_instance())
+        np.testing.assert_allclose(specjax.exact(specjax.Speculative(), *paper)
+                                   .expected_rejections, GOLDEN["paper|expected_rejections"],
+                                   rtol=1e-14)
+        np.testing.assert_allclose(specjax.exact(specjax.BatchSpeculative(4), *paper)
+                                   .expected_rejections, GOLDEN["paper|batch4"], rtol=1e-14)
