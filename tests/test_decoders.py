@@ -285,7 +285,7 @@ def test_accepted_length_against_closed_forms(x64):
             atol=1e-12)
     # One draft per call: the probability that the root accepts, 1 - sum [q - S_M p]_+.
     one = specjax.accepted_length(specjax.BatchSpeculative(3, lookahead=1), draft, target)
-    rejected = specjax.batch_residual_mass(draft.trans[0], target.trans[0], 3).sum(-1)
+    rejected = specjax.batch_residual_mass(draft.trans[0], target.trans[0], num_drafts=3).sum(-1)
     np.testing.assert_allclose(one, 1 - rejected, atol=1e-12)
     np.testing.assert_array_equal(specjax.accepted_length(specjax.Autoregressive(), None,
                                                           target), np.zeros(4))

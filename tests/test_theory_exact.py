@@ -234,11 +234,11 @@ def test_batch_limit_with_tokens_the_draft_never_proposes(x64):
     p[0] = 0.0
     p /= p.sum()
     for m in (1, 3, 10, 100):
-        w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), m)
+        w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
         assert float(jnp.sum(w)) >= q[0] - 1e-15
-    w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), 200)
+    w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=200)
     np.testing.assert_allclose(np.asarray(w), np.where(p > 0, 0.0, q), atol=1e-15)
-    lim = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), math.inf)
+    lim = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=math.inf)
     np.testing.assert_allclose(np.asarray(lim), np.where(p > 0, 0.0, q), atol=0)
 
 
@@ -248,7 +248,7 @@ def test_batch_residual_mass_equals_normalised_chain(x64):
     q = random_rows(rng, (50, 6), zero_fraction=0.3)
     for m in (1, 2, 4, 7):
         want = np.stack([ref.batch_root_masses(pr, qr, m)[1] for pr, qr in zip(p, q)])
-        got = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), m)
+        got = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-13)
 
 

@@ -82,7 +82,7 @@ SINGLE_TOKEN = {
     "tv": lambda p, q: specjax.tv_distance(p, q),
     "residual": lambda p, q: jnp.sum(jnp.sin(specjax.speculative_residual(p, q))),
     "batch improvement M=4": lambda p, q: specjax.batch_improvement(p, q, num_drafts=4),
-    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(specjax.batch_residual_mass(p, q, 30))),
+    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(specjax.batch_residual_mass(p, q, num_drafts=30))),
     "loss star": lambda p, q: specjax.tv_loss_star(
         p, q, specjax.acceptance_probability(p, q, epsilon=0.1)),
     "rejection probability": lambda p, q: specjax.rejection_probability(

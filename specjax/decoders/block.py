@@ -154,7 +154,8 @@ class BlockVerification(CallDecoder):
         """The law of one call by enumeration of the draft blocks and the backward pass.
 
         Args:
-          p_rows, q_rows: ``(K', V, V)`` rows of the call's positions.
+          p_rows: ``(K', V, V)`` draft rows of the call's positions.
+          q_rows: ``(K', V, V)`` target rows of the same positions.
           bonus_row: ``(V, V)`` target row of the position after the block (unused without
             bonus).
           with_bonus: whether that position exists (static).

@@ -287,7 +287,7 @@ def _batch_scale_bwd(num_drafts, res, g):
 batch_scale.defvjp(_batch_scale_fwd, _batch_scale_bwd)
 
 
-def batch_residual_mass(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
+def batch_residual_mass(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
     """Un-normalised ``w^{M+1} = [q - S_M p]_+``: the mass left after ``M`` rejected drafts.
 
     ``sum w^{M+1} = prod_{m <= M} TV(q^m, p)``, the probability that all ``M`` drafts are
@@ -334,7 +334,7 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
     References:
       Algorithm 4 and Theorem "Unbiasedness of batch SD" (appendix), Theorem 3.
     """
-    rejected = batch_residual_mass(p, q, num_drafts)
+    rejected = batch_residual_mass(p, q, num_drafts=num_drafts)
     return VerificationLaw(q - rejected, rejected)
 
 
@@ -498,4 +498,4 @@ def batch_improvement(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
       Theorem 3 (batch improvement), Figure 4.
     """
     single = jnp.sum(scaled_residual(p, q, 1), axis=-1)
-    return single - jnp.sum(batch_residual_mass(p, q, num_drafts), axis=-1)
+    return single - jnp.sum(batch_residual_mass(p, q, num_drafts=num_drafts), axis=-1)

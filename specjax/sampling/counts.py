@@ -153,7 +153,11 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     Args:
       key: a JAX PRNG key.
       decoder: any decoder value (``specjax.Speculative()``, ...).
-      draft, target, num_chains, horizon, sharding: as for ``specjax.decode``.
+      draft: the draft model ``p``, as for ``specjax.decode``.
+      target: the target model ``q``.
+      num_chains: ``C``.
+      horizon: ``T`` for models other than ``MarkovChain``.
+      sharding: the chain layout, as for ``specjax.decode``.
       chunk_size: chains per chunk (default ``default_chunk_size``: 2**20 chains per CPU device,
         2**24 per GPU or TPU, at most ``2**24 / (T + 1)`` per device for the engines that keep
         a chunk's tokens; all of them when fewer); a multiple of the number of shards. Every

@@ -47,9 +47,10 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
         ``None`` (``Speculative()``, ``BiasedSpeculative(eps)``, ``RejectionRule(b, P)``).
       draft: the draft ``MarkovChain`` ``p``.
       target: the target ``MarkovChain`` ``q``.
-      accept_prob, residual: deprecated: the form ``output_chain(draft, target,
+      accept_prob: deprecated, with ``residual``: the form ``output_chain(draft, target,
         accept_prob=..., residual=...)`` still works (it is ``RejectionRule(accept_prob,
         residual)``) and warns.
+      residual: deprecated, see ``accept_prob``.
 
     Returns:
       A ``MarkovChain``; equal to ``target`` exactly when the decoder is unbiased.

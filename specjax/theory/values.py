@@ -158,7 +158,8 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
     Args:
       decoder: any decoder value except ``Autoregressive()`` (which drafts nothing: its value is
         0, returned as such).
-      draft, target: ``MarkovChain``s.
+      draft: the draft ``MarkovChain`` ``p``.
+      target: the target ``MarkovChain`` ``q``.
       position: ``n`` in ``[1, T]``.
 
     Returns:
