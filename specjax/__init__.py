@@ -27,8 +27,8 @@ from specjax.decoders import array_field
 from specjax.decoders import decoder_dataclass
 from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import acceptance_probability
-from specjax.decoders.verification import batch_improvement
-from specjax.decoders.verification import batch_residual_mass
+from specjax.decoders.multi_draft import batch_improvement
+from specjax.decoders.multi_draft import batch_residual_mass
 from specjax.decoders.verification import optimal_residual
 from specjax.decoders.verification import rejection_probability
 from specjax.decoders.verification import residual_distribution

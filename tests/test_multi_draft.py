@@ -123,7 +123,7 @@ def ref_rows(rng):
 @pytest.mark.parametrize("num_drafts", [1, 2, 3, 4, 7, math.inf])
 def test_without_replacement_root_law_equals_brute_force_and_is_unbiased(x64, num_drafts):
     p, q = wor_rows()
-    law = _verify.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), num_drafts)
+    law = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), num_drafts)
     stages = min(4, num_drafts)
     for row in range(p.shape[0]):
         acc, rej = root_law_reference(p[row], q[row], stages)
@@ -135,13 +135,13 @@ def test_without_replacement_root_law_equals_brute_force_and_is_unbiased(x64, nu
 
 def test_without_replacement_one_draft_is_sd_and_all_tokens_never_reject(x64):
     p, q = wor_rows()
-    one = _verify.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 1)
+    one = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 1)
     sd = _verify.speculative_law(jnp.asarray(p), jnp.asarray(q))
     np.testing.assert_allclose(one.accepted, sd.accepted, atol=1e-15)
     np.testing.assert_allclose(one.rejected, sd.rejected, atol=1e-15)
     # M = V: every token the draft can propose is eventually proposed, so a rejection only
     # happens for target mass where p = 0.
-    every = _verify.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 4)
+    every = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 4)
     np.testing.assert_allclose(every.rejected, np.where(p > 0, 0.0, q), atol=1e-12)
 
 

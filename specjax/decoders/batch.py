@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from specjax.decoders import multi_draft
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
@@ -42,7 +43,7 @@ class BatchSpeculative(TokenwiseDecoder):
     same_root = False
 
     def __post_init__(self):
-        verification.check_num_drafts(self.num_drafts)
+        multi_draft.check_num_drafts(self.num_drafts)
         if not isinstance(self.replacement, bool):
             raise ValueError(f"replacement must be True or False, got {self.replacement!r}")
         check_lookahead(self.lookahead)
@@ -53,17 +54,17 @@ class BatchSpeculative(TokenwiseDecoder):
 
     def laws(self, p, q):
         if self.replacement:
-            root = verification.batch_root_law(p, q, self.num_drafts)
+            root = multi_draft.batch_root_law(p, q, self.num_drafts)
         else:
-            root = verification.batch_without_replacement_root_law(p, q, self.num_drafts)
+            root = multi_draft.batch_without_replacement_root_law(p, q, self.num_drafts)
         return root, verification.speculative_law(p, q)
 
     def root_scale(self, p, q):
-        return verification.batch_scale(p, q, self.num_drafts)
+        return multi_draft.batch_scale(p, q, self.num_drafts)
 
     def check(self, num_states: int, num_rows: int) -> None:
         if not self.replacement:
-            verification.check_without_replacement_size(self.num_drafts, num_states, num_rows)
+            multi_draft.check_without_replacement_size(self.num_drafts, num_states, num_rows)
 
     @property
     def label(self) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 from specjax.models import markov as _models
 from specjax._progress import Progress
 from specjax.experiments import report as _report
+from specjax.decoders import multi_draft
 from specjax.decoders import verification as _verify
 from specjax.experiments.report import FIGURES  # noqa: F401 - re-exported: the names of the figures
 from specjax.experiments.report import z_score
@@ -285,7 +286,7 @@ def improvement(key, max_drafts, simulated_drafts, num_runs, progress=None):
     for i, (label, p, q, closed) in enumerate(cases):
         tv = float(_verify.tv_distance(p, q))
         draft, target = one_token_chains(p, q)
-        exact = [float(_verify.batch_improvement(p, q, num_drafts=m)) for m in drafts]
+        exact = [float(multi_draft.batch_improvement(p, q, num_drafts=m)) for m in drafts]
         simulated = {}
         for m in simulated_drafts:
             trace = batch_speculative_decoding(jax.random.fold_in(key, 100 * i + m), draft,

@@ -133,7 +133,7 @@ def _finish(init, rejected, marginals, new_call=None, verified=None) -> ExactDec
 
 def _unbiased_forward(init, p, q, decoder) -> ExactDecoding:
     """``K >= T`` for SD and batch SD, whose rejected masses are ``[q - S p]_+`` (``S = 1``
-    inside a call, ``S = S_M`` at the root, see ``specjax.decoders.verification.batch_scale``) and whose
+    inside a call, ``S = S_M`` at the root, see ``specjax.decoders.multi_draft.batch_scale``) and whose
     accepted masses are ``q`` minus those (unbiasedness), so the in-call accepted law is never
     needed: per position, ``pi_root @ [q - S p]_+ + pi_in @ [q - p]_+`` and ``pi @ q``.
 

@@ -227,7 +227,7 @@ def exact_batch_speculative_decoding(draft: MarkovChain, target: MarkovChain, *,
 
     ``.rejected[n - 1]`` is the paper's pseudo-measure ``f`` (equation (ff)) marginalised to the
     last token. The residual chain ``q^{m+1} = [q^m - p]_+`` is carried un-normalised in closed
-    form (see ``specjax.decoders.verification.batch_residual_mass``), so values and gradients stay finite when
+    form (see ``specjax.decoders.multi_draft.batch_residual_mass``), so values and gradients stay finite when
     a residual runs out of mass.
 
     Args:
