@@ -1,6 +1,7 @@
 """Autoregressive models beyond Markov chains: the protocol, n-grams, finite-state lifts, and the
 generic engines (``simulate_models``, ``exact_models``) pinned to the Markov ones."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -70,6 +71,97 @@ def test_protocol_membership():
     assert len(leaves) == 1
     doubled = jax.tree_util.tree_unflatten(treedef, [2 * leaves[0]])
     assert isinstance(doubled, NGramModel) and doubled.order == 2
+
+
+def all_model_kinds():
+    """One model of each kind: Markov chain, n-gram, finite-state, greedy wrapper."""
+    ngram = random_ngram(0, 2, 3)
+    return [markov_pair()[0], ngram, ngram.as_finite_state(2), specjax.GreedyModel(ngram)]
+
+
+@pytest.mark.parametrize("model", all_model_kinds(), ids=lambda m: type(m).__name__)
+def test_models_are_frozen_pytree_dataclasses(model):
+    """Every model is a ``pytree_dataclass``: frozen, equal by value, array fields as leaves
+    (named by attribute), static settings in the tree structure."""
+    assert dataclasses.is_dataclass(model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(model, dataclasses.fields(model)[0].name, None)
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert type(rebuilt) is type(model) and rebuilt == model and hash(rebuilt) == hash(model)
+    paths = [jax.tree_util.keystr(path) for path, _ in
+             jax.tree_util.tree_flatten_with_path(model)[0]]
+    assert all(path.startswith(".") for path in paths), paths
+    assert jax.tree_util.tree_map(lambda x: x + 0 if x.dtype.kind == "f" else x, model) == model
+    assert repr(model).startswith(type(model).__name__ + "(")
+
+
+@pytest.mark.parametrize("model", all_model_kinds(), ids=lambda m: type(m).__name__)
+def test_unflattening_does_not_validate(model):
+    """JAX rebuilds models from gradients, placeholders and abstract values: the constructor's
+    validation (rows summing to one, shapes) runs on a call of the class only."""
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    for placeholder in (None, object()):
+        rebuilt = jax.tree_util.tree_unflatten(treedef, [placeholder] * len(leaves))
+        assert type(rebuilt) is type(model)
+    doubled = jax.tree_util.tree_map(lambda x: 2 * x if x.dtype.kind == "f" else x, model)
+    assert type(doubled) is type(model)  # rows summing to 2, not validated
+    shapes = jax.eval_shape(lambda m: m, model)
+    assert type(shapes) is type(model)
+    assert jax.tree_util.tree_structure(shapes) == treedef
+
+
+def test_gradients_jit_and_vmap_over_every_model_kind():
+    """A gradient with respect to a model is a model of gradients (rows summing to anything);
+    models pass through jit and vmap (a batch: leading axes on the leaves)."""
+    draft, target = markov_pair()
+    grad = jax.grad(lambda d: specjax.expected_rejections(d, target))(draft)
+    assert isinstance(grad, specjax.MarkovChain) and grad.trans.shape == draft.trans.shape
+    assert np.abs(np.asarray(grad.trans)).sum() > 0
+    ngram = random_ngram(0, 2, 3)
+    grad = jax.grad(lambda m: m.probs(m.update(m.init_state(), 1))[2])(ngram)
+    assert isinstance(grad, NGramModel) and grad.order == 2
+    np.testing.assert_array_equal(np.asarray(grad.table)[1], [0, 0, 1])
+    fs = ngram.as_finite_state(2)
+    grad = jax.grad(lambda m: m.probs(m.init_state())[0], allow_int=True)(fs)
+    assert isinstance(grad, FiniteStateModel) and grad.start == fs.start
+    greedy = jax.jit(lambda m: m)(specjax.GreedyModel(ngram))
+    assert isinstance(greedy, specjax.GreedyModel) and greedy.model == ngram
+    tables = jnp.stack([ngram.table, random_ngram(1, 2, 3).table])
+    batch = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(ngram), [tables])
+    rows = jax.vmap(lambda m: m.probs(m.init_state()))(batch)
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(tables[:, 0]))
+    chains = jax.vmap(lambda k: specjax.random_markov_chain(k, 3, 2))(
+        jax.random.split(jax.random.key(0), 4))
+    assert isinstance(chains, specjax.MarkovChain) and chains.trans.shape == (4, 2, 3, 3)
+
+
+def test_markov_chain_tree_unflatten_builds_without_validation():
+    """``MarkovChain.tree_unflatten(None, (init, trans))`` (kept from the hand-registered
+    pytree) builds a chain as given: no validation, no conversion; the constructor validates."""
+    init, trans = jnp.ones(3), jnp.ones((2, 3, 3))  # rows summing to 3
+    chain = specjax.MarkovChain.tree_unflatten(None, (init, trans))
+    assert isinstance(chain, specjax.MarkovChain)
+    assert chain.init is init and chain.trans is trans
+    assert (chain.num_states, chain.horizon) == (3, 2)
+    assert chain.tree_flatten() == ((init, trans), None)
+    with pytest.raises(ValueError, match="init rows must sum to one"):
+        specjax.MarkovChain(init, trans / 3)
+    with pytest.raises(ValueError, match="trans rows must sum to one"):
+        specjax.MarkovChain(init / 3, trans)
+    with pytest.raises(ValueError, match="init must have shape"):
+        specjax.MarkovChain(trans, init)
+
+
+def test_probability_messages_name_the_argument_and_its_shape():
+    """A law that does not sum to one is named with its shape; a single row is not "row ()"."""
+    with pytest.raises(ValueError, match=r"init is one row of shape \(20,\)") as error:
+        specjax.MarkovChain(jnp.ones(20), jnp.ones((2, 20, 20)) / 20)
+    assert "row ()" not in str(error.value) and "sums to 20" in str(error.value)
+    with pytest.raises(ValueError, match=r"trans has shape \(2, 4, 4\) .* row \(1, 2\) sums to"):
+        specjax.MarkovChain(jnp.ones(4) / 4, (jnp.ones((2, 4, 4)) / 4).at[1, 2, 0].set(1.0))
+    with pytest.raises(ValueError, match=r"table has shape \(3, 3\)"):
+        NGramModel(jnp.full((3, 3), 0.5), 2)
 
 
 # ----------------------------------------------------------------------------- n-grams
@@ -351,18 +443,18 @@ NGRAM_CASES = [  # (rule, lookahead, unbiased)
 def test_ngram_sampler_matches_exact_and_target_law(rule, lookahead, unbiased):
     v, horizon, chains = 4, 6, 20_000
     draft, target = random_ngram(10, 2, v), random_ngram(11, 3, v)
-    extra = ()
     if rule == "biased":
-        rule, extra = ("biased", 0.1), ()
+        rule = ("biased", 0.1)
     with jax.enable_x64(True):
         d64, t64 = random_ngram(10, 2, v), random_ngram(11, 3, v)  # the same rows in float64
-        extra64 = tuple(jnp.asarray(e, jnp.float64) for e in extra)
-        exact = specjax.exact(make(rule, lookahead), d64.as_finite_state(2), t64.as_finite_state(), horizon=horizon)
+        exact = specjax.exact(make(rule, lookahead), d64.as_finite_state(2),
+                              t64.as_finite_state(), horizon=horizon)
         exact = jax.tree_util.tree_map(np.asarray, exact)
         if unbiased:  # the output's marginals are the target's
             np.testing.assert_allclose(exact.marginals, target_marginals(t64, horizon),
                                        atol=1e-12)
-    trace = specjax.decode(jax.random.key(7), make(rule, lookahead), draft, target, chains, horizon=horizon)
+    trace = specjax.decode(jax.random.key(7), make(rule, lookahead), draft, target, chains,
+                           horizon=horizon)
     what = f"{rule[0]} K={lookahead}"
     assert_mean(trace.num_rejections, float(exact.expected_rejections), f"{what}: rejections")
     assert_mean(trace.num_calls, float(exact.expected_calls), f"{what}: calls")
@@ -598,12 +690,14 @@ def test_protocol_models_are_validated_before_any_work():
                                          r"of shape \(num_states,\) = \(3,\)"):
         specjax.speculative_decoding(KEY, ngram, _ClaimsThreeStates(random_ngram(1, 2, 4)), 10,
                                      horizon=3)
-    unnormalised = specjax.models.FiniteStateModel.__new__(specjax.models.FiniteStateModel)
-    unnormalised.start, unnormalised.next_state = 0, jnp.zeros((1, 3), jnp.int32)
-    unnormalised.table = jnp.full((1, 3), 0.5)
+    # Unflattening does not validate: a model with rows summing to 1.5, as a transformation
+    # (or a careless tree_map) could make one.
+    valid = FiniteStateModel(0, jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3)) / 3)
+    unnormalised = jax.tree_util.tree_map(lambda x: 1.5 * x if x.dtype.kind == "f" else x, valid)
     with pytest.raises(ValueError, match=r"draft.probs\(init_state\(\)\)"):
         specjax.speculative_decoding(KEY, unnormalised, ngram.as_finite_state(1), 10, horizon=3)
-    with pytest.raises(ValueError, match="both be MarkovChains, or both FiniteStateModels"):
+    with pytest.raises(ValueError, match="draft must be a specjax.MarkovChain or an "
+                                         "autoregressive model"):
         specjax.exact_biased_speculative_decoding(None, None, epsilon=0.1)
     with pytest.raises(ValueError, match="both be MarkovChains, or both FiniteStateModels"):
         specjax.expected_rejections(ngram, ngram, horizon=3)

@@ -3,3 +3,9 @@
 from specjax.auditing.audit import AuditReport
 from specjax.auditing.audit import audit
 from specjax.auditing.audit import audit_exact
+
+__all__ = [
+    "AuditReport",
+    "audit",
+    "audit_exact",
+]

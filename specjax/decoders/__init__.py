@@ -13,3 +13,18 @@ from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.block import BlockVerification
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.speculative import Speculative
+
+__all__ = [
+    "Autoregressive",
+    "BatchSpeculative",
+    "BiasedSpeculative",
+    "BlockVerification",
+    "CallDecoder",
+    "CallLaw",
+    "Decoder",
+    "RejectionRule",
+    "Speculative",
+    "TokenwiseDecoder",
+    "array_field",
+    "decoder_dataclass",
+]

@@ -11,3 +11,17 @@ from specjax.models.autoregressive import greedy_draft
 from specjax.models.autoregressive import MAX_TABLE_SIZE
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
+
+__all__ = [
+    "AutoregressiveModel",
+    "FiniteStateModel",
+    "GreedyModel",
+    "MAX_TABLE_SIZE",
+    "MarkovChain",
+    "NGramModel",
+    "greedy_draft",
+    "is_autoregressive_model",
+    "ngram_counts",
+    "paper_instance",
+    "random_markov_chain",
+]

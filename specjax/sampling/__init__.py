@@ -12,3 +12,17 @@ from specjax.sampling.samplers import block_verification_decoding
 from specjax.sampling.samplers import rejection_decoding
 from specjax.sampling.samplers import speculative_decoding
 from specjax.sampling.sharding import chain_sharding
+
+__all__ = [
+    "DecodingStatistics",
+    "DecodingTrace",
+    "autoregressive_decoding",
+    "batch_speculative_decoding",
+    "biased_speculative_decoding",
+    "block_verification_decoding",
+    "chain_sharding",
+    "decode",
+    "decoding_statistics",
+    "rejection_decoding",
+    "speculative_decoding",
+]

@@ -21,3 +21,26 @@ from specjax.theory.laws import output_chain
 from specjax.theory.laws import pareto_front
 from specjax.theory.laws import sequence_kl
 from specjax.theory.recursion import ExactDecoding
+
+__all__ = [
+    "ExactDecoding",
+    "ParetoFront",
+    "accepted_length",
+    "batch_expected_rejections",
+    "biased_output_chain",
+    "exact",
+    "exact_batch_speculative_decoding",
+    "exact_biased_speculative_decoding",
+    "exact_block_accepted_length",
+    "exact_block_expected_calls",
+    "exact_joint_accepted_length",
+    "exact_rejection_decoding",
+    "exact_speculative_decoding",
+    "exact_tokenwise_accepted_length",
+    "expected_calls",
+    "expected_rejections",
+    "marginals",
+    "output_chain",
+    "pareto_front",
+    "sequence_kl",
+]

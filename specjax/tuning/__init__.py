@@ -18,3 +18,23 @@ from specjax.tuning.objectives import target_calls
 from specjax.tuning.tuner import TuneResult
 from specjax.tuning.tuner import kl_fit
 from specjax.tuning.tuner import tune_draft
+
+__all__ = [
+    "ContextFreeDraft",
+    "DraftFamily",
+    "FullDraft",
+    "LowRankDraft",
+    "Objective",
+    "StationaryDraft",
+    "TuneResult",
+    "batch_rejections",
+    "biased_tradeoff",
+    "draft_family",
+    "kl_divergence",
+    "kl_fit",
+    "make_objective",
+    "objective",
+    "sd_rejections",
+    "target_calls",
+    "tune_draft",
+]

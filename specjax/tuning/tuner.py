@@ -20,7 +20,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import warnings
@@ -35,7 +34,7 @@ import optax
 from specjax import _checks
 from specjax.models.markov import MarkovChain
 from specjax.tuning.families import DraftFamily
-from specjax.tuning.objectives import Objective
+from specjax.tuning.objectives import kl_divergence
 
 # --- the tuner -------------------------------------------------------------------------------------
 
