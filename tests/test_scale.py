@@ -296,13 +296,11 @@ def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
 
 
 ACCEPTANCE_CASES = {
-    "sd": (specjax.speculative_decoding, {}, specjax.exact_speculative_decoding),
-    "sd K=3": (specjax.speculative_decoding, dict(lookahead=3),
-               specjax.exact_speculative_decoding),
-    "batch M=2 K=2": (specjax.batch_speculative_decoding, dict(num_drafts=2, lookahead=2),
-                      specjax.exact_batch_speculative_decoding),
-    "biased eps=0.1 K=4": (specjax.biased_speculative_decoding, dict(epsilon=0.1, lookahead=4),
-                           specjax.exact_biased_speculative_decoding),
+    "sd": specjax.Speculative(),
+    "sd K=3": specjax.Speculative(lookahead=3),
+    "batch M=2 K=2": specjax.BatchSpeculative(2, lookahead=2),
+    "biased eps=0.1 K=4": specjax.BiasedSpeculative(0.1, lookahead=4),
+    "block K=3": specjax.BlockVerification(3),
 }
 
 
@@ -310,14 +308,15 @@ ACCEPTANCE_CASES = {
 def test_simulated_acceptance_rate_matches_exact(name):
     """Per position, the simulated acceptance rate given a verified draft is within
     ``stats.Z`` binomial standard errors of the exact one, and the fraction of chains verifying
-    a draft within ``stats.Z`` standard errors of ``verified`` (two-sided 6.8e-6 each; 96 such
-    comparisons in this test family)."""
-    sampler, kw, exact_fn = ACCEPTANCE_CASES[name]
+    a draft within ``stats.Z`` standard errors of ``verified`` (two-sided 6.8e-6 each; 120 such
+    comparisons in this test family). Block verification's per-position values come from the
+    call-level recursion (``specjax.theory.calls``)."""
+    decoder = ACCEPTANCE_CASES[name]
     draft, target = instance()
     num_chains = 100_000
-    got = specjax.decoding_statistics(sampler, jax.random.key(5), draft, target, num_chains,
-                                      chunk_size=40_000, **kw)
-    exact = exact_fn(draft, target, **kw)
+    got = specjax.decoding_statistics(jax.random.key(5), decoder, draft, target, num_chains,
+                                      chunk_size=40_000)
+    exact = specjax.exact(decoder, draft, target)
     rate = np.asarray(exact.acceptance_rate, np.float64)
     se = np.sqrt(rate * (1 - rate) / np.maximum(got.verified_at, 1))
     z = np.abs(got.acceptance_rate - rate) / np.maximum(se, 1e-12)

@@ -55,6 +55,7 @@ from typing import NamedTuple
 import jax
 
 from specjax import _checks
+from specjax.models.checks import model_kind
 
 from specjax._pytree import array_field  # noqa: E402,F401 - re-exported for decoder authors
 from specjax._pytree import pytree_dataclass  # noqa: E402
@@ -168,6 +169,19 @@ def check_decoder(decoder) -> None:
             "decoder must be a specjax decoder such as specjax.Speculative() or "
             "specjax.BatchSpeculative(4) (a TokenwiseDecoder or CallDecoder), got "
             f"{decoder!r}")
+
+
+def resolve_run(decoder, draft, target):
+    """What every entry point checks first: the decoder (and its numeric settings when
+    concrete), then the models and their kind. ``draft`` may be ``None`` for a decoder that does
+    not use it (``Autoregressive``). Returns ``(draft, kind)``; ``check_horizon(kind, target,
+    horizon)`` gives ``T``."""
+    check_decoder(decoder)
+    if hasattr(decoder, "validate"):
+        decoder.validate()
+    if draft is None and not getattr(decoder, "uses_draft", True):
+        draft = target
+    return draft, model_kind(draft, target)
 
 
 def check_lookahead(lookahead, *, allow_none: bool = True) -> None:

@@ -103,3 +103,19 @@ def model_kind(draft, target, *, allow_no_draft: bool = False) -> str:
         return "finite_state"
     check_models(draft, target)
     return "protocol"
+
+
+def check_horizon(kind: str, target, horizon) -> int:
+    """``T`` of a run on models of ``kind``: a ``MarkovChain`` carries its own (``horizon`` must
+    then be ``None`` or equal), any other model needs it given."""
+    if kind == "markov":
+        _checks.check_positive_int("horizon", horizon, allow_none=True)
+        if horizon is not None and horizon != target.horizon:
+            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
+                             f"models; leave it None (got {horizon})")
+        return target.horizon
+    if horizon is None:
+        raise ValueError("horizon must be given (a positive integer T) for models other than "
+                         "MarkovChain (finite-state, n-gram and protocol models)")
+    _checks.check_positive_int("horizon", horizon)
+    return horizon

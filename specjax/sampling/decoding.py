@@ -25,8 +25,8 @@ from jax.sharding import NamedSharding
 
 from specjax import _checks
 from specjax.decoders.base import CallDecoder
-from specjax.decoders.base import check_decoder
-from specjax.models.checks import model_kind
+from specjax.decoders.base import resolve_run
+from specjax.models.checks import check_horizon
 from specjax.sampling import calls
 from specjax.sampling import engine
 from specjax.sampling import models
@@ -50,20 +50,6 @@ class Plan(NamedTuple):
     sharding: NamedSharding | None
 
 
-def _check_horizon(target, kind: str, horizon) -> int:
-    if kind == "markov":
-        _checks.check_positive_int("horizon", horizon, allow_none=True)
-        if horizon is not None and horizon != target.horizon:
-            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
-                             f"models; leave it None (got {horizon})")
-        return target.horizon
-    if horizon is None:
-        raise ValueError("horizon must be given (a positive integer T) for autoregressive "
-                         "models other than MarkovChain")
-    _checks.check_positive_int("horizon", horizon)
-    return horizon
-
-
 def check_supported(decoder, kind: str, what: str) -> None:
     """Raise ``ValueError`` unless ``decoder`` supports models of ``kind`` for ``what``
     (``"protocol"``: Monte Carlo; ``"finite_state"``: exact values)."""
@@ -80,16 +66,11 @@ def check_supported(decoder, kind: str, what: str) -> None:
 def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None) -> Plan:
     """Validates a run of ``decoder`` before any work and resolves its settings."""
     _checks.check_key(key)
-    check_decoder(decoder)
-    if hasattr(decoder, "validate"):
-        decoder.validate()
-    if draft is None and not getattr(decoder, "uses_draft", True):
-        draft = target
-    kind = model_kind(draft, target)
+    draft, kind = resolve_run(decoder, draft, target)
+    horizon = check_horizon(kind, target, horizon)
     mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
     check_supported(decoder, mc_kind, "Monte Carlo")
     _checks.check_static_int("num_chains", num_chains)
-    horizon = _check_horizon(target, kind, horizon)
     resolved_sharding = _sharding.resolve(sharding, num_chains)
     lookahead = decoder.resolve_lookahead(horizon)
     if isinstance(decoder, CallDecoder):

@@ -31,14 +31,13 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from specjax import _checks
 from specjax.decoders.base import CallDecoder
-from specjax.decoders.base import check_decoder
+from specjax.decoders.base import resolve_run
+from specjax.models.checks import check_horizon
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.speculative import Speculative
-from specjax.models.checks import model_kind
 from specjax.models.markov import MarkovChain
 from specjax.theory import calls
 from specjax.theory import recursion
@@ -51,27 +50,9 @@ def _forward(decoder, draft, target, *, lookahead):
     return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead)
 
 
-def _exact_horizon(kind, target, horizon) -> int:
-    if kind == "markov":
-        _checks.check_positive_int("horizon", horizon, allow_none=True)
-        if horizon is not None and horizon != target.horizon:
-            raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "
-                             f"models; leave it None (got {horizon})")
-        return target.horizon
-    if horizon is None:
-        raise ValueError("horizon must be given (a positive integer T) for finite-state models")
-    _checks.check_positive_int("horizon", horizon)
-    return horizon
-
-
 def _plan_exact(decoder, draft, target, horizon):
     """Validates an exact computation; returns ``(decoder, draft, kind, T, K)``."""
-    check_decoder(decoder)
-    if hasattr(decoder, "validate"):
-        decoder.validate()
-    if draft is None and not getattr(decoder, "uses_draft", True):
-        draft = target
-    kind = model_kind(draft, target)
+    draft, kind = resolve_run(decoder, draft, target)
     if kind == "protocol":
         raise ValueError(
             "draft and target must both be MarkovChains, or both FiniteStateModels on one state "
@@ -81,7 +62,7 @@ def _plan_exact(decoder, draft, target, horizon):
         raise ValueError(f"{type(decoder).__name__} has no exact values on FiniteStateModels: "
                          "its call law is written for MarkovChain models (see the support "
                          "table in docs/guides/decoders.md)")
-    horizon = _exact_horizon(kind, target, horizon)
+    horizon = check_horizon(kind, target, horizon)
     lookahead = decoder.resolve_lookahead(horizon)
     if isinstance(decoder, CallDecoder):
         decoder.check_exact(target.num_states, horizon)
