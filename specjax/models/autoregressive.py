@@ -51,7 +51,7 @@ from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
-from specjax.models.markov import greedy_draft as _greedy_chain
+from specjax.models.markov import greedy_chain as _greedy_chain
 from specjax.models.markov import one_hot_argmax
 
 #: Largest table (``S * V`` entries, contexts times tokens) an n-gram or a lifted state space may

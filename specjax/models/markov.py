@@ -134,7 +134,7 @@ def check_pair(draft, target) -> None:
     _checks.check_same_shape(draft, target)
 
 
-def greedy_draft(model: MarkovChain) -> MarkovChain:
+def greedy_chain(model: MarkovChain) -> MarkovChain:
     """The deterministic (greedy) draft of ``model``: each row one-hot at its most likely token.
 
     Greedy drafting (or n-gram lookup, as in vLLM's ngram drafting) proposes one token with
