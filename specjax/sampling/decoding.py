@@ -45,7 +45,7 @@ class Plan(NamedTuple):
     target: object
     num_chains: int
     lookahead: int  # the resolved K (0 for autoregressive decoding)
-    models: str  # "markov", "finite_state" or "protocol"
+    models: str  # the engine's model kind: "markov", or "protocol" (finite-state models too)
     horizon: int
     sharding: NamedSharding | None
 
@@ -79,11 +79,10 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     else:
         per_chain = 1
     if num_chains * per_chain > MAX_COUNTER:
-        raise ValueError(
-            f"num_chains must be at most 2**32 / {per_chain} (chains are numbered with 32 bits"
-            f"{'' if per_chain == 1 else ', ' + str(per_chain) + ' uniforms per call'}), got "
-            f"{num_chains}" + ("; for large runs use specjax.decoding_statistics"
-                               if per_chain == 1 else ""))
+        limit = "2**32" if per_chain == 1 else f"2**32 / {per_chain} ({per_chain} uniforms " \
+            f"per chain and call)"
+        raise ValueError(f"num_chains must be at most {limit}: chains are numbered with 32 bits; "
+                         f"got {num_chains}")
     rows = horizon * target.num_states if mc_kind == "markov" else num_chains
     decoder.check(target.num_states, rows)
     return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
