@@ -20,6 +20,10 @@ import sys
 
 import pytest
 
+# End-to-end runs (every README and guide code block in a subprocess, and the site build): part
+# of the full suite, skipped by the inner loop's `-m "not slow"`.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")

@@ -12,6 +12,10 @@ import sys
 
 import pytest
 
+# End-to-end runs (the notebooks end to end): part of the full suite, skipped by the inner loop's
+# `-m "not slow"`.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 

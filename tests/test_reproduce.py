@@ -12,6 +12,10 @@ import pytest
 from specjax.experiments import reproduce
 from test_scripts import ROOT
 
+# End-to-end runs (the paper's reproduction end to end): part of the full suite, skipped by
+# the inner loop's `-m "not slow"`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):

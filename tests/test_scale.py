@@ -204,6 +204,7 @@ def test_sharding_validation_counts_shards():
     assert _sharding.num_shards(None) == 1
 
 
+@pytest.mark.slow  # a subprocess with 4 forced devices compiles every decoder on 4 layouts
 @pytest.mark.skipif(sys.platform == "win32", reason="XLA host-device flag")
 def test_sharded_equals_unsharded_on_four_host_devices():
     """In a subprocess with 4 forced CPU devices (the flag must not leak into this process):

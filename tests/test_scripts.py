@@ -6,6 +6,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# End-to-end runs (the scripts end to end): part of the full suite, skipped by the inner loop's
+# `-m "not slow"`.
+pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
