@@ -193,7 +193,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
                                 run.horizon if keeps_tokens else None)
     num_chunks = -(-num_chains // chunk)
-    per_chain = run.decoder.num_uniforms if isinstance(run.decoder, CallDecoder) else 1
+    per_chain = decoding.counters_per_chain(run.decoder)
     if num_chunks * chunk * per_chain > _MAX_CHAINS:
         raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "
                          f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "

@@ -63,6 +63,12 @@ def check_supported(decoder, kind: str, what: str) -> None:
         f"(see the support table in docs/guides/decoders.md)")
 
 
+def counters_per_chain(decoder) -> int:
+    """How many 32-bit counters one chain uses per step of the engine: 1, or the uniforms of one
+    call of a call-level decoder (its chains' counters are ``c U .. c U + U - 1``)."""
+    return decoder.num_uniforms if isinstance(decoder, CallDecoder) else 1
+
+
 def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None) -> Plan:
     """Validates a run of ``decoder`` before any work and resolves its settings."""
     _checks.check_key(key)
@@ -75,9 +81,7 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     lookahead = decoder.resolve_lookahead(horizon)
     if isinstance(decoder, CallDecoder):
         decoder = dataclasses.replace(decoder, lookahead=lookahead)
-        per_chain = decoder.num_uniforms
-    else:
-        per_chain = 1
+    per_chain = counters_per_chain(decoder)
     if num_chains * per_chain > MAX_COUNTER:
         limit = "2**32" if per_chain == 1 else f"2**32 / {per_chain} ({per_chain} uniforms " \
             f"per chain and call)"
