@@ -29,13 +29,18 @@ def categorical_thresholds(masses: jax.Array) -> jax.Array:
     with positive mass on is ``INT32_MAX``, so the search never runs past it.
 
     Args:
-      masses: ``(..., W)`` non-negative masses.
+      masses: ``(..., W)`` non-negative masses (float16 and bfloat16 are widened to float32).
 
     Returns:
       ``(..., W')`` int32 thresholds, ``W'`` the next power of two ``>= W`` (padding has no mass).
     """
     width = masses.shape[-1]
     padded = _next_power_of_two(width)
+    if jnp.finfo(masses.dtype).bits < 32:
+        # float16 cannot hold 2**31 (its largest value is 65504): scaling the CDF in it overflows
+        # to inf and every threshold casts to the same integer (every draw the first token). The
+        # thresholds are computed in float32; the masses' values are unchanged.
+        masses = masses.astype(jnp.float32)
     masses = jnp.pad(masses, [(0, 0)] * (masses.ndim - 1) + [(0, padded - width)])
     cdf = jnp.cumsum(masses, axis=-1)
     total = cdf[..., -1:]
