@@ -31,6 +31,15 @@ def check_num_drafts(num_drafts) -> None:
     if isinstance(num_drafts, bool) or not isinstance(num_drafts, numbers.Integral) \
             or num_drafts <= 0:
         raise ValueError(f"num_drafts must be a positive integer or math.inf, got {num_drafts!r}")
+    if num_drafts > MAX_DRAFTS:
+        raise ValueError(
+            f"num_drafts must be at most {MAX_DRAFTS:,} (the residual chain takes one pass per "
+            f"draft), got {num_drafts:,}; for the limit M -> infinity pass math.inf")
+
+
+#: The most drafts a batch decoder takes as an integer (one residual pass each); ``math.inf``
+#: gives the limit ``M -> infinity`` in closed form.
+MAX_DRAFTS = 2**20
 
 
 def _scale_sweep(p, q, num_drafts):
