@@ -495,7 +495,7 @@ def test_ngram_protocol_equals_its_lift_and_is_deterministic():
 def test_new_values_do_not_recompile():
     draft, target = random_ngram(5, 2, 3), random_ngram(6, 3, 3)
     sd = specjax.Speculative()
-    simulate = specjax.sampling.models.simulate_models
+    simulate = specjax.sampling.models._simulate_models
     forward = specjax.theory.finite_state.forward_finite_state
     specjax.decode(KEY, sd, draft, target, 64, horizon=4)
     specjax.exact(sd, draft.as_finite_state(2), target.as_finite_state(), horizon=4)

@@ -43,8 +43,46 @@ def _check_protocol_model(name: str, model) -> None:
             f"{name}.probs(state) must return a float array of shape (num_states,) = "
             f"({num_states},), got shape {row.shape} and dtype {row.dtype}")
     if all(_checks.is_concrete(leaf) for leaf in leaves):
-        _checks.check_probabilities(f"{name}.probs(init_state())",
-                                    model.probs(model.init_state()))
+        try:
+            rows = probe_rows(model)
+        except Exception as error:  # a user's model: report what failed, naming the argument
+            raise ValueError(f"{name}: evaluating probs(update(state, token)) on a few states "
+                             f"reached from init_state() failed: {error}") from error
+        for where, row in rows:
+            _checks.check_probabilities(f"{name}.probs({where})", row)
+
+
+#: Tokens tried from each probed state of a protocol model, and the depth of the probe.
+PROBE_TOKENS, PROBE_DEPTH = 4, 2
+
+
+def probe_rows(model):
+    """A protocol model's rows at a few reachable states, as ``(where, row)`` pairs: the initial
+    state, then up to ``PROBE_TOKENS`` tokens (the first, the middle, the last and the most
+    probable) from each probed state, ``PROBE_DEPTH`` tokens deep (at most 21 rows). A cheap
+    check before a run; the samplers also flag an invalid row met during the run."""
+    num_states = model.num_states
+    probs = jax.jit(lambda m, s: m.probs(s))
+    update = jax.jit(lambda m, s, x: m.update(s, x))
+    frontier = [((), model.init_state())]
+    rows = []
+    for depth in range(PROBE_DEPTH + 1):
+        next_frontier = []
+        for path, state in frontier:
+            row = probs(model, state)
+            where = "init_state()" if not path else \
+                f"state after tokens {list(path)} from init_state()"
+            rows.append((where, row))
+            if depth == PROBE_DEPTH:
+                continue
+            values = np.asarray(row)
+            best = int(np.nanargmax(values)) if np.isfinite(values).any() else 0
+            tokens = sorted({0, num_states // 2, num_states - 1, best})[:PROBE_TOKENS]
+            for token in tokens:
+                next_frontier.append((path + (token,),
+                                      update(model, state, jnp.asarray(token, jnp.int32))))
+        frontier = next_frontier
+    return rows
 
 
 def check_models(draft, target) -> None:

@@ -19,6 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax import _checks
 from specjax.decoders import verification
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import int31
@@ -41,23 +42,37 @@ def _outcome_masses(decoder, p, q, lookahead: int, phase):
 def _chain_step(decoder, draft, target, lookahead: int, carry, u):
     """One position of one chain: the Markov engine's outcome and phase logic, with the law built
     from the chain's own rows and both states updated with the token."""
-    draft_state, target_state, j, num_rejections, num_calls = carry
+    draft_state, target_state, j, num_rejections, num_calls, invalid = carry
     q = target.probs(target_state)
+    p = draft.probs(draft_state)
     num_states = q.shape[-1]
-    masses = _outcome_masses(decoder, draft.probs(draft_state), q, lookahead, j)
+    invalid = invalid | jnp.where(_invalid_row(p), 1, 0) | jnp.where(_invalid_row(q), 2, 0)
+    masses = _outcome_masses(decoder, p, q, lookahead, j)
     thresholds = categorical_thresholds(masses)
     token, rejected = engine.outcome(lambda i: thresholds[i], u, thresholds.shape[-1],
                                      num_states)
     next_j, new_call, verified = engine.advance(j, rejected, lookahead)
     carry = (draft.update(draft_state, token), target.update(target_state, token), next_j,
-             num_rejections + rejected, num_calls + new_call)
+             num_rejections + rejected, num_calls + new_call, invalid)
     return carry, (token, rejected, new_call, verified)
 
 
-@functools.partial(jax.jit, static_argnames=("num_chains", "horizon", "lookahead", "sharding"))
+def _invalid_row(row):
+    """Whether a model's row is not a law: a negative or NaN entry, or a sum off one by more
+    than the dtype's tolerance (``specjax._checks.row_sum_tolerance``)."""
+    tol = _checks.row_sum_tolerance(row.dtype)
+    total = jnp.sum(row.astype(jnp.promote_types(row.dtype, jnp.float32)))
+    return jnp.any(~(row >= 0)) | ~(jnp.abs(total - 1) <= tol)
+
+
 def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon, lookahead,
                     sharding=None):
     """Runs chains ``offset .. offset + C - 1`` of a token-wise decoder on protocol models.
+
+    A model is probed on a few states before a run (``specjax.models.checks.probe_rows``); every
+    row the run meets is checked as well, and a row that is not a law (negative, NaN, not
+    summing to one) raises a ``ValueError`` after the run, naming the model. Under a caller's own
+    ``jax.jit`` that flag is a tracer and the check is skipped.
 
     Args:
       key: a JAX PRNG key.
@@ -75,7 +90,35 @@ def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon,
     Returns:
       ``(DecodingTrace, verified)``, ``verified (C, T)`` as in the counts; chain ``c`` uses
       element ``c`` of each position's random bits, as the Markov engine.
+
+    Raises:
+      ValueError: a model returned a row that is not a law during the run.
     """
+    trace, verified, invalid = _simulate_models(
+        key, decoder, draft, target, offset, num_chains=num_chains, horizon=horizon,
+        lookahead=lookahead, sharding=sharding)
+    if _checks.is_concrete(invalid) and int(invalid):
+        names = [name for bit, name in ((2, "target"), (1, "draft")) if int(invalid) & bit]
+        if draft is target:
+            names = ["target"]
+        raise ValueError(
+            f"{' and '.join(names)} returned a row that is not a law (a negative or NaN entry, or a sum "
+            f"off one by more than {_checks.row_sum_tolerance(trace_dtype(target)):g}) at a "
+            f"state reached during the run; the tokens of this run are not valid. Check probs() "
+            f"of every state your model can reach (the probe before the run tries only a few)")
+    return trace, verified
+
+
+def trace_dtype(model):
+    """The dtype of a protocol model's rows."""
+    return jax.eval_shape(lambda m: m.probs(m.init_state()), model).dtype
+
+
+@functools.partial(jax.jit, static_argnames=("num_chains", "horizon", "lookahead", "sharding"))
+def _simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon, lookahead,
+                     sharding=None):
+    """``simulate_models`` under ``jit``, with a third output: bit 1 (2) set when
+    a draft (target) row met during the run was not a law."""
     key_init, key_steps = jax.random.split(key)
     draft_start, target_start = draft.init_state(), target.init_state()
     x0 = engine.first_tokens(key_init, target.probs(target_start), offset, num_chains, sharding)
@@ -90,7 +133,8 @@ def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon,
         return carry, (token.astype(token_dtype), rejected, new_call, verified)
 
     zeros = _sharding.constrain(jnp.zeros((num_chains,), jnp.int32), sharding)
-    carry0 = (draft_states, target_states, zeros, zeros, zeros)
+    carry0 = (draft_states, target_states, zeros, zeros, zeros,
+              jnp.zeros((num_chains,), jnp.int32))
     carry, (tokens, rejected, new_call, verified) = jax.lax.scan(scan_step, carry0,
                                                                  jnp.arange(horizon))
     num_rejections, num_calls = carry[3], carry[4]
@@ -98,4 +142,5 @@ def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon,
     return DecodingTrace(tokens=_sharding.constrain(tokens, sharding),
                          rejected=_sharding.constrain(rejected.T, sharding),
                          num_rejections=num_rejections, num_calls=num_calls,
-                         new_call=_sharding.constrain(new_call.T, sharding)), verified.T
+                         new_call=_sharding.constrain(new_call.T, sharding)), verified.T, \
+        jnp.bitwise_or.reduce(carry[5])
