@@ -81,6 +81,12 @@ class Decoder:
         ``num_rows`` rows evaluated at once (e.g. an enumeration that would not fit)."""
         del num_states, num_rows
 
+    def probe(self, draft, target, kind: str) -> None:
+        """Raise ``ValueError`` when the decoder's own functions misbehave on the models' rows
+        (a user's rule: ``RejectionRule``). Called before any work, with concrete models of
+        ``kind`` (``"markov"``, ``"finite_state"`` or ``"protocol"``)."""
+        del draft, target, kind
+
     @property
     def label(self) -> str:
         """A short name for tables."""
@@ -181,7 +187,10 @@ def resolve_run(decoder, draft, target):
         decoder.validate()
     if draft is None and not getattr(decoder, "uses_draft", True):
         draft = target
-    return draft, model_kind(draft, target)
+    kind = model_kind(draft, target)
+    if all(_checks.is_concrete(leaf) for leaf in jax.tree_util.tree_leaves((draft, target))):
+        decoder.probe(draft, target, kind)
+    return draft, kind
 
 
 def check_lookahead(lookahead, *, allow_none: bool = True) -> None:

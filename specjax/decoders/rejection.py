@@ -7,6 +7,8 @@ import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
@@ -61,10 +63,90 @@ class RejectionRule(TokenwiseDecoder):
         b = self.acceptance(p, q)
         flat = [x.reshape(-1, x.shape[-1]) for x in (p, q, b)]
         res = jax.vmap(self.residual)(*flat).reshape(p.shape)
+        # b matters only where the draft can propose the token: a rule's 0/0 or inf at p = 0
+        # (e.g. min(1, q / p)) must not turn the accepted mass b p into NaN.
+        b = jnp.where(p > 0, b, jnp.zeros_like(b))
         law = verification.verification_law(p, b, res)
         return law, law
+
+    def probe(self, draft, target, kind: str) -> None:
+        """Runs both functions on the models' rows (every row of a ``MarkovChain`` or a
+        ``FiniteStateModel``, up to ``MAX_PROBE_ROWS`` evenly spaced; a protocol model's rows at
+        a few states) and raises ``ValueError`` unless ``accept_prob`` is in ``[0, 1]`` wherever
+        the draft has mass and ``residual`` is finite, non-negative, and has mass wherever
+        rejection has positive probability."""
+        p, q = _probe_rows(draft, target, kind)
+        try:
+            b, res, rejection = _evaluate_rule(self, p, q)
+        except Exception as error:  # a user's functions: name them
+            raise ValueError(
+                f"accept_prob(p, q) and residual(p, q, b) must take (V,) rows and return (V,) "
+                f"rows; evaluating them on the models' rows failed: {error}") from error
+        b, res, rejection, p = (np.asarray(x, np.float64) for x in (b, res, rejection, p))
+        tol = 8 * float(jnp.finfo(jnp.asarray(q).dtype).eps)
+        drafted = p > 0
+        bad_b = drafted & ~((b >= -tol) & (b <= 1 + tol))
+        if bad_b.any():
+            row = int(np.argmax(bad_b.any(axis=-1)))
+            values = b[row][bad_b[row]]
+            raise ValueError(
+                f"accept_prob must return probabilities in [0, 1] where the draft has mass; on "
+                f"row {row} of the probed (p, q) rows it returned {values[:4].tolist()} (NaN or "
+                f"out of range). Clip it, e.g. jnp.clip(b, 0, 1), or fix the division at p = 0")
+        bad_res = ~np.isfinite(res) | (res < -tol)
+        if bad_res.any():
+            row = int(np.argmax(bad_res.any(axis=-1)))
+            raise ValueError(
+                f"residual must return a distribution (finite, non-negative masses); on row "
+                f"{row} of the probed (p, q) rows it returned {res[row][bad_res[row]][:4].tolist()}")
+        empty = (rejection > tol) & ~(np.maximum(res, 0).sum(axis=-1) > 0)
+        if empty.any():
+            row = int(np.argmax(empty))
+            raise ValueError(
+                f"residual must have mass wherever rejection can happen: on row {row} of the "
+                f"probed (p, q) rows the rejection probability is {rejection[row]:.4g} but the "
+                f"residual is all zeros, so the rejected mass would vanish (the output would not "
+                f"sum to one)")
 
     @property
     def label(self) -> str:
         name = getattr(self.accept_prob, "__name__", "rule")
         return f"rejection rule ({name})"
+
+
+#: The most (p, q) row pairs ``RejectionRule.probe`` evaluates (evenly spaced beyond it).
+MAX_PROBE_ROWS = 2**14
+
+
+def _probe_rows(draft, target, kind: str):
+    """``(p, q)`` row pairs ``(R, V)`` of the same contexts, at most ``MAX_PROBE_ROWS``."""
+    if kind == "markov":
+        p, q = draft.trans, target.trans
+    elif kind == "finite_state":
+        p, q = draft.table, target.table
+    else:  # protocol models: the rows at the initial state and after one token
+        num_states = target.num_states
+        probs = jax.jit(lambda m, s: m.probs(s))
+        update = jax.jit(lambda m, s, x: m.update(s, x))
+        pairs = []
+        for token in (None, 0, num_states - 1):
+            states = [m.init_state() for m in (draft, target)]
+            if token is not None:
+                states = [update(m, s, jnp.asarray(token, jnp.int32))
+                          for m, s in zip((draft, target), states)]
+            pairs.append([probs(m, s) for m, s in zip((draft, target), states)])
+        p, q = (jnp.stack(rows) for rows in zip(*pairs))
+    p, q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    if p.shape[0] > MAX_PROBE_ROWS:
+        index = np.linspace(0, p.shape[0] - 1, MAX_PROBE_ROWS).astype(np.int64)
+        p, q = p[index], q[index]
+    return p, q
+
+
+@jax.jit
+def _evaluate_rule(rule, p, q):
+    """``(b, residual, rejection probability)`` of a rule on ``(R, V)`` rows."""
+    b = rule.acceptance(p, q)
+    res = jax.vmap(rule.residual)(p, q, b)
+    rejection = 1 - jnp.sum(jnp.where(p > 0, b * p, 0), axis=-1)
+    return b, res, rejection
