@@ -80,6 +80,8 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
     if hasattr(decoder, "validate"):
         decoder.validate()
     check_pair(draft, target)
+    if all(_checks.is_concrete(x) for x in (draft.trans, target.trans)):
+        decoder.probe(draft, target, "markov")
     law, _ = decoder.laws(draft.trans, target.trans)
     trans = law.accepted + law.rejected
     if _checks.is_concrete(trans):
