@@ -66,9 +66,12 @@ def check_probabilities(name: str, x, *, axis: int = -1) -> None:
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
-    """Raise ``ValueError`` unless ``value`` is a positive Python integer."""
+    """Raise ``ValueError`` unless ``value`` is a positive Python integer. Every such argument
+    of specjax is a static setting (a size, a count): an array, traced or not, is refused with a
+    message that says so (``check_static_int``)."""
     if value is None and allow_none:
         return
+    _refuse_array(name, value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if value <= 0:
@@ -78,12 +81,24 @@ def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
 def check_static_int(name: str, value, *, allow_none: bool = False) -> None:
     """Like ``check_positive_int``, for a *static* setting (lookahead, number of drafts): a JAX
     or NumPy array, traced or not, is refused with a message that says the setting is static."""
+    check_positive_int(name, value, allow_none=allow_none)
+
+
+def _refuse_array(name: str, value) -> None:
     if isinstance(value, (jax.Array, np.ndarray, jax.core.Tracer)):
         raise ValueError(
             f"{name} is a static setting (a Python int fixed when the computation is compiled), "
             f"got an array {value!r}; pass a Python int (inside your own jax.jit, mark it static "
             f"with static_argnames or bind it with functools.partial)")
-    check_positive_int(name, value, allow_none=allow_none)
+
+
+def check_position(position, horizon: int) -> None:
+    """Raise ``ValueError`` unless ``position`` is a static Python int in ``[1, horizon]``."""
+    _refuse_array("position", position)
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) \
+            or not 1 <= position <= horizon:
+        raise ValueError(f"position must be an integer in [1, T] = [1, {horizon}], "
+                         f"got {position!r}")
 
 
 def check_finite_non_negative(name: str, value) -> float:

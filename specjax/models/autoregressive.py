@@ -407,7 +407,8 @@ class FiniteStateModel:
         check_chain("chain", chain)
         trans = chain.trans
         if stationary:
-            if _checks.is_concrete(trans) and not bool(jnp.all(trans == trans[:1])):
+            values = np.asarray(trans) if _checks.is_concrete(trans) else None
+            if values is not None and not np.all(values == values[:1]):
                 raise ValueError("stationary=True needs a chain whose trans[n] are all equal")
             trans = trans[:1]
         layers, v = trans.shape[0], chain.num_states

@@ -28,10 +28,7 @@ def _check_block_args(draft, target, lookahead, position, prev_token) -> int:
     check_pair(draft, target)
     _checks.check_positive_int("lookahead", lookahead)
     horizon, num_states = target.horizon, target.num_states
-    if isinstance(position, bool) or not isinstance(position, numbers.Integral) \
-            or not 1 <= position <= horizon:
-        raise ValueError(f"position must be an integer in [1, T] = [1, {horizon}], "
-                         f"got {position!r}")
+    _checks.check_position(position, horizon)
     if prev_token is not None and (isinstance(prev_token, bool)
                                    or not isinstance(prev_token, numbers.Integral)
                                    or not 0 <= prev_token < num_states):

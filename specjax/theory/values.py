@@ -26,11 +26,11 @@ construction) and skipped under a caller's ``jit``/``vmap``/``grad``.
 from __future__ import annotations
 
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
 
+from specjax import _checks
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import resolve_run
 from specjax.models.checks import check_horizon
@@ -156,10 +156,7 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
         raise ValueError(f"accepted_length takes MarkovChain models (one value per previous "
                          f"token), got {type(target).__name__}")
     decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, None)
-    if isinstance(position, bool) or not isinstance(position, numbers.Integral) \
-            or not 1 <= position <= horizon:
-        raise ValueError(f"position must be an integer in [1, T] = [1, {horizon}], "
-                         f"got {position!r}")
+    _checks.check_position(position, horizon)
     if lookahead == 0:
         return jnp.zeros((target.num_states,), target.dtype)
     if isinstance(decoder, CallDecoder):
