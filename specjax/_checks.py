@@ -149,3 +149,48 @@ def check_same_shape(draft, target) -> None:
             f"draft and target must have the same horizon T, got "
             f"{draft.horizon} (draft) and {target.horizon} (target)"
         )
+
+
+def check_rows(*, probabilities: dict, acceptance: dict | None = None) -> None:
+    """Checks the arguments of a function on token rows (``tv_distance(p, q)`` and its kind)
+    before any work: every array has a last axis of the same length ``V`` and leading axes that
+    broadcast; the ``probabilities`` are laws over their last axis and the ``acceptance``
+    values lie in ``[0, 1]``, both checked when concrete (skipped under a caller's ``jit``,
+    ``vmap`` or ``grad``).
+
+    Args:
+      probabilities: ``{name: array}`` of probability rows.
+      acceptance: ``{name: array}`` of acceptance probabilities.
+    """
+    acceptance = acceptance or {}
+    arrays = {**probabilities, **acceptance}
+    shapes = {}
+    for name, x in arrays.items():
+        shape = jnp.shape(x)
+        if len(shape) == 0:
+            raise ValueError(f"{name} must be an array of rows (..., V), got a scalar {x!r}")
+        shapes[name] = shape
+    lengths = {shape[-1] for shape in shapes.values()}
+    described = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+    if len(lengths) > 1:
+        raise ValueError(f"{' and '.join(shapes)} must have the same number of tokens V on "
+                         f"their last axis, got shapes {described}")
+    try:
+        np.broadcast_shapes(*(shape[:-1] for shape in shapes.values()))
+    except ValueError:
+        raise ValueError(f"the leading axes of {' and '.join(shapes)} must broadcast, got "
+                         f"shapes {described}") from None
+    for name, x in probabilities.items():
+        check_probabilities(name, x)
+    for name, x in acceptance.items():
+        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+            raise ValueError(f"{name} must hold floating-point probabilities, got dtype "
+                             f"{jnp.asarray(x).dtype}")
+        if not is_concrete(x):
+            continue
+        values = np.asarray(x, np.float64)
+        tol = 8 * float(jnp.finfo(jnp.asarray(x).dtype).eps)
+        bad = ~((values >= -tol) & (values <= 1 + tol))
+        if bad.any():
+            raise ValueError(f"{name} must hold probabilities in [0, 1], got "
+                             f"{values[bad][:4].tolist()} (NaN or out of range)")

@@ -161,3 +161,31 @@ def test_a_rule_dividing_by_zero_where_the_draft_has_no_mass_is_exact():
     mine, sd = (specjax.exact(d, draft, target) for d in (rule, specjax.Speculative()))
     np.testing.assert_allclose(mine.expected_rejections, sd.expected_rejections, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(mine.marginals).sum(-1), 1.0, atol=1e-5)
+
+
+_ROW_FUNCTIONS = {
+    "tv_distance": lambda p, q: specjax.tv_distance(p, q),
+    "speculative_residual": lambda p, q: specjax.speculative_residual(p, q),
+    "acceptance_probability": lambda p, q: specjax.acceptance_probability(p, q, epsilon=0.1),
+    "optimal_residual": lambda p, q: specjax.optimal_residual(p, q, jnp.ones_like(p) * 0.5),
+    "tv_loss_star": lambda p, q: specjax.tv_loss_star(p, q, jnp.ones_like(p) * 0.5),
+    "rejection_probability": lambda p, q: specjax.rejection_probability(p, q),
+    "batch_improvement": lambda p, q: specjax.batch_improvement(p, q, num_drafts=2),
+    "batch_residual_mass": lambda p, q: specjax.batch_residual_mass(p, q, num_drafts=2),
+}
+
+
+@pytest.mark.parametrize("name", list(_ROW_FUNCTIONS))
+def test_row_functions_check_their_rows_and_stay_usable_under_transformations(name):
+    function = _ROW_FUNCTIONS[name]
+    p, q = jnp.asarray([0.2, 0.3, 0.5]), jnp.asarray([0.5, 0.5, 0.0])
+    with pytest.raises(ValueError, match="same number of tokens V"):
+        function(p, jnp.full((4,), 0.25))
+    with pytest.raises(ValueError, match="^p contains negative probabilities"):
+        function(jnp.asarray([1.5, -0.5, 0.0]), q)
+    with pytest.raises(ValueError, match="^p contains NaN"):
+        function(jnp.asarray([0.5, 0.5, jnp.nan]), q)
+    eager = function(p, q)
+    np.testing.assert_allclose(jax.jit(function)(p, q), eager, rtol=1e-6)
+    gradient = jax.grad(lambda a: jnp.sum(function(a, q)))(p)
+    assert np.isfinite(np.asarray(gradient)).all()

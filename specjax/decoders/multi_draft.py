@@ -14,6 +14,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from specjax import _checks
+
 from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import _indicator
 from specjax.decoders.verification import safe_normalize
@@ -147,6 +149,7 @@ def batch_residual_mass(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
     References:
       Theorem 3 and its appendix proof (the residual chain ``q^{m+1} = [q^m - p]_+``).
     """
+    _checks.check_rows(probabilities={"p": p, "q": q})
     check_num_drafts(num_drafts)
     if num_drafts == math.inf:
         return jnp.where(p > 0, jnp.zeros_like(q), q)
@@ -288,5 +291,6 @@ def batch_improvement(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:
     References:
       Theorem 3 (batch improvement), Figure 4.
     """
+    _checks.check_rows(probabilities={"p": p, "q": q})
     single = jnp.sum(scaled_residual(p, q, 1), axis=-1)
     return single - jnp.sum(batch_residual_mass(p, q, num_drafts=num_drafts), axis=-1)

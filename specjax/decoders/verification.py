@@ -24,6 +24,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax import _checks
+
 
 class VerificationLaw(NamedTuple):
     """Joint law of one verification step's outcome.
@@ -93,6 +95,7 @@ def speculative_residual(p: jax.Array, q: jax.Array) -> jax.Array:
     References:
       Section 2.1 of the paper; Algorithm 1, line 8.
     """
+    _checks.check_rows(probabilities={"p": p, "q": q})
     return safe_normalize(jnp.maximum(q - p, 0))
 
 
@@ -117,6 +120,9 @@ def acceptance_probability(p: jax.Array, q: jax.Array, *, epsilon) -> jax.Array:
     References:
       Section 4 of the paper (Figure 3), ``b(x) = min{1, (q(x) + eps) / p(x)}``.
     """
+    _checks.check_rows(probabilities={"p": p, "q": q})
+    if _checks.is_concrete(epsilon):
+        _checks.check_finite_non_negative("epsilon", epsilon)
     return jnp.minimum(1, _safe_ratio(q + epsilon, p, 1))
 
 
@@ -138,6 +144,7 @@ def optimal_residual(p: jax.Array, q: jax.Array, accept_prob: jax.Array) -> jax.
     References:
       Theorem 4 (Optimal solution to optimization (2)); Decoding-OPT of Section 4.
     """
+    _checks.check_rows(probabilities={"p": p, "q": q}, acceptance={"accept_prob": accept_prob})
     return safe_normalize(jnp.maximum(q - accept_prob * p, 0))
 
 
@@ -156,6 +163,7 @@ def verification_law(p: jax.Array, accept_prob: jax.Array, residual: jax.Array) 
     References:
       Algorithm 2 (Framework for Rejection-based Decoding), lines 9-11.
     """
+    _checks.check_rows(probabilities={"p": p}, acceptance={"accept_prob": accept_prob})
     accepted = accept_prob * p
     reject_mass = jnp.maximum(1 - jnp.sum(accepted, axis=-1, keepdims=True), 0)
     return VerificationLaw(accepted, reject_mass * safe_normalize(residual))
@@ -194,6 +202,7 @@ def bonus_law(q: jax.Array) -> VerificationLaw:
 
 def tv_distance(p: jax.Array, q: jax.Array) -> jax.Array:
     """Total variation distance ``(1/2) sum |p - q|`` over the last axis: ``(..., V) -> (...)``."""
+    _checks.check_rows(probabilities={"p": p, "q": q})
     return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
 
 
@@ -210,6 +219,7 @@ def rejection_probability(p: jax.Array, accept_prob: jax.Array) -> jax.Array:
     References:
       Section 4, footnote to Theorem 5.
     """
+    _checks.check_rows(probabilities={"p": p}, acceptance={"accept_prob": accept_prob})
     return jnp.sum((1 - accept_prob) * p, axis=-1)
 
 
@@ -230,6 +240,7 @@ def tv_loss_star(p: jax.Array, q: jax.Array, accept_prob: jax.Array) -> jax.Arra
     References:
       Theorem 4 (Optimal solution to optimization (2)).
     """
+    _checks.check_rows(probabilities={"p": p, "q": q}, acceptance={"accept_prob": accept_prob})
     loss = 0.5 * jnp.sum(jnp.abs(q - accept_prob * p), axis=-1) \
         - 0.5 * rejection_probability(p, accept_prob)
     return jnp.maximum(loss, 0)
