@@ -137,21 +137,24 @@ def check_key(key) -> None:
         )
 
 
-def check_same_shape(draft, target) -> None:
-    """Raise ``ValueError`` unless draft and target agree in ``V`` and ``T``."""
+def check_same_shape(draft, target, names=("draft", "target")) -> None:
+    """Raise ``ValueError`` unless draft and target (or the two chains ``names``) agree in ``V``
+    and ``T``."""
+    a, b = names
     if draft.num_states != target.num_states:
         raise ValueError(
-            f"draft and target must have the same number of states V, got "
-            f"{draft.num_states} (draft) and {target.num_states} (target)"
+            f"{a} and {b} must have the same number of states V, got "
+            f"{draft.num_states} ({a}) and {target.num_states} ({b})"
         )
     if draft.horizon != target.horizon:
         raise ValueError(
-            f"draft and target must have the same horizon T, got "
-            f"{draft.horizon} (draft) and {target.horizon} (target)"
+            f"{a} and {b} must have the same horizon T, got "
+            f"{draft.horizon} ({a}) and {target.horizon} ({b})"
         )
 
 
-def check_rows(*, probabilities: dict, acceptance: dict | None = None) -> None:
+def check_rows(*, probabilities: dict, acceptance: dict | None = None,
+               masses: dict | None = None) -> None:
     """Checks the arguments of a function on token rows (``tv_distance(p, q)`` and its kind)
     before any work: every array has a last axis of the same length ``V`` and leading axes that
     broadcast; the ``probabilities`` are laws over their last axis and the ``acceptance``
@@ -161,9 +164,11 @@ def check_rows(*, probabilities: dict, acceptance: dict | None = None) -> None:
     Args:
       probabilities: ``{name: array}`` of probability rows.
       acceptance: ``{name: array}`` of acceptance probabilities.
+      masses: ``{name: array}`` of un-normalised masses (finite, non-negative).
     """
     acceptance = acceptance or {}
-    arrays = {**probabilities, **acceptance}
+    masses = masses or {}
+    arrays = {**probabilities, **acceptance, **masses}
     shapes = {}
     for name, x in arrays.items():
         shape = jnp.shape(x)
@@ -194,3 +199,11 @@ def check_rows(*, probabilities: dict, acceptance: dict | None = None) -> None:
         if bad.any():
             raise ValueError(f"{name} must hold probabilities in [0, 1], got "
                              f"{values[bad][:4].tolist()} (NaN or out of range)")
+    for name, x in masses.items():
+        if not is_concrete(x):
+            continue
+        values = np.asarray(x, np.float64)
+        bad = ~(np.isfinite(values) & (values >= 0))
+        if bad.any():
+            raise ValueError(f"{name} must hold finite non-negative masses, got "
+                             f"{values[bad][:4].tolist()}")

@@ -224,7 +224,7 @@ def _check_rule(name, rule, first, p_row, q_row):
     try:
         out = jax.eval_shape(rule, first, p_row, q_row, x)
         accepted, token = out
-    except (TypeError, ValueError) as err:
+    except Exception as err:  # a user's function: name it, keep its error as the cause
         raise ValueError(f"{name} must be a jax-traceable {signature} -> (accepted, token); "
                          f"tracing it failed: {err}") from err
     if accepted.shape != () or token.shape != () \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,6 +66,16 @@ class BiasedSpeculative(TokenwiseDecoder):
 
     def validate(self) -> None:
         """Checks ``epsilon`` (a non-negative scalar; its value only when concrete)."""
+        epsilon = self.epsilon
+        if isinstance(epsilon, (str, bytes, bool)) or not (
+                isinstance(epsilon, (int, float, np.number, np.ndarray, jax.Array))
+                or isinstance(epsilon, jax.core.Tracer)):
+            raise ValueError(f"epsilon must be a number (a float or a 0-d array), got "
+                             f"{type(epsilon).__name__} {epsilon!r}")
+        if not jnp.issubdtype(jnp.asarray(epsilon).dtype, jnp.number) \
+                or jnp.issubdtype(jnp.asarray(epsilon).dtype, jnp.complexfloating):
+            raise ValueError(f"epsilon must be a real number, got dtype "
+                             f"{jnp.asarray(epsilon).dtype}")
         shape = jnp.shape(self.epsilon)
         if shape != ():
             raise ValueError(f"epsilon must be a scalar, got shape {shape}")

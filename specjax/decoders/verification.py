@@ -163,7 +163,8 @@ def verification_law(p: jax.Array, accept_prob: jax.Array, residual: jax.Array) 
     References:
       Algorithm 2 (Framework for Rejection-based Decoding), lines 9-11.
     """
-    _checks.check_rows(probabilities={"p": p}, acceptance={"accept_prob": accept_prob})
+    _checks.check_rows(probabilities={"p": p}, acceptance={"accept_prob": accept_prob},
+                       masses={"residual": residual})
     accepted = accept_prob * p
     reject_mass = jnp.maximum(1 - jnp.sum(accepted, axis=-1, keepdims=True), 0)
     return VerificationLaw(accepted, reject_mass * safe_normalize(residual))

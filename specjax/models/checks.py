@@ -86,8 +86,10 @@ def probe_rows(model):
 
 
 def check_models(draft, target) -> None:
-    """Raise ``ValueError`` unless both follow the protocol with the same ``V``."""
-    for name, model in (("draft", draft), ("target", target)):
+    """Raise ``ValueError`` unless both follow the protocol with the same ``V`` (the target
+    alone when ``draft is target``: autoregressive decoding)."""
+    for name, model in (("target", target),) if draft is target is not None else \
+            (("draft", draft), ("target", target)):
         _check_protocol_model(name, model)
     if draft.num_states != target.num_states:
         raise ValueError(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax._pytree import array_field
@@ -37,8 +40,8 @@ class MarkovChain:
     trans: jax.Array = array_field()
 
     def __post_init__(self):
-        init = jnp.asarray(self.init)
-        trans = jnp.asarray(self.trans)
+        init = _as_array("init", self.init)
+        trans = _as_array("trans", self.trans)
         if init.ndim != 1:
             raise ValueError(f"init must have shape (V,), got shape {init.shape}")
         if trans.ndim != 3 or trans.shape[1] != trans.shape[2]:
@@ -60,6 +63,10 @@ class MarkovChain:
         _checks.check_probabilities("trans", trans)
         object.__setattr__(self, "init", init)
         object.__setattr__(self, "trans", trans)
+        # Whether the values were checked here; a chain unflattened from arrays (a batch, a
+        # transformation's output, ``tree_unflatten``) is checked by the entry points instead.
+        object.__setattr__(self, "_validated", _checks.is_concrete(init)
+                           and _checks.is_concrete(trans))
 
     # The pytree protocol's names, kept for callers that build a chain without validation
     # (``MarkovChain.tree_unflatten(None, (init, trans))``, e.g. a batch of chains, or a chain
@@ -101,12 +108,28 @@ class MarkovChain:
           init_logits: ``(V,)`` logits of the prompt law; ``-inf`` gives a zero probability.
           trans_logits: ``(T, V, V)`` logits of the transitions.
         """
-        init_logits = jnp.asarray(init_logits)
-        trans_logits = jnp.asarray(trans_logits)
+        init_logits = _as_array("init_logits", init_logits)
+        trans_logits = _as_array("trans_logits", trans_logits)
         if not jnp.issubdtype(init_logits.dtype, jnp.floating):
             init_logits = init_logits.astype(jnp.result_type(float))
         if not jnp.issubdtype(trans_logits.dtype, jnp.floating):
             trans_logits = trans_logits.astype(jnp.result_type(float))
+        if init_logits.ndim != 1 or trans_logits.ndim != 3 \
+                or trans_logits.shape[1:] != init_logits.shape * 2:
+            raise ValueError(f"init_logits must have shape (V,) and trans_logits (T, V, V), got "
+                             f"{init_logits.shape} and {trans_logits.shape}")
+        for name, logits in (("init_logits", init_logits), ("trans_logits", trans_logits)):
+            if not _checks.is_concrete(logits):
+                continue
+            values = np.asarray(logits)
+            if np.isnan(values).any() or (values == np.inf).any():
+                raise ValueError(f"{name} must be finite or -inf (a zero probability), got NaN "
+                                 f"or +inf")
+            empty = ~np.isfinite(values).any(axis=-1)
+            if empty.any():
+                row = tuple(int(i) for i in np.argwhere(empty)[0])
+                raise ValueError(f"{name} row {row} is all -inf: it gives no token a positive "
+                                 f"probability")
         return cls(jax.nn.softmax(init_logits, axis=-1), jax.nn.softmax(trans_logits, axis=-1))
 
     def __repr__(self) -> str:
@@ -114,6 +137,19 @@ class MarkovChain:
             f"MarkovChain(V={self.num_states}, T={self.horizon}, "
             f"dtype={self.trans.dtype})"
         )
+
+
+def _as_array(name: str, value):
+    """``value`` as a JAX array of real numbers, or a ``ValueError`` naming the field."""
+    try:
+        array = jnp.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be an array of probabilities, got {type(value).__name__}"
+                         f" {value!r}"[:300]) from error
+    if not (jnp.issubdtype(array.dtype, jnp.floating) or jnp.issubdtype(array.dtype, jnp.integer)
+            or array.dtype == bool):
+        raise ValueError(f"{name} must hold real probabilities, got dtype {array.dtype}")
+    return array
 
 
 def check_chain(name: str, model) -> None:
@@ -132,6 +168,18 @@ def check_pair(draft, target) -> None:
     check_chain("draft", draft)
     check_chain("target", target)
     _checks.check_same_shape(draft, target)
+    for name, chain in (("draft", draft), ("target", target)):
+        check_values(name, chain)
+
+
+def check_values(name: str, chain: MarkovChain) -> None:
+    """Checks the values of a chain that construction did not check (one rebuilt from arrays by
+    ``tree_unflatten``, ``jax.tree.map`` or a transformation), when they are concrete."""
+    if getattr(chain, "_validated", False):
+        return
+    if _checks.is_concrete(chain.init) and _checks.is_concrete(chain.trans):
+        _checks.check_probabilities(f"{name}.init", chain.init)
+        _checks.check_probabilities(f"{name}.trans", chain.trans)
 
 
 def greedy_chain(model: MarkovChain) -> MarkovChain:
@@ -208,6 +256,8 @@ def paper_instance(seed: int = PAPER_SEED, num_states: int = PAPER_NUM_STATES,
     Returns:
       ``(draft, target)``, two independent ``random_markov_chain`` draws with uniform prompt.
     """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
     key_draft, key_target = jax.random.split(jax.random.key(seed))
     return (random_markov_chain(key_draft, num_states, horizon),
             random_markov_chain(key_target, num_states, horizon))

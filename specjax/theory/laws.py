@@ -129,7 +129,7 @@ def sequence_kl(model_a: MarkovChain, model_b: MarkovChain) -> jax.Array:
     """
     check_chain("model_a", model_a)
     check_chain("model_b", model_b)
-    _checks.check_same_shape(model_a, model_b)
+    _checks.check_same_shape(model_a, model_b, ("model_a", "model_b"))
     mu = marginals(model_a)[:-1]  # (T, V): law of x_{n-1}
     rows = _kl_rows(model_a.trans, model_b.trans)  # (T, V)
     reached = mu > 0

@@ -152,9 +152,10 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
       >>> specjax.accepted_length(specjax.Speculative(lookahead=4), draft, target).shape
       (7,)
     """
-    if not isinstance(target, MarkovChain):
-        raise ValueError(f"accepted_length takes MarkovChain models (one value per previous "
-                         f"token), got {type(target).__name__}")
+    for name, model in (("draft", draft), ("target", target)):
+        if not isinstance(model, MarkovChain) and (model is not None or name == "target"):
+            raise ValueError(f"{name} must be a MarkovChain for accepted_length (one value per "
+                             f"previous token), got {type(model).__name__}")
     decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, None)
     _checks.check_position(position, horizon)
     if lookahead == 0:

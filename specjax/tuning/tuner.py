@@ -199,6 +199,9 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     if not callable(objective):
         raise ValueError(f"objective must be callable (draft, target) -> scalar, got {objective!r}")
     _checks.check_positive_int("num_steps", num_steps)
+    if num_steps > MAX_STEPS:
+        raise ValueError(f"num_steps must be at most {MAX_STEPS:,} (the step counter is int32), "
+                         f"got {num_steps:,}")
     _checks.check_positive_int("log_every", log_every, allow_none=True)
     optimizer = _DEFAULT_OPTIMIZER if optimizer is None else optimizer
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
@@ -244,6 +247,10 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
                       history, carry.best_step, carry.params, carry.skipped)
 
 
+#: The most optimiser steps one ``tune_draft`` call takes (an int32 step counter).
+MAX_STEPS = 2**31 - 1
+
+
 def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
            optimizer: optax.GradientTransformation | None = None):
     """Maximum-likelihood (forward-KL) fit of a draft family to the target: the usual distillation.
@@ -265,6 +272,7 @@ def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
       of a closed-form fit become logits ``log(tiny)``, so the parameters are finite.
     """
     _check_family(family, target)
+    _checks.check_positive_int("num_steps", num_steps)
     params = family.kl_fit_closed_form(target)
     if params is not None:
         return params
