@@ -1,6 +1,12 @@
 """``python -m specjax``: the command line (``specjax.cli``)."""
 
-from specjax.cli import main
+import sys
+
+try:
+    from specjax.cli import main
+except KeyboardInterrupt:  # Ctrl-C while JAX loads: nothing was written yet
+    sys.stderr.write("python -m specjax: interrupted\n")
+    sys.exit(130)
 
 if __name__ == "__main__":
     main()

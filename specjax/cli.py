@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 import time
 
 import jax
@@ -20,48 +22,201 @@ import specjax
 from specjax.models import markov as _models
 from specjax.experiments.reproduce import mean_se
 
+SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: JAX without x64 keeps a seed's low 32 bits only
+MAX_CHAINS = 2**32  # chains are numbered with 32 bits (specjax.decode's own bound)
+# The memory a run takes, from its peak resident memory on CPU against its sizes (measured:
+# about 150 bytes per (position, token, token) at V = 1024 and 2048 for the law tables of
+# simulate's decoders and exact values; about 14 bytes per chain and position for a trace's
+# tokens, rejections and call starts; about 690 bytes per run for reproduce's running means and
+# their plotted curves). A flag whose run would need more than the device has is refused up
+# front, rather than failing (or being killed) partway.
+TABLE_BYTES = 160
+CHAIN_BYTES = 16
+RUN_BYTES = 700
+
 
 def _instance_arguments(parser):
     parser.add_argument("--seed", type=int, default=_models.PAPER_SEED,
-                        help="seed of the random draft/target instance (paper: 10)")
-    parser.add_argument("--states", type=int, default=_models.PAPER_NUM_STATES, help="V")
-    parser.add_argument("--horizon", type=int, default=_models.PAPER_HORIZON, help="T")
+                        help=f"seed of the random draft/target instance, 0 .. 2**32 - 1 "
+                             f"(paper: {_models.PAPER_SEED})")
+    parser.add_argument("--states", type=int, default=_models.PAPER_NUM_STATES,
+                        help=f"V, at least 1 (paper: {_models.PAPER_NUM_STATES})")
+    parser.add_argument("--horizon", type=int, default=_models.PAPER_HORIZON,
+                        help=f"T, at least 1 (paper: {_models.PAPER_HORIZON})")
 
 
-def main(argv=None) -> None:
+def _parsers():
     parser = argparse.ArgumentParser(prog="python -m specjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command")
     rep = commands.add_parser("reproduce", help="the paper's figures and numbers")
-    rep.add_argument("--out", default="figures", help="output folder (default: figures)")
+    rep.add_argument("--out", default="figures",
+                     help="output folder, created if needed (default: figures)")
     rep.add_argument("--quick", action="store_true",
                      help="toy sizes (about 30 s, mostly compilation; for tests)")
     rep.add_argument("--num-runs", type=int, default=None,
-                     help="runs per running-mean curve (default 20,000)")
+                     help="runs per running-mean curve, at least 2 (default 20,000)")
     rep.add_argument("--seed", type=int, default=_models.PAPER_SEED,
-                     help="seed of the random instance (paper: 10)")
+                     help=f"seed of the random instance, 0 .. 2**32 - 1 "
+                          f"(paper: {_models.PAPER_SEED})")
     rep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim = commands.add_parser("simulate", help="Monte Carlo vs exact table on one instance")
-    sim.add_argument("--num-chains", type=int, default=200_000, help="chains per decoder")
+    sim.add_argument("--num-chains", type=int, default=200_000,
+                     help="chains per decoder, at least 2 (default 200,000)")
     _instance_arguments(sim)
+    return parser, rep, sim
+
+
+def main(argv=None) -> None:
+    """Runs the command line with ``argv`` (default ``sys.argv[1:]``).
+
+    Every flag is checked before any work, and a mistake ends the run with a usage message
+    naming the flag (exit status 2). A ``ValueError`` that specjax raises during the run (bad
+    input it found later) is one ``error:`` line, also status 2, not a traceback; Ctrl-C is one
+    ``interrupted`` line, status 130 (``reproduce`` writes every file whole or not at all).
+    """
+    parser, rep, sim = _parsers()
     args = parser.parse_args(argv)
-    if args.command == "reproduce":
-        if args.num_runs is not None and args.num_runs < 2:
+    if args.command is None:
+        args = rep.parse_args([])
+        args.command = "reproduce"
+    command = rep if args.command == "reproduce" else sim
+    try:
+        if args.command == "reproduce":
+            check_reproduce_args(rep, args)
+            run_reproduce(args)
+        else:
+            check_simulate_args(sim, args)
+            simulate(args)
+    except KeyboardInterrupt:
+        where = ""
+        if args.command == "reproduce" and os.path.isdir(args.out):
+            folder = args.out if args.out.endswith(os.sep) else args.out + os.sep
+            where = f"; {folder} holds only whole files (a rerun replaces them)"
+        message = f"{command.prog}: interrupted{where}\n"
+        if not _is_program():
+            command.exit(130, message)
+        # As the program, end at once: after an interrupted compilation, JAX's runtime can
+        # crash (segfault) as the interpreter shuts down, and there is nothing left to save
+        # (files are whole or absent: report.atomic_write removed any temporary one).
+        sys.stdout.flush()
+        sys.stderr.write(message)
+        sys.stderr.flush()
+        os._exit(130)
+    except ValueError as err:
+        if not _raised_by_specjax(err):
+            raise  # a bug, not a user's mistake: its traceback is wanted
+        sys.stdout.flush()
+        command.exit(2, f"{command.prog}: error: {err}\n")
+
+
+def _is_program() -> bool:
+    """Whether this process is ``python -m specjax`` (or ``python -m specjax.cli``), not a
+    caller of ``main`` such as a test or a notebook."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) in ("specjax.__main__", "specjax.cli")
+
+
+def _raised_by_specjax(err: BaseException) -> bool:
+    """Whether ``err`` was raised in specjax's own code (its checks of what a user gave), not
+    inside a library it calls (where a ``ValueError`` is a bug to show in full)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    package = os.path.dirname(os.path.abspath(specjax.__file__)) + os.sep
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package)
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:,.0f} {unit}" if num_bytes >= 100 * scale else \
+                f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes / 1e3:.0f} kB"
+
+
+def _round_down(n: int) -> int:
+    """``n`` rounded down to two significant digits."""
+    scale = 10 ** max(len(str(n)) - 2, 0)
+    return n // scale * scale
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """``(bytes, what)``: the memory a run has on the default device (an accelerator's own
+    memory, else the machine's physical memory); ``None`` where it cannot be told."""
+    device = jax.devices()[0]
+    stats = getattr(device, "memory_stats", lambda: None)()
+    if stats and stats.get("bytes_limit"):
+        limit = int(stats["bytes_limit"])
+        return limit, f"the {device.platform.upper()}'s {_size(limit)}"
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return limit, f"this machine's {_size(limit)} of memory"
+
+
+def _check_seed(parser, seed) -> None:
+    if not 0 <= seed < SEED_LIMIT:
+        parser.error(f"--seed must be in 0 .. 2**32 - 1 = {SEED_LIMIT - 1:,}, got {seed}: JAX "
+                     "keeps a seed's low 32 bits only (without x64), so a larger or negative "
+                     "seed would silently repeat another seed's instance")
+
+
+def check_reproduce_args(rep, args) -> None:
+    """Every flag of ``reproduce``, before any work: ``rep.error`` (exit 2) names the first
+    wrong one."""
+    _check_seed(rep, args.seed)
+    if args.num_runs is not None:
+        if args.num_runs < 2:
             rep.error(f"--num-runs must be at least 2 (a standard error needs two runs), got "
                       f"{args.num_runs}")
-        from specjax.experiments import reproduce
-        try:
-            reproduce.check_out_dir(args.out)
-        except ValueError as err:
-            rep.error(f"--out {err}")
-    if args.command == "simulate":
-        if args.num_chains < 2:
-            sim.error(f"--num-chains must be at least 2, got {args.num_chains}")
-        simulate(args)
-    else:
-        if args.command is None:
-            args = rep.parse_args([])
-        run_reproduce(args)
+        limit = memory_limit()
+        need = RUN_BYTES * args.num_runs
+        if limit is not None and need > limit[0]:
+            rep.error(f"--num-runs {args.num_runs:,} does not fit: the running means and their "
+                      f"plotted curves take about {RUN_BYTES} bytes per run, {_size(need)} in "
+                      f"all, more than {limit[1]}; use at most "
+                      f"about {_round_down(limit[0] // RUN_BYTES):,} runs")
+    from specjax.experiments import reproduce
+    try:
+        reproduce.check_out_dir(args.out)
+    except ValueError as err:
+        rep.error(f"--out {err}")
+
+
+def check_simulate_args(sim, args) -> None:
+    """Every flag of ``simulate``, before any work: ``sim.error`` (exit 2) names the first
+    wrong one."""
+    _check_seed(sim, args.seed)
+    if args.states < 1:
+        sim.error(f"--states must be at least 1 (V, the number of tokens), got {args.states}")
+    if args.horizon < 1:
+        sim.error(f"--horizon must be at least 1 (T, the tokens to decode), got {args.horizon}")
+    c, t, v = args.num_chains, args.horizon, args.states
+    if c < 2:
+        sim.error(f"--num-chains must be at least 2 (a standard error needs two chains), got {c}")
+    if c > MAX_CHAINS:
+        sim.error(f"--num-chains must be at most 2**32 = {MAX_CHAINS:,} (chains are numbered "
+                  f"with 32 bits), got {c:,}")
+    limit = memory_limit()
+    if limit is None:
+        return
+    tables = TABLE_BYTES * t * v * v
+    if tables > limit[0]:
+        sim.error(f"--states {v:,} with --horizon {t:,} does not fit: the decoders' law tables "
+                  f"take about {TABLE_BYTES} bytes per (position, token, token), "
+                  f"{_size(tables)} in all, more than {limit[1]}; use fewer states or a "
+                  "shorter horizon")
+    chains = CHAIN_BYTES * c * (t + 1)
+    if tables + chains > limit[0]:
+        sim.error(f"--num-chains {c:,} with --horizon {t:,} does not fit: simulate keeps every "
+                  f"chain's tokens, about {CHAIN_BYTES} bytes per chain and position, "
+                  f"{_size(chains)} in all, which with the law tables' {_size(tables)} is more "
+                  f"than {limit[1]}; use fewer chains, or specjax.decoding_statistics, which "
+                  "keeps counts only and runs up to 2**32 chains in chunks of bounded memory")
 
 
 def run_reproduce(args) -> None:

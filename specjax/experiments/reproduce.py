@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 
 import jax
@@ -454,11 +455,68 @@ def checks(results) -> list[dict]:
     return out
 
 
-def check_out_dir(out_dir):
-    """``out_dir`` as a path; raises ``ValueError`` if it exists and is not a folder."""
+SUMMARIES = ("summary.md", "summary.json")
+
+
+def output_names() -> list[str]:
+    """The files ``reproduce`` writes into its folder: the figures, then the summaries."""
+    return list(FIGURES) + list(SUMMARIES)
+
+
+def _probe_writable(folder: pathlib.Path) -> None:
+    """Creates and removes a temporary file in ``folder``; raises ``OSError`` if it cannot."""
+    probe = _report.temporary_name(folder / "write-test")
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    os.unlink(probe)
+
+
+def check_out_dir(out_dir) -> pathlib.Path:
+    """``out_dir`` as a path, checked before any work: it must be a folder that exists and is
+    writable, or a path that can be created (under a writable folder, not under a file).
+
+    Writes nothing that stays: an existing folder is checked by creating and removing a
+    temporary file in it; a missing one by the permissions of its nearest existing parent.
+
+    Raises:
+      ValueError: saying why (empty, exists and is not a folder, under a file, not writable,
+        or holds a folder where an output file goes).
+    """
+    if str(out_dir) == "":
+        raise ValueError("'' is empty: give a folder, such as figures")
     out = pathlib.Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{str(out)!r} exists and is not a folder")
+    if os.path.lexists(out) and not out.exists():
+        raise ValueError(f"{str(out)!r} is a broken symbolic link")
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{str(out)!r} exists and is not a folder")
+        try:
+            _probe_writable(out)
+        except OSError as err:
+            raise ValueError(f"{str(out)!r} is not writable ({err.strerror or err})") from None
+        for name in output_names():
+            if (out / name).is_dir():
+                raise ValueError(f"{str(out / name)!r} is a folder, where reproduce writes the "
+                                 f"file {name}")
+        return out
+    # A folder to create: its nearest existing parent must be a writable folder.
+    parent = out.absolute().parent
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{str(out)!r} cannot be created: {str(parent)!r} is a file, not a "
+                         "folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{str(out)!r} cannot be created: {str(parent)!r} is not writable")
+    return out
+
+
+def make_out_dir(out_dir) -> pathlib.Path:
+    """``check_out_dir``, then creates the folder (and its parents) if needed."""
+    out = check_out_dir(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{str(out)!r} cannot be created ({err.strerror or err})") from None
     return out
 
 
@@ -466,23 +524,30 @@ def reproduce(out_dir="figures", settings: Settings = Settings(), progress: bool
     """Runs every experiment and writes the figures, ``summary.md`` and ``summary.json``.
 
     Args:
-      out_dir: the output folder (created if needed). Figures are drawn with matplotlib's
-        current backend (Agg when there is no display).
+      out_dir: the output folder (created if needed; ``check_out_dir`` says what it must be).
+        Each file is written whole or not at all (``report.atomic_write``). Figures are drawn
+        with matplotlib's current backend (Agg when there is no display).
       settings: sizes (``Settings()`` is the paper's setting; ``Settings.quick()`` toy sizes).
       progress: show a progress bar on standard error.
 
     Returns:
       The results dict (as in ``summary.json``, plus the running-mean arrays).
+
+    Raises:
+      ValueError: ``out_dir`` is not a writable folder, nor one that can be created (before
+        any experiment runs).
     """
-    out = check_out_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(out_dir)
     # One bar from the first simulation to the last figure written.
     with Progress(reproduce_steps(settings), enabled=progress) as bar:
         results = run_experiments(settings, bar)
-        # The numbers first: a plotting failure must not lose them.
-        (out / "summary.md").write_text(_report.summary_markdown(results, PAPER, Z_TOLERANCE))
-        (out / "summary.json").write_text(json.dumps(_report.jsonable(results), indent=1,
-                                                     allow_nan=False))
+        # The numbers first: a plotting failure must not lose them. Every file is written
+        # whole or not at all (``report.atomic_write``): an interrupted run leaves no partial
+        # file, and a rerun into the same folder replaces them.
+        _report.write_text(out / "summary.md",
+                           _report.summary_markdown(results, PAPER, Z_TOLERANCE))
+        _report.write_text(out / "summary.json", json.dumps(_report.jsonable(results), indent=1,
+                                                            allow_nan=False))
         bar.step("summary.md and summary.json written")
         _report.write_figures(results, out)
         bar.step("figures written")
