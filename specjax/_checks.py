@@ -33,10 +33,11 @@ def row_sum_tolerance(dtype) -> float:
     return max(1e-4, 4 * float(jnp.finfo(dtype).eps))
 
 
-def check_probabilities(name: str, x, *, axis: int = -1) -> None:
+def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None = None) -> None:
     """Raise ``ValueError`` unless ``x`` holds probability vectors along ``axis``.
 
-    Value checks are skipped for tracers (see module docstring).
+    Value checks are skipped for tracers (see module docstring). ``tolerance`` on the row sums
+    defaults to ``row_sum_tolerance(dtype)``.
     """
     if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
         raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
@@ -52,7 +53,7 @@ def check_probabilities(name: str, x, *, axis: int = -1) -> None:
         raise ValueError(f"{name} contains negative probabilities (minimum {worst:.3g})")
     sums = values.sum(axis=axis, dtype=np.float64)
     err = np.abs(sums - 1.0)
-    tol = row_sum_tolerance(values.dtype)
+    tol = row_sum_tolerance(values.dtype) if tolerance is None else tolerance
     if (err > tol).any():
         bad = np.unravel_index(np.argmax(err), err.shape)
         if values.ndim == 1:  # one law: "row ()" would say nothing

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.random import threefry2x32_p
 
 from specjax import _checks
+from specjax import _memory
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 
@@ -174,12 +177,16 @@ def check_pair(draft, target) -> None:
 
 def check_values(name: str, chain: MarkovChain) -> None:
     """Checks the values of a chain that construction did not check (one rebuilt from arrays by
-    ``tree_unflatten``, ``jax.tree.map`` or a transformation), when they are concrete."""
+    ``tree_unflatten``, ``jax.tree.map`` or a transformation), when they are concrete. Row sums
+    get float32's tolerance at least: a float32 chain cast to float64 with ``jax.tree.map`` (a
+    common idiom) misses one by about ``1e-8``, which is not a mistake to refuse."""
     if getattr(chain, "_validated", False):
         return
     if _checks.is_concrete(chain.init) and _checks.is_concrete(chain.trans):
-        _checks.check_probabilities(f"{name}.init", chain.init)
-        _checks.check_probabilities(f"{name}.trans", chain.trans)
+        tolerance = max(_checks.row_sum_tolerance(chain.trans.dtype),
+                        _checks.row_sum_tolerance(jnp.float32))
+        _checks.check_probabilities(f"{name}.init", chain.init, tolerance=tolerance)
+        _checks.check_probabilities(f"{name}.trans", chain.trans, tolerance=tolerance)
 
 
 def greedy_chain(model: MarkovChain) -> MarkovChain:
@@ -215,10 +222,125 @@ def one_hot_argmax(rows: jax.Array) -> jax.Array:
     return jax.nn.one_hot(jnp.argmax(rows, axis=-1), rows.shape[-1], dtype=rows.dtype)
 
 
+#: Transition tables of at most this many entries are drawn as every earlier version drew them:
+#: one call of ``jax.random.dirichlet``, whose gamma sampler holds about 31 times the result
+#: (``_DIRECT_BYTES_PER_ENTRY``). Larger ones are drawn in blocks of rows, straight into the
+#: result: the same numbers (tested), a small multiple of the result's memory.
+DIRECT_DRAW_ENTRIES = 1 << 20
+#: Entries drawn by one block of rows (each holds about ``_DIRECT_BYTES_PER_ENTRY`` bytes of
+#: the gamma sampler's temporaries while it is drawn).
+DRAW_BLOCK_ENTRIES = 1 << 18
+#: Bytes of ``jax.random.dirichlet``'s temporaries per entry (XLA's ``memory_analysis``: 124).
+_DIRECT_BYTES_PER_ENTRY = 128
+
+
+def _gamma_sampler():
+    """JAX's sampler of one gamma variate from its own key (``jax.random.gamma`` draws element
+    ``e`` of an array with it, from key ``e`` of ``split(key, size)``), or ``None`` when this
+    JAX version does not have it where expected (then large tables are drawn directly)."""
+    try:
+        from jax._src.random.core import _gamma_one
+    except ImportError:
+        try:
+            from jax._src.random import _gamma_one
+        except ImportError:
+            return None
+    return _gamma_one
+
+
+def _blocked_draw_supported(key) -> bool:
+    """The blocked draw reproduces ``jax.random.dirichlet`` for threefry keys split by counter
+    (``jax_threefry_partitionable``, JAX's default), with JAX's gamma sampler at hand."""
+    return (str(jax.random.key_impl(key)) == "threefry2x32"
+            and bool(jax.config.jax_threefry_partitionable) and _gamma_sampler() is not None)
+
+
+def _mul_wide(a: jax.Array, b: int):
+    """``(hi, lo)`` uint32 words of the 64-bit product of uint32 ``a`` and ``b < 2**32``."""
+    a_lo, a_hi = a & 0xFFFF, a >> 16
+    b_lo, b_hi = jnp.uint32(b & 0xFFFF), jnp.uint32(b >> 16)
+    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    mid = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)
+    return hh + (lh >> 16) + (hl >> 16) + (mid >> 16), (ll & 0xFFFF) | (mid << 16)
+
+
+def _dirichlet_rows(key, alpha: jax.Array, start, num_rows: int) -> jax.Array:
+    """Rows ``start .. start + num_rows - 1`` of ``jax.random.dirichlet(key, alpha, (R,))``,
+    flattened over ``(T, V)``, for any ``R`` above them: entry ``e`` of the gamma draws uses
+    key ``e`` of ``split(key, R V)``, the threefry hash of the 64-bit counter ``e``, which is
+    computed here for the rows' entries alone."""
+    num_states = alpha.shape[-1]
+    words = jax.random.key_data(key)
+    row = (jnp.asarray(start, jnp.int32) + jnp.arange(num_rows, dtype=jnp.int32))
+    hi, lo = _mul_wide(row.astype(jnp.uint32), num_states)
+    lo_entry = lo[:, None] + jnp.arange(num_states, dtype=jnp.uint32)[None, :]
+    hi_entry = hi[:, None] + (lo_entry < lo[:, None]).astype(jnp.uint32)
+    bits = threefry2x32_p.bind(words[0], words[1], hi_entry.ravel(), lo_entry.ravel())
+    keys = jax.random.wrap_key_data(jnp.stack(bits, axis=-1), impl="threefry2x32")
+    alphas = jnp.broadcast_to(alpha, (num_rows, num_states)).ravel()  # as jax.random.gamma
+    gamma_one = functools.partial(_gamma_sampler(), log_space=True)
+    log_gamma = jax.vmap(gamma_one)(keys, alphas)
+    return jax.nn.softmax(log_gamma.reshape(num_rows, num_states), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("num_rows",), donate_argnums=(0,))
+def _draw_block(out, key, alpha, start, *, num_rows):
+    """``out`` (donated, updated in place) with rows ``start ..`` drawn by ``_dirichlet_rows``:
+    a program of its own per block, so XLA compiles the block as it compiles the direct draw."""
+    rows = _dirichlet_rows(key, alpha, start, num_rows)
+    return jax.lax.dynamic_update_slice_in_dim(out, rows.astype(out.dtype), start, axis=0)
+
+
+@functools.partial(jax.jit, static_argnames=("shape",), donate_argnums=(0,))
+def _reshape(out, *, shape):
+    return out.reshape(shape)
+
+
+def _draw_in_blocks(key, alpha: jax.Array, horizon: int) -> jax.Array:
+    """``jax.random.dirichlet(key, alpha, (T, V))`` drawn ``num_rows`` rows at a time into the
+    result (the last block moved back to end at row ``T V``; the rows it draws again are equal):
+    the temporaries of one block are live, not those of the table. With a concrete key, each
+    block is one call of a compiled program (the same numbers as the direct draw, tested); under
+    a caller's transformation the blocks are a ``fori_loop``."""
+    num_states = alpha.shape[-1]
+    rows = horizon * num_states
+    num_rows = max(1, min(rows, DRAW_BLOCK_ENTRIES // num_states))
+    starts = [min(i, rows - num_rows) for i in range(0, rows, num_rows)]
+    if not all(_checks.is_concrete(x) for x in (key, alpha)):
+        def fill(i, out):
+            start = jnp.minimum(i * num_rows, rows - num_rows)
+            block = _dirichlet_rows(key, alpha, start, num_rows)
+            return jax.lax.dynamic_update_slice_in_dim(out, block, start, axis=0)
+
+        out = jax.lax.fori_loop(0, len(starts), fill, jnp.zeros((rows, num_states), alpha.dtype))
+        return out.reshape(horizon, num_states, num_states)
+    out = jnp.zeros((rows, num_states), alpha.dtype)
+    for start in starts:
+        out = _draw_block(out, key, alpha, np.int32(start), num_rows=num_rows)
+    return _reshape(out, shape=(horizon, num_states, num_states))
+
+
+def markov_chain_bytes(num_states: int, horizon: int, dtype=None, *, blocked=None) -> int:
+    """Estimated peak bytes of ``random_markov_chain(key, num_states, horizon)``: the
+    ``(T, V, V)`` result, the validation's temporaries (a boolean per entry), and the draw's
+    temporaries (a block of ``DRAW_BLOCK_ENTRIES`` entries, or every entry for the direct draw of
+    ``DIRECT_DRAW_ENTRIES`` entries or fewer)."""
+    dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
+    entries = horizon * num_states * num_states
+    if blocked is None:
+        blocked = entries > DIRECT_DRAW_ENTRIES
+    drawn = min(entries, max(DRAW_BLOCK_ENTRIES, num_states)) if blocked else entries
+    return entries * (dtype.itemsize + 1) + drawn * _DIRECT_BYTES_PER_ENTRY
+
+
 def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -> MarkovChain:
     """A random non-stationary chain: rows from a symmetric Dirichlet, uniform prompt.
 
     This is the setting of the paper's simulations (Appendix "Numerical Simulation Details").
+    The rows are ``jax.random.dirichlet(key, alpha, (T, V))``. Tables of more than
+    ``DIRECT_DRAW_ENTRIES`` entries are drawn in blocks of rows, with the same numbers, so that
+    memory stays a small multiple of the result (``markov_chain_bytes``) instead of the 31
+    times the result that ``jax.random.dirichlet`` holds.
 
     Args:
       key: a JAX PRNG key.
@@ -228,15 +350,35 @@ def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -
 
     Returns:
       A ``MarkovChain`` with ``init`` uniform and ``trans`` of shape ``(T, V, V)``.
+
+    Raises:
+      ValueError: a bad argument, ``T V >= 2**31`` rows, or a table whose estimated memory
+        (``markov_chain_bytes``) exceeds what the machine has available (naming ``num_states``
+        and ``horizon``, the size and what is available); before any work.
     """
     _checks.check_key(key)
     _checks.check_positive_int("num_states", num_states)
     _checks.check_positive_int("horizon", horizon)
-    if _checks.is_concrete(concentration) and not float(concentration) > 0:
-        raise ValueError(f"concentration must be positive, got {concentration!r}")
+    if _checks.is_concrete(concentration) and not 0 < float(concentration) < float("inf"):
+        raise ValueError(f"concentration must be positive and finite, got {concentration!r}")
     dtype = jnp.result_type(float)
+    entries = horizon * num_states * num_states
+    if horizon * num_states >= 2**31:
+        raise ValueError(f"num_states x horizon must be below 2**31 rows, got num_states = "
+                         f"{num_states:,} and horizon = {horizon:,}; use fewer states or a "
+                         f"shorter horizon")
+    blocked = entries > DIRECT_DRAW_ENTRIES and _blocked_draw_supported(key)
+    _memory.check_fits(
+        markov_chain_bytes(num_states, horizon, dtype, blocked=blocked),
+        argument=f"num_states = {num_states:,} and horizon = {horizon:,}",
+        what=f"the ({horizon:,}, {num_states:,}, {num_states:,}) {jnp.dtype(dtype).name} "
+             f"transition table: {_memory.format_bytes(entries * jnp.dtype(dtype).itemsize)}",
+        remedy="use fewer states or a shorter horizon")
     alpha = jnp.full((num_states,), concentration, dtype)
-    trans = jax.random.dirichlet(key, alpha, shape=(horizon, num_states), dtype=dtype)
+    if blocked:
+        trans = _draw_in_blocks(key, alpha, horizon)
+    else:
+        trans = jax.random.dirichlet(key, alpha, shape=(horizon, num_states), dtype=dtype)
     init = jnp.full((num_states,), 1.0 / num_states, dtype)
     return MarkovChain(init, trans)
 

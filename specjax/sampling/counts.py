@@ -92,12 +92,14 @@ class DecodingStatistics(NamedTuple):
         return self.final_token_counts / self.num_chains
 
 
-@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding"))
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding", "tables"))
 def _markov_counts(key, decoder, draft, target, offset, num_valid, *, num_chains, lookahead,
-                   sharding):
-    table = engine.decoder_table(decoder, draft.trans, target.trans)
-    return engine.simulate_counts(key, target.init, table, num_chains, lookahead, offset=offset,
-                                  num_valid=num_valid, sharding=sharding)
+                   sharding, tables=None):
+    if tables is None:
+        tables = engine.table_plan(decoder, target.num_states, target.horizon, lookahead)
+    return engine.simulate_markov_counts(key, decoder, draft.trans, target.trans, target.init,
+                                         num_chains, lookahead, tables, offset=offset,
+                                         num_valid=num_valid, sharding=sharding)
 
 
 @functools.partial(jax.jit, static_argnames=("num_states",))
@@ -117,7 +119,7 @@ def _chunk_counts(key, run, offset: int, chunk: int, valid: int):
     if run.models == "markov" and not isinstance(run.decoder, CallDecoder):
         return _markov_counts(key, run.decoder, run.draft, run.target, np.uint32(offset),
                               np.int32(valid), num_chains=chunk, lookahead=run.lookahead,
-                              sharding=run.sharding)
+                              sharding=run.sharding, tables=decoding.table_plan(run))
     trace, verified = decoding.run_chunk(key, run, np.uint32(offset), chunk)
     return _trace_counts(trace, verified, np.int32(valid), num_states=run.target.num_states)
 
@@ -143,6 +145,28 @@ def _resolve_chunk_size(chunk_size, num_chains: int, sharding, horizon=None) -> 
         raise ValueError(f"chunk_size ({chunk_size}) must be a multiple of the number of shards "
                          f"({shards}) of sharding")
     return min(chunk_size, num_chains)
+
+
+#: Bytes each chain keeps until the end of a run: its rejections and calls (int32 each), and
+#: their concatenation over the chunks.
+KEPT_BYTES_PER_CHAIN = 16
+
+
+def _check_fits(run, num_chains: int, chunk: int, num_chunks: int, keeps_tokens: bool) -> None:
+    """Refuses a run whose chunk (its chains and law tables) and per-chain results cannot fit,
+    naming ``num_chains`` when the results of every chain are the larger part, ``chunk_size``
+    when one chunk's chains are, and ``num_states`` when the law tables are."""
+    size = decoding.run_bytes(run, chunk, keep_tokens=keeps_tokens)
+    kept = num_chains * (KEPT_BYTES_PER_CHAIN if num_chunks > 1 else 8)
+    if kept >= size.chains:
+        argument, remedy = f"num_chains = {num_chains:,}", "use fewer chains"
+        what = "the rejections and calls of every chain, kept to the end, and one chunk"
+    else:
+        argument, remedy = f"chunk_size = {chunk:,}", "use a smaller chunk_size"
+        what = "the chains of one chunk" + (f", their (C, T + 1) tokens with T = "
+                                            f"{run.horizon:,}" if keeps_tokens else "")
+    decoding.check_fits(run, size._replace(chains=size.chains + kept),
+                        chains_argument=argument, chains_what=what, chains_remedy=remedy)
 
 
 def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, *,
@@ -171,8 +195,11 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
 
     Raises:
       ValueError: bad arguments (as ``decode`` raises), ``chunk_size`` not a positive multiple
-        of the number of shards, or ``num_chains`` rounded up to a multiple of ``chunk_size``
-        above ``2**32`` (divided by the uniforms per call of a call-level decoder).
+        of the number of shards, ``num_chains`` rounded up to a multiple of ``chunk_size``
+        above ``2**32`` (divided by the uniforms per call of a call-level decoder), or a run
+        whose estimated memory (one chunk with its law tables, and the per-chain rejections
+        and calls of every chain, 16 bytes per chain) exceeds what is available; all before
+        any work.
 
     The old form ``decoding_statistics(sampler, key, *args, **kwargs)`` (a sampler function
     first) still works and warns that it is deprecated.
@@ -187,6 +214,12 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                         f"{sorted(legacy)}")
     if num_chains is None:
         raise ValueError("num_chains must be given (a positive integer)")
+    if not _checks.is_concrete(key) or any(
+            not _checks.is_concrete(leaf) for leaf in jax.tree_util.tree_leaves((draft, target))):
+        raise ValueError(
+            "decoding_statistics is a host-side driver (a Python loop over chunks of chains): "
+            "call it outside jax.jit, vmap and grad; its key and models must be concrete. "
+            "Inside a transformation use specjax.decode")
     run = decoding.plan(key, decoder, draft, target, num_chains, horizon=horizon,
                       sharding=sharding)
     keeps_tokens = isinstance(run.decoder, CallDecoder) or run.models != "markov"
@@ -199,6 +232,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                          f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
                          f"must be at most 2**32" + ("" if per_chain == 1 else
                                                      f" / {per_chain}"))
+    _check_fits(run, num_chains, chunk, num_chunks, keeps_tokens)
     run = decoding.replicate(run)
     bar = Progress(num_chunks, enabled=progress)
     per_position = np.zeros((run.horizon, 3), np.int64)

@@ -21,9 +21,11 @@ import functools
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from specjax import _checks
+from specjax import _memory
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import resolve_run
 from specjax.models.checks import check_horizon
@@ -58,7 +60,8 @@ def check_supported(decoder, kind: str, what: str) -> None:
     names = {"finite_state": "FiniteStateModels", "protocol": "autoregressive models other "
              "than MarkovChain"}
     raise ValueError(
-        f"{type(decoder).__name__} does not support {what} on {names[kind]}: its "
+        f"decoder {type(decoder).__name__} does not support {what} on {names[kind]} (the "
+        f"draft and target given): its "
         f"{'sampler' if kind == 'protocol' else 'exact law'} is written for MarkovChain models "
         f"(see the support table in docs/guides/decoders.md)")
 
@@ -93,6 +96,86 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
                 resolved_sharding)
 
 
+class RunBytes(NamedTuple):
+    """Estimated peak bytes of a run's chains, split by what sets them (``run_bytes``)."""
+
+    chains: int  # per-chain arrays: the trace (or counts), the state, the random numbers
+    tables: int  # the law tables and their temporaries (Markov engine), or per-step laws
+    devices: int  # how many devices share the chains; the tables are on each of them
+
+    @property
+    def total(self) -> int:
+        """The bytes of the whole run, all devices together."""
+        return self.chains + self.devices * self.tables
+
+    @property
+    def per_device(self) -> int:
+        """The bytes of one device: its share of the chains and its copy of the tables."""
+        return self.chains // self.devices + self.tables
+
+
+def _probability_bytes(model) -> int:
+    dtype = getattr(getattr(model, "trans", None), "dtype", None)
+    return jnp.dtype(dtype).itemsize if dtype is not None else 4
+
+
+def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunBytes:
+    """Estimates the peak memory of ``num_chains`` chains of a planned run, before any work.
+
+    Counted: what XLA allocates for the chains (the ``(C, T + 1)`` tokens, the ``(C, T)`` flags
+    and the per-position outputs they are transposed from, or only counts with
+    ``keep_tokens=False`` on the Markov engine) and for the laws (the Markov engine's law table,
+    ``specjax.sampling.engine.table_bytes``; the per-chain laws of the other engines). Not
+    counted: the models themselves (already allocated) and JAX's own footprint. Calibrated
+    against ``memory_analysis()`` of the compiled runs: within a factor of 2, above it.
+    """
+    horizon, num_states = run.horizon, run.target.num_states
+    devices = _sharding.num_shards(run.sharding)
+    width = engine.table_width(num_states)
+    if isinstance(run.decoder, CallDecoder):
+        tokens = num_chains * ((horizon + 1) * 4 + 3 * horizon)
+        per_call = num_chains * (run.lookahead + 1) * width * 4
+        tables = 2 * horizon * num_states * width * 4
+        return RunBytes(2 * tokens + per_call + 64 * num_chains, tables, devices)
+    if run.models == "protocol":
+        tokens = engine.trace_bytes(num_chains, horizon, num_states) + num_chains * horizon
+        per_step = num_chains * (3 * width * 4 + 4 * num_states * 4)
+        return RunBytes(tokens + per_step, 0, devices)
+    plan = table_plan(run)
+    tables = engine.table_bytes(plan, num_states, horizon, _probability_bytes(run.target))
+    chains = (engine.trace_bytes if keep_tokens else engine.counts_bytes)(
+        num_chains, horizon, num_states)
+    return RunBytes(chains, tables, devices)
+
+
+def check_fits(run: Plan, size: RunBytes, *, chains_argument: str, chains_what: str,
+               chains_remedy: str) -> None:
+    """Raises ``ValueError`` (``specjax._memory.check_fits``) when a run of estimated ``size``
+    cannot fit (on a CPU: all devices in the host's memory; on accelerators: one device's
+    share): naming ``chains_argument`` with ``chains_remedy`` when the chains' arrays are the
+    larger part, the models' ``num_states`` when the law tables are."""
+    device = next(iter(run.sharding.device_set)) if run.sharding is not None else \
+        jax.devices()[0]
+    on_host = device.platform == "cpu"
+    needed = size.total if on_host else size.per_device
+    chains = size.chains if on_host else size.chains // size.devices
+    tables = needed - chains
+    fmt = _memory.format_bytes
+    if chains >= tables:
+        _memory.check_fits(needed, argument=chains_argument, remedy=chains_remedy,
+                           what=f"{chains_what}: {fmt(chains)}; laws: {fmt(tables)}",
+                           device=None if on_host else device)
+        return
+    kinds = "law table of one position" if table_plan(run).block_rows is not None or \
+        run.models != "markov" else "law table of all positions"
+    _memory.check_fits(
+        needed, argument=f"num_states = {run.target.num_states:,} (draft and target, "
+                         f"T = {run.horizon:,})",
+        remedy="use models with fewer tokens, or a machine (device) with more memory",
+        what=f"the {kinds} and its temporaries: {fmt(tables)}; chains: {fmt(chains)}",
+        device=None if on_host else device)
+
+
 def replicate(run: Plan) -> Plan:
     """``run`` with its arrays on every device of its mesh (no-op without a sharding)."""
     decoder, draft, target = _sharding.put_replicated((run.decoder, run.draft, run.target),
@@ -100,11 +183,19 @@ def replicate(run: Plan) -> Plan:
     return run._replace(decoder=decoder, draft=draft, target=target)
 
 
-@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding"))
-def _simulate_markov(key, decoder, draft, target, offset, *, num_chains, lookahead, sharding):
-    table = engine.decoder_table(decoder, draft.trans, target.trans)
-    return engine.simulate(key, target.init, table, num_chains, lookahead, offset=offset,
-                           sharding=sharding)
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding", "tables"))
+def _simulate_markov(key, decoder, draft, target, offset, *, num_chains, lookahead, sharding,
+                     tables=None):
+    if tables is None:
+        tables = engine.table_plan(decoder, target.num_states, target.horizon, lookahead)
+    return engine.simulate_markov(key, decoder, draft.trans, target.trans, target.init,
+                                  num_chains, lookahead, tables, offset=offset,
+                                  sharding=sharding)
+
+
+def table_plan(run: Plan) -> engine.TablePlan:
+    """How the Markov engine builds a planned run's law tables (``engine.table_plan``)."""
+    return engine.table_plan(run.decoder, run.target.num_states, run.horizon, run.lookahead)
 
 
 def run_chunk(key, run: Plan, offset, num_chains: int):
@@ -119,7 +210,7 @@ def run_chunk(key, run: Plan, offset, num_chains: int):
                                       lookahead=run.lookahead, sharding=run.sharding)
     trace = _simulate_markov(key, run.decoder, run.draft, run.target, offset,
                              num_chains=num_chains, lookahead=run.lookahead,
-                             sharding=run.sharding)
+                             sharding=run.sharding, tables=table_plan(run))
     return trace, None
 
 
@@ -144,9 +235,11 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       (the paper's ``N_rej``), ``num_calls (C,)``, ``new_call (C, T)``.
 
     Raises:
-      ValueError: a bad key, decoder, models or setting, or a decoder that does not support the
-        models' kind; raised before any work. Under a caller's own ``jax.jit`` the checks on
-        probability values are skipped (shape and setting checks still run).
+      ValueError: a bad key, decoder, models or setting, a decoder that does not support the
+        models' kind, or a run whose estimated memory (the trace and the law tables, see
+        ``run_bytes``) exceeds what the machine or device has available; raised before any
+        work. Under a caller's own ``jax.jit`` the checks on probability values are skipped
+        (shape, setting and size checks still run).
 
     Example:
       >>> import jax, specjax
@@ -156,6 +249,9 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       >>> trace.tokens.shape, bool(trace.num_rejections.mean() < 21)
       ((1000, 51), True)
     """
-    run = replicate(plan(key, decoder, draft, target, num_chains, horizon=horizon,
-                         sharding=sharding))
-    return run_chunk(key, run, 0, num_chains)[0]
+    run = plan(key, decoder, draft, target, num_chains, horizon=horizon, sharding=sharding)
+    check_fits(run, run_bytes(run, num_chains), chains_argument=f"num_chains = {num_chains:,}",
+               chains_what=f"tokens and flags of every chain, T = {run.horizon:,}",
+               chains_remedy="use specjax.decoding_statistics (counts only, chunked) or fewer "
+                             "chains")
+    return run_chunk(key, replicate(run), 0, num_chains)[0]

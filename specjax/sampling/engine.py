@@ -10,10 +10,16 @@ since the last target call:
 * ``0 < j < K``: inside an accepted block, the next draft is verified;
 * ``j == K``: ``K`` drafts were accepted, the target's bonus token is emitted.
 
-At each position the outcome (token, rejected) is drawn from a precomputed law (see
-``specjax._verify``) for the chain's ``(n, previous token, row kind)``, with a single uniform per
-chain-step via an inverse-CDF binary search on integer thresholds. A literal implementation that
-drafts whole sequences is kept in the tests and checked to agree in law.
+At each position the outcome (token, rejected) is drawn from the decoder's law (see
+``specjax.decoders.verification``) for the chain's ``(n, previous token, row kind)``, with a
+single uniform per chain-step via an inverse-CDF binary search on integer thresholds. A literal
+implementation that drafts whole sequences is kept in the tests and checked to agree in law.
+
+Law tables and memory (``table_plan``): the thresholds of all positions, ``(T, V, 3, W')``, are
+built before the scan when they are small; otherwise each position's ``(V, R, W')`` table, for
+the ``R`` row kinds the chains can meet, is built inside the scan in blocks of rows, so a run
+holds one position's table instead of all of them and their float temporaries (4 times the
+table). The thresholds, and so the tokens, are the same either way.
 
 Random numbers: chain ``c`` at position ``n`` uses the Threefry-2x32 hash of the counter ``c``
 under the key ``fold_in(key_steps, n)`` (``chain_bits``), which is element ``c`` of JAX's
@@ -34,6 +40,7 @@ from jax.extend.random import threefry2x32_p
 
 from specjax.sampling import sharding as _sharding
 
+from specjax.decoders.draws import _next_power_of_two
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import int31
 from specjax.decoders.draws import search
@@ -41,6 +48,22 @@ from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import bonus_law
 
 ROOT, VERIFY, BONUS = 0, 1, 2  # row kinds of the per-position law table
+ALL_KINDS = (ROOT, VERIFY, BONUS)
+
+#: A run whose law table for all positions, ``(T, V, 3, W')`` int32, takes at most this many
+#: bytes builds it before the scan, as every earlier version did (fastest for small ``V``; XLA
+#: needs about 4 times the table to build it). A larger one is built inside the scan, one
+#: position at a time, in blocks of rows, so that only one position's table exists at a time.
+PRECOMPUTED_TABLE_BYTES = 1 << 26
+#: Thresholds (rows x row kinds x ``W'``) built at once inside the scan: the block of rows whose
+#: laws, masses and cumulative sums are live together.
+BLOCK_ELEMENTS = 1 << 20
+#: Below this ``V``, the tables built inside the scan are built for ``ceil(GROUP_ROWS / V)``
+#: positions at once: XLA:CPU sums the rows of a small array in another order than those of a
+#: large one, and whole groups of positions (at least ``GROUP_ROWS`` rows) sum them as the table
+#: of all positions does (tested), so the thresholds do not depend on the plan.
+GROUP_BELOW = 128
+GROUP_ROWS = 1 << 13
 
 
 class DecodingTrace(NamedTuple):
@@ -95,8 +118,96 @@ def chain_bits(key, offset, num_chains: int, sharding=None) -> jax.Array:
     return hi ^ lo
 
 
+class TablePlan(NamedTuple):
+    """How a run's per-position law tables are built: static, part of the compiled program.
+
+    Attributes:
+      kinds: the row kinds of the table, in its order: all three when it is built before the
+        scan, those the chains can meet (``row_kinds``) when it is built inside it.
+      block_rows: ``None``: the tables of all positions are built before the scan, as one
+        ``(T, V, 3, W')`` array. An int: the tables are built inside the scan, ``block_rows``
+        rows (previous tokens) at a time, so that only the tables of ``block_positions``
+        positions and one block's temporaries are live.
+      block_positions: positions whose tables are built together inside the scan (more than
+        one only for ``V < GROUP_BELOW``, with ``block_rows = V``).
+    """
+
+    kinds: tuple
+    block_rows: int | None
+    block_positions: int = 1
+
+
+def row_kinds(decoder, lookahead: int, horizon: int) -> tuple:
+    """The row kinds the chains of a run can meet, in the order of the table's rows.
+
+    ``K = 0`` (autoregressive) meets only ``BONUS``; ``K >= T`` never reaches a bonus token;
+    a decoder whose root law is its in-call law (``same_root``) needs no ``VERIFY`` rows. SD with
+    ``K = T`` therefore needs one row kind out of three. A row's thresholds do not depend on the
+    other rows, so leaving kinds out changes no draw.
+    """
+    if lookahead == 0:
+        return (BONUS,)
+    kinds = (ROOT,) if decoder.same_root else (ROOT, VERIFY)
+    return kinds + ((BONUS,) if lookahead < horizon else ())
+
+
+def table_width(num_states: int) -> int:
+    """``W'``: the thresholds of one ``2V`` (accepted | rejected) row, padded to a power of two."""
+    return _next_power_of_two(2 * num_states)
+
+
+def table_plan(decoder, num_states: int, horizon: int, lookahead: int) -> TablePlan:
+    """The ``TablePlan`` of a run: a table of at most ``PRECOMPUTED_TABLE_BYTES`` for all
+    positions is built before the scan; a larger one inside it, per position in blocks of about
+    ``BLOCK_ELEMENTS`` thresholds (per group of positions when ``V < GROUP_BELOW``). Each row's
+    thresholds equal those of the table of all positions, bit for bit (tested for every
+    built-in decoder on CPU), so the plan changes no token."""
+    width = table_width(num_states)
+    if horizon * num_states * len(ALL_KINDS) * width * 4 <= PRECOMPUTED_TABLE_BYTES:
+        return TablePlan(ALL_KINDS, None)
+    kinds = row_kinds(decoder, lookahead, horizon)
+    if num_states < GROUP_BELOW:
+        return TablePlan(kinds, num_states, min(horizon, -(-GROUP_ROWS // num_states)))
+    block = BLOCK_ELEMENTS // (len(kinds) * width)
+    return TablePlan(kinds, max(1, min(num_states, block)))
+
+
+def table_bytes(plan: TablePlan, num_states: int, horizon: int, dtype_bytes: int = 4) -> int:
+    """Peak bytes of a run's law tables: the int32 thresholds that exist at once and the
+    temporaries of the laws, masses and cumulative sums that build them (``dtype_bytes`` per
+    probability: 4 in float32, 8 in float64). Calibrated with XLA's ``memory_analysis``."""
+    width = table_width(num_states)
+    kinds = len(plan.kinds)
+    if plan.block_rows is None:
+        rows = live = horizon * num_states
+    else:
+        rows = plan.block_positions * plan.block_rows
+        live = 2 * rows if plan.block_positions > 1 else num_states  # group: kept and built
+    elements = rows * kinds * width
+    return (4 * live * kinds * width + 3 * elements * max(dtype_bytes, 4)
+            + 8 * rows * num_states * dtype_bytes)
+
+
+def kind_thresholds(decoder, p: jax.Array, q: jax.Array, kinds: tuple = ALL_KINDS) -> jax.Array:
+    """The thresholds ``(..., R, W')`` of a token-wise decoder's laws on the rows ``p``, ``q``
+    ``(..., V)``, for the row kinds ``kinds`` (``R = len(kinds)``).
+
+    Row ``r`` of kind ``k`` has outcome ``i``: token ``i`` accepted for ``i < V`` and token
+    ``i - V`` rejected for ``V <= i < 2V``. Every row is computed on its own, so a block of rows
+    gives the laws of the whole table; bit for bit when the block is not tiny (XLA:CPU sums the
+    rows of an array of a few thousand entries in another order: see ``GROUP_ROWS``).
+    """
+    laws = {BONUS: bonus_law(q)}
+    if any(kind != BONUS for kind in kinds):
+        laws[ROOT], laws[VERIFY] = decoder.laws(p, q)
+    rows = [jnp.concatenate([laws[kind].accepted, laws[kind].rejected], axis=-1)
+            for kind in kinds]
+    return categorical_thresholds(jnp.stack(rows, axis=-2))
+
+
 def decoder_table(decoder, draft_trans: jax.Array, target_trans: jax.Array) -> jax.Array:
-    """The ``(T, V, 3, W')`` thresholds of a token-wise decoder's laws on Markov rows."""
+    """The ``(T, V, 3, W')`` thresholds of a token-wise decoder's laws on Markov rows, every row
+    kind, every position at once."""
     root, verify = decoder.laws(draft_trans, target_trans)
     return law_table(root, verify, bonus_law(target_trans))
 
@@ -111,10 +222,97 @@ def law_table(root: VerificationLaw, verify: VerificationLaw, bonus: Verificatio
     return categorical_thresholds(jnp.stack(rows, axis=-2))
 
 
+def block_thresholds(decoder, draft_trans: jax.Array, target_trans: jax.Array, first,
+                     plan: TablePlan) -> jax.Array:
+    """The ``(P, V, R, W')`` thresholds of the ``P = plan.block_positions`` positions from
+    ``first`` (traced), built ``plan.block_rows`` rows at a time into one buffer: the
+    temporaries of one block are live, not those of the whole table.
+
+    The last block of rows is moved back to end at row ``V`` (it overlaps the one before; the
+    rows it computes again are equal), so every block has the same shape.
+    """
+    positions = plan.block_positions
+    num_states = target_trans.shape[-1]
+    block = min(plan.block_rows, num_states)
+    first = jnp.asarray(first, jnp.int32)
+
+    def thresholds_from(start):
+        shape = (positions, block, num_states)
+        rows = [jax.lax.dynamic_slice(trans, (first, start, jnp.int32(0)), shape)
+                for trans in (draft_trans, target_trans)]
+        return kind_thresholds(decoder, *rows, plan.kinds)
+
+    if block == num_states:
+        return thresholds_from(jnp.int32(0))
+
+    def fill(i, table):
+        start = jnp.minimum(i * block, num_states - block)
+        return jax.lax.dynamic_update_slice_in_dim(table, thresholds_from(start), start, axis=1)
+
+    table = jnp.zeros((positions, num_states, len(plan.kinds), table_width(num_states)),
+                      jnp.int32)
+    return jax.lax.fori_loop(0, -(-num_states // block), fill, table)
+
+
+class _Laws(NamedTuple):
+    """Where the scan finds each position's thresholds (internal, built under ``jit``)."""
+
+    xs: object  # scanned over positions with ``jnp.arange(T)``: a (T, V, R, W') table, or None
+    state: object  # carried through the scan: the tables of the current group of positions
+    at: object  # (xs_n, n, state) -> (the position's (V, R, W') thresholds, new state)
+    kinds: tuple
+    width: int
+    horizon: int
+
+
+def _table_laws(thresholds: jax.Array, kinds: tuple = ALL_KINDS) -> _Laws:
+    return _Laws(thresholds, None, lambda table_n, n, state: (table_n, state), kinds,
+                 thresholds.shape[-1], thresholds.shape[0])
+
+
+def markov_laws(decoder, draft_trans: jax.Array, target_trans: jax.Array,
+                plan: TablePlan) -> _Laws:
+    """The thresholds of a token-wise decoder on Markov transitions ``(T, V, V)``, laid out as
+    ``plan`` says: all positions before the scan, or inside it, one position (or one group of
+    positions, rebuilt at its first position; the last group is moved back to end at ``T``)
+    at a time."""
+    if plan.block_rows is None:
+        return _table_laws(decoder_table(decoder, draft_trans, target_trans))
+    horizon, num_states = target_trans.shape[0], target_trans.shape[-1]
+    positions = plan.block_positions
+
+    def build(first):
+        return block_thresholds(decoder, draft_trans, target_trans, first, plan)
+
+    if positions == 1:
+        def at(_, n, state):
+            return build(n)[0], state
+        state = None
+    else:
+        def at(_, n, table):
+            first = jnp.minimum((n // positions) * positions, horizon - positions)
+            table = jax.lax.cond(n % positions == 0, lambda: build(first), lambda: table)
+            return table[n - first], table
+        state = jnp.zeros((positions, num_states, len(plan.kinds), table_width(num_states)),
+                          jnp.int32)
+    return _Laws(None, state, at, plan.kinds, table_width(num_states), horizon)
+
+
 def phase_row(j: jax.Array, lookahead: int) -> jax.Array:
     """The row kind of phase ``j``: ``ROOT`` opens a call, ``VERIFY`` inside it, ``BONUS`` after
     ``K`` accepted drafts (``K = 0``: every position is the target's own draw)."""
     return jnp.where(j == lookahead, BONUS, jnp.where(j == 0, ROOT, VERIFY))
+
+
+def kind_slot(j: jax.Array, lookahead: int, kinds: tuple = ALL_KINDS) -> jax.Array:
+    """The index, among a table's row kinds ``kinds``, of the row that phase ``j`` draws from
+    (``phase_row`` for all three kinds; a missing ``VERIFY`` is the root's row, see
+    ``row_kinds``)."""
+    if len(kinds) == 1:
+        return jnp.zeros_like(j)
+    verify = kinds.index(VERIFY) if VERIFY in kinds else kinds.index(ROOT)
+    bonus = kinds.index(BONUS) if BONUS in kinds else verify
+    return jnp.where(j == lookahead, bonus, jnp.where(j == 0, kinds.index(ROOT), verify))
 
 
 def advance(j: jax.Array, rejected: jax.Array, lookahead: int):
@@ -138,14 +336,14 @@ def first_tokens(key_init, init_law: jax.Array, offset, num_chains: int, shardin
     return jax.vmap(lambda u: search(lambda i: init_thr[i], u, init_thr.shape[-1]))(u0)
 
 
-def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry, u):
+def _chain_step(flat_thresholds, lookahead, num_states, kinds, width, carry, u):
     """One position of one chain.
 
     Args:
-      flat_thresholds: the position's ``(V, 3, W')`` thresholds, flattened.
+      flat_thresholds: the position's ``(V, R, W')`` thresholds, flattened.
       lookahead: ``K`` (static).
       num_states: ``V`` (static).
-      row_kinds: 3 (static); width: ``W'`` (static).
+      kinds: the table's row kinds (static, ``R = len(kinds)``); width: ``W'`` (static).
       carry: ``(previous token, phase j, rejections so far, calls so far)``.
       u: a 31-bit uniform integer.
 
@@ -154,7 +352,7 @@ def _chain_step(flat_thresholds, lookahead, num_states, row_kinds, width, carry,
       (``verified``: a draft was verified here, i.e. the position is not a bonus token).
     """
     x, j, num_rejections, num_calls = carry
-    base = (x * row_kinds + phase_row(j, lookahead)) * width
+    base = (x * len(kinds) + kind_slot(j, lookahead, kinds)) * width
     token, rejected = outcome(lambda i: flat_thresholds[base + i], u, width, num_states)
     next_j, new_call, verified = advance(j, rejected, lookahead)
     carry = (token, next_j, num_rejections + rejected, num_calls + new_call)
@@ -171,7 +369,7 @@ def small_int_dtype(num_states: int):
     return jnp.int32
 
 
-def _run_chains(key, init, thresholds, num_chains: int, lookahead: int, offset, sharding,
+def _run_chains(key, init, laws: _Laws, num_chains: int, lookahead: int, offset, sharding,
                 emit):
     """Scans chains ``offset .. offset + num_chains - 1`` over the positions.
 
@@ -179,33 +377,39 @@ def _run_chains(key, init, thresholds, num_chains: int, lookahead: int, offset, 
     ``(C,)``, to what the scan keeps of that position. Returns ``(x0, final carry, kept)``.
     """
     num_states = init.shape[-1]
-    horizon, _, row_kinds, width = thresholds.shape
     key_init, key_steps = jax.random.split(key)
 
     x0 = first_tokens(key_init, init, offset, num_chains, sharding)
 
     def scan_step(carry, inputs):
-        thresholds_n, n = inputs
+        chains, state = carry
+        xs_n, n = inputs
+        thresholds_n, state = laws.at(xs_n, n, state)
         u = int31(chain_bits(jax.random.fold_in(key_steps, n), offset, num_chains, sharding))
         step = functools.partial(_chain_step, thresholds_n.reshape(-1), lookahead, num_states,
-                                 row_kinds, width)
-        carry, outputs = jax.vmap(step)(carry, u)
-        return carry, emit(outputs)
+                                 laws.kinds, laws.width)
+        chains, outputs = jax.vmap(step)(chains, u)
+        return (chains, state), emit(outputs)
 
     zeros = _sharding.constrain(jnp.zeros((num_chains,), jnp.int32), sharding)
-    carry0 = (x0, zeros, zeros, zeros)
-    carry, kept = jax.lax.scan(scan_step, carry0, (thresholds, jnp.arange(horizon)))
+    carry0 = ((x0, zeros, zeros, zeros), laws.state)
+    (carry, _), kept = jax.lax.scan(scan_step, carry0, (laws.xs, jnp.arange(laws.horizon)))
     return x0, carry, kept
 
 
-def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int, lookahead: int, *,
+def _as_laws(thresholds) -> _Laws:
+    return thresholds if isinstance(thresholds, _Laws) else _table_laws(thresholds)
+
+
+def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, *,
              offset=0, sharding=None) -> DecodingTrace:
     """Runs ``num_chains`` chains through the per-position law table.
 
     Args:
       key: PRNG key.
       init: ``(V,)`` law of ``x_0``.
-      thresholds: ``(T, V, 3, W')`` from ``law_table``.
+      thresholds: ``(T, V, 3, W')`` from ``law_table`` or ``decoder_table``, or the laws of
+        ``markov_laws`` (a table built per position inside the scan).
       num_chains: ``C`` (static).
       lookahead: ``K`` (static); ``0`` gives autoregressive decoding (every step a bonus token),
         ``K >= T`` never reaches a bonus (the paper's ``K = T``).
@@ -223,7 +427,7 @@ def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int, looka
         return token.astype(token_dtype), rejected, new_call
 
     x0, carry, (tokens, rejected, new_call) = _run_chains(
-        key, init, thresholds, num_chains, lookahead, offset, sharding, emit)
+        key, init, _as_laws(thresholds), num_chains, lookahead, offset, sharding, emit)
     _, _, num_rejections, num_calls = carry
     tokens = jnp.concatenate([x0[:, None], tokens.T.astype(jnp.int32)], axis=1)
     return DecodingTrace(
@@ -233,6 +437,30 @@ def simulate(key, init: jax.Array, thresholds: jax.Array, num_chains: int, looka
         num_calls=num_calls,
         new_call=_sharding.constrain(new_call.T, sharding),
     )
+
+
+def simulate_markov(key, decoder, draft_trans: jax.Array, target_trans: jax.Array,
+                    init: jax.Array, num_chains: int, lookahead: int, plan: TablePlan, *,
+                    offset=0, sharding=None) -> DecodingTrace:
+    """``simulate`` for a token-wise decoder on Markov transitions ``(T, V, V)``, its tables
+    built as ``plan`` (``table_plan``) says; the tokens do not depend on the plan."""
+    return simulate(key, init, markov_laws(decoder, draft_trans, target_trans, plan),
+                    num_chains, lookahead, offset=offset, sharding=sharding)
+
+
+def trace_bytes(num_chains: int, horizon: int, num_states: int) -> int:
+    """Peak bytes of ``simulate``'s per-chain arrays (without the tables): the scan's stacked
+    per-position outputs, the transposed ``(C, T + 1)`` int32 tokens and ``(C, T)`` flags, and
+    the chains' state. Calibrated with XLA's ``memory_analysis``."""
+    token_bytes = jnp.dtype(small_int_dtype(num_states)).itemsize
+    stacked = num_chains * horizon * (token_bytes + 2)
+    out = num_chains * ((horizon + 1) * 4 + 2 * horizon + 8)
+    return stacked + out + num_chains * horizon * 4 + 64 * num_chains
+
+
+def counts_bytes(num_chains: int, horizon: int, num_states: int) -> int:
+    """Peak bytes of ``simulate_counts``' per-chain arrays (without the tables)."""
+    return 64 * num_chains + 16 * horizon + 8 * num_states
 
 
 class ChunkCounts(NamedTuple):
@@ -248,7 +476,7 @@ class ChunkCounts(NamedTuple):
     final_tokens: jax.Array  # shape=(V,), dtype=int32
 
 
-def simulate_counts(key, init: jax.Array, thresholds: jax.Array, num_chains: int, lookahead: int,
+def simulate_counts(key, init: jax.Array, thresholds, num_chains: int, lookahead: int,
                     *, offset=0, num_valid=None, sharding=None) -> ChunkCounts:
     """Like ``simulate``, but keeps only counts: ``O(C + T + V)`` memory instead of ``O(C T)``.
 
@@ -275,7 +503,7 @@ def simulate_counts(key, init: jax.Array, thresholds: jax.Array, num_chains: int
         return jnp.stack(rows, axis=-1)  # (S, 3)
 
     _, carry, per_position = _run_chains(
-        key, init, thresholds, num_chains, lookahead, offset, sharding, emit)
+        key, init, _as_laws(thresholds), num_chains, lookahead, offset, sharding, emit)
     x, _, num_rejections, num_calls = carry
     num_states = init.shape[-1]
     final = jax.vmap(lambda t, w: jnp.bincount(t, weights=w, length=num_states))(
@@ -286,3 +514,13 @@ def simulate_counts(key, init: jax.Array, thresholds: jax.Array, num_chains: int
         per_position=jnp.sum(per_position, axis=1),
         final_tokens=jnp.sum(final, axis=0).astype(jnp.int32),
     )
+
+
+def simulate_markov_counts(key, decoder, draft_trans: jax.Array, target_trans: jax.Array,
+                           init: jax.Array, num_chains: int, lookahead: int, plan: TablePlan,
+                           *, offset=0, num_valid=None, sharding=None) -> ChunkCounts:
+    """``simulate_counts`` for a token-wise decoder on Markov transitions, its tables built as
+    ``plan`` says (see ``simulate_markov``)."""
+    return simulate_counts(key, init, markov_laws(decoder, draft_trans, target_trans, plan),
+                           num_chains, lookahead, offset=offset, num_valid=num_valid,
+                           sharding=sharding)

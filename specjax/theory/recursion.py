@@ -28,6 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax import _memory
 from specjax.decoders import verification as _verify
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -86,6 +87,26 @@ def _vecmat(x, a):
     return jnp.dot(x, a, precision=_HIGHEST)
 
 
+def forward_bytes(num_states: int, horizon: int, lookahead: int, dtype_bytes: int = 4) -> int:
+    """Estimated peak bytes of ``forward`` besides its inputs: a few ``(V, V)`` laws of one
+    position (up to 5 measured with XLA's ``memory_analysis``, batch SD with ``K < T``), the
+    ``(K + 1, V)`` state and the ``(T, V)`` outputs. Gradients store more (``O(T V^2)``
+    residuals); they are not counted."""
+    phases = min(lookahead, horizon) + 1
+    return dtype_bytes * (6 * num_states * num_states + 2 * phases * num_states
+                          + 4 * (horizon + 1) * num_states)
+
+
+def check_fits(num_states: int, horizon: int, lookahead: int, dtype_bytes: int = 4) -> None:
+    """Raises ``ValueError`` naming ``num_states`` when ``forward``'s estimated memory
+    (``forward_bytes``) exceeds what is available (``specjax._memory``)."""
+    _memory.check_fits(
+        forward_bytes(num_states, horizon, lookahead, dtype_bytes),
+        argument=f"num_states = {num_states:,} (draft and target, T = {horizon:,})",
+        what="the exact recursion's laws of one position and its per-position outputs",
+        remedy="use models with fewer tokens, or a machine (device) with more memory")
+
+
 def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     """Exact statistics of a token-wise ``decoder`` with lookahead ``K`` for drafts ``p`` and
     targets ``q``.
@@ -100,7 +121,12 @@ def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
 
     Returns:
       ``ExactDecoding``.
+
+    Raises:
+      ValueError: the estimated memory (``forward_bytes``) exceeds what is available; checked
+        from the shapes when the computation is traced, before it runs.
     """
+    check_fits(q.shape[-1], q.shape[0], lookahead, jnp.dtype(q.dtype).itemsize)
     if lookahead == 0:
         return _autoregressive(init, q)
     if lookahead >= p.shape[0] and decoder.has_root_scale:

@@ -23,11 +23,13 @@ and context-free families and by optax for the low-rank family.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
 from specjax import _checks
+from specjax import _memory
 from specjax.decoders import verification as _verify
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
@@ -80,6 +82,7 @@ class DraftFamily:
         """Random parameters: logits ``scale * N(0, 1)``, one independent draw per leaf."""
         _checks.check_key(key)
         scale = _checks.check_finite_non_negative("scale", scale)
+        self._check_fits()
         shapes, treedef = self.shape_leaves()
         keys = jax.random.split(key, len(shapes))
         return jax.tree_util.tree_unflatten(
@@ -88,8 +91,22 @@ class DraftFamily:
     def uniform(self):
         """Parameters of the uniform draft (all logits zero). For ``LowRankDraft`` a saddle
         point of tuning (see ``LowRankDraft.uniform``): start from ``init(key, scale)``."""
+        self._check_fits()
         shapes, treedef = self.shape_leaves()
         return jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s, _dtype()) for s in shapes])
+
+    def _check_fits(self) -> None:
+        """Refuse, before any work, parameters (and the ``(T, V, V)`` draft they make) that
+        cannot fit: about three copies of the larger of the two (draws, logits, softmax)."""
+        shapes, _ = self.shape_leaves()
+        entries = max(sum(math.prod(s) for s in shapes),
+                      self.horizon * self.num_states ** 2)
+        _memory.check_fits(
+            3 * entries * jnp.dtype(_dtype()).itemsize,
+            argument=f"num_states = {self.num_states:,} with horizon = {self.horizon:,}",
+            what=f"the {self.name} parameters and the (T, V, V) draft they make",
+            remedy="use a smaller V, or a family with fewer parameters (LowRankDraft, "
+                   "StationaryDraft)")
 
     def transitions(self, params) -> jax.Array:
         """The ``(T, V, V)`` transition logits (up to a per-row constant)."""
