@@ -14,6 +14,8 @@ from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.models.checks import probs_at
+from specjax.models.checks import update_at
 
 
 @pytree_dataclass
@@ -126,8 +128,7 @@ def _probe_rows(draft, target, kind: str):
         p, q = draft.table, target.table
     else:  # protocol models: the rows at the initial state and after one token
         num_states = target.num_states
-        probs = jax.jit(lambda m, s: m.probs(s))
-        update = jax.jit(lambda m, s, x: m.update(s, x))
+        probs, update = probs_at, update_at
         pairs = []
         for token in (None, 0, num_states - 1):
             states = [m.init_state() for m in (draft, target)]

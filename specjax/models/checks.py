@@ -52,6 +52,11 @@ def _check_protocol_model(name: str, model) -> None:
             _checks.check_probabilities(f"{name}.probs({where})", row)
 
 
+#: A model's row at a state, and its state after a token: compiled once per model type (a new
+#: ``jax.jit`` of a lambda at every probe would compile again before every run).
+probs_at = jax.jit(lambda model, state: model.probs(state))
+update_at = jax.jit(lambda model, state, token: model.update(state, token))
+
 #: Tokens tried from each probed state of a protocol model, and the depth of the probe.
 PROBE_TOKENS, PROBE_DEPTH = 4, 2
 
@@ -62,8 +67,7 @@ def probe_rows(model):
     probable) from each probed state, ``PROBE_DEPTH`` tokens deep (at most 21 rows). A cheap
     check before a run; the samplers also flag an invalid row met during the run."""
     num_states = model.num_states
-    probs = jax.jit(lambda m, s: m.probs(s))
-    update = jax.jit(lambda m, s, x: m.update(s, x))
+    probs, update = probs_at, update_at
     frontier = [((), model.init_state())]
     rows = []
     for depth in range(PROBE_DEPTH + 1):
