@@ -11,7 +11,7 @@ reports:
 * ``estimate``: what ``decode`` estimates before it runs (``specjax.sampling.decoding.run_bytes``:
   the law tables with their temporaries, and the trace);
 * ``XLA``: the compiled run's temporaries and outputs (``memory_analysis``);
-* ``RSS models`` and ``RSS peak``: the process's peak resident memory (``ru_maxrss``) after the
+* ``RSS models`` and ``RSS peak``: the process's peak resident memory (``VmHWM``) after the
   models are built and at the end, JAX included (about 0.15 GB after import on a CPU);
 * the seconds to build the models and to decode (compilation included).
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -45,7 +44,9 @@ def _decoder(name: str):
 
 
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from specjax._memory import peak_resident_bytes  # not ru_maxrss: exec keeps the parent's
+
+    return peak_resident_bytes()
 
 
 def measure(num_states: int, horizon: int, num_chains: int, decoder_name: str,

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax._memory import peak_resident_bytes
 from _timing import best_time
 from _timing import timed
 
@@ -149,7 +149,7 @@ def measure(path: str, num_chains: int, horizon: int, repeats: int) -> dict:
     compiled = _compiled_bytes(path, draft, target, num_chains, sharding)
     return dict(path=path, chains=num_chains, horizon=horizon, devices=devices, seconds=best,
                 compile_seconds=first - best, compiled_bytes=compiled,
-                peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                peak_rss=peak_resident_bytes(),
                 idle_rss=idle_rss)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import resource
 import time
 
 import jax
@@ -26,6 +25,7 @@ import numpy as np
 import scipy.stats  # a dependency of jax itself
 
 import specjax
+from specjax._memory import peak_resident_bytes
 
 
 def main(argv=None) -> dict:
@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
                                         args.chains, chunk_size=args.chunk_size,
                                         sharding=sharding, progress=not args.no_progress)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    peak = peak_resident_bytes() / 2**30
     print(f"time {seconds:.1f} s (compilation included), {steps / seconds / 1e6:.1f} M "
           f"chain-steps/s; peak RSS {peak:.2f} GiB")
 

@@ -263,12 +263,35 @@ def test_estimates_are_within_a_factor_of_two_of_xla(num_states, horizon, num_ch
         assert xla <= estimate <= 2 * xla, (keep_tokens, xla, estimate)
 
 
+def test_peak_resident_bytes_is_the_childs_own_not_its_parents():
+    """A child started by ``subprocess`` from a parent that holds 512 MiB reports its own peak
+    (tens of MB); ``ru_maxrss`` there reports the parent's, which failed a memory test in CI
+    where the pytest worker had grown to 1.7 GB."""
+    held = np.ones(2**26)  # 512 MiB, touched
+    script = textwrap.dedent(f"""
+        import importlib.util, json, resource
+        spec = importlib.util.spec_from_file_location("m", {_memory.__file__!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # _memory alone: no jax, a small process
+        print(json.dumps([module.peak_resident_bytes(),
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)
+    own, maxrss = json.loads(out.stdout)
+    assert held.sum() == 2**26 and _memory.peak_resident_bytes() >= held.nbytes
+    assert 0 < own < 128 * 2**20, own
+    if sys.platform.startswith("linux"):  # the inheritance this helper avoids
+        assert maxrss * 1024 >= held.nbytes
+
+
 @pytest.mark.slow  # a fresh process: its peak RSS is the sampler's
 def test_sampler_peak_memory_stays_near_the_models_and_one_table(tmp_path):
     """``decode`` at V = 2048, T = 2 in a fresh process peaks near JAX + models + one position's
     table (about 0.5 GB), where the table of all positions and its temporaries took 1.3 GB."""
     script = textwrap.dedent("""
-        import json, resource, jax, jax.numpy as jnp, specjax
+        import json, jax, jax.numpy as jnp, specjax
+        from specjax._memory import peak_resident_bytes
         v, t = 2048, 2
         logits = jax.random.normal(jax.random.key(1), (2, t, v, v))
         draft = specjax.MarkovChain.from_logits(jnp.zeros(v), logits[0])
@@ -276,7 +299,7 @@ def test_sampler_peak_memory_stays_near_the_models_and_one_table(tmp_path):
         del logits
         trace = specjax.decode(jax.random.key(0), specjax.Speculative(), draft, target, 1000)
         jax.block_until_ready(trace.tokens)
-        print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        print(json.dumps(peak_resident_bytes()))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
