@@ -20,6 +20,7 @@ from specjax.decoders import BlockVerification
 from specjax.decoders import CallDecoder
 from specjax.decoders import CallLaw
 from specjax.decoders import Decoder
+from specjax.decoders import OptimalMultiDraft
 from specjax.decoders import RejectionRule
 from specjax.decoders import Speculative
 from specjax.decoders import TokenwiseDecoder
@@ -29,6 +30,7 @@ from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import acceptance_probability
 from specjax.decoders.multi_draft import batch_improvement
 from specjax.decoders.multi_draft import batch_residual_mass
+from specjax.decoders.multi_draft import optimal_acceptance
 from specjax.decoders.verification import optimal_residual
 from specjax.decoders.verification import rejection_probability
 from specjax.decoders.verification import residual_distribution
@@ -112,6 +114,7 @@ __all__ = [
     "MarkovChain",
     "NGramModel",
     "Objective",
+    "OptimalMultiDraft",
     "ParetoFront",
     "RejectionRule",
     "Speculative",
@@ -156,6 +159,7 @@ __all__ = [
     "make_objective",
     "marginals",
     "objective",
+    "optimal_acceptance",
     "optimal_residual",
     "output_chain",
     "paper_instance",
