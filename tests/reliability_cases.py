@@ -28,6 +28,7 @@ exists, so that a library that does not refuse them crashes the child, not the c
 from __future__ import annotations
 
 import contextlib
+import itertools
 import dataclasses
 import functools
 import io
@@ -618,11 +619,15 @@ def _cases() -> list[Case]:
                                 None),
         "pareto_front": (lambda p, q: S.pareto_front(p, q, jnp.asarray([0.0, 0.1])), ("p",),
                          None),
+        "optimal_acceptance": (lambda p, q: S.optimal_acceptance(p, q, num_drafts=2), ("p",),
+                               lambda: 1 - max(P()[list(a)].sum() ** 2 - Q()[list(a)].sum()
+                                               for r in range(V + 1)
+                                               for a in itertools.combinations(range(V), r))),
     }
     for entry, (fn, names, ref) in singles.items():
         add(kind, entry, "p NaN", lambda fn=fn: fn(nan_row(), q1()), names)
         if entry in ("tv_distance", "speculative_residual", "acceptance_probability",
-                     "verification_law", "batch_improvement"):
+                     "verification_law", "batch_improvement", "optimal_acceptance"):
             add(kind, entry, "p negative", lambda fn=fn: fn(neg_row(), q1()), names)
             add(kind, entry, "p sums to 2", lambda fn=fn: fn(two_row(), q1()), names)
         if entry not in ("rejection_probability", "verification_law"):
@@ -761,6 +766,17 @@ def _cases() -> list[Case]:
             "num_drafts")
     add(kind, "BatchSpeculative", "replacement 'no'",
         lambda: S.BatchSpeculative(2, replacement="no"), "replacement")
+    for value in (2.5, True, "array"):  # 0: with the frontier names below
+        v = jnp.asarray(2) if value == "array" else value
+        what = "jnp.asarray(2)" if value == "array" else repr(value)
+        add(kind, "OptimalMultiDraft", f"num_drafts {what}", lambda v=v: S.OptimalMultiDraft(v),
+            "num_drafts")
+    add(kind, "OptimalMultiDraft", "replacement 'no'",
+        lambda: S.OptimalMultiDraft(2, replacement="no"), "replacement")
+    add(kind, "OptimalMultiDraft", "sequence_optimal 'yes'",
+        lambda: S.OptimalMultiDraft(2, sequence_optimal="yes"), "sequence_optimal")
+    add(kind, "OptimalMultiDraft", "lookahead 0",
+        lambda: S.OptimalMultiDraft(2, lookahead=0), "lookahead")
     add(kind, "BiasedSpeculative", "residual 'foo'",
         lambda: S.BiasedSpeculative(0.1, residual="foo"), "residual")
     add(kind, "BiasedSpeculative", "lookahead 0", lambda: S.BiasedSpeculative(0.1, lookahead=0),
@@ -822,6 +838,8 @@ def _cases() -> list[Case]:
         check=lambda r: close(r, reference64("calls")))
     add(kind, "batch_improvement", "num_drafts 0",
         lambda: S.batch_improvement(p1(), q1(), num_drafts=0), "num_drafts")
+    add(kind, "optimal_acceptance", "replacement 1",
+        lambda: S.optimal_acceptance(p1(), q1(), num_drafts=2, replacement=1), "replacement")
     for value in (0, T + 1, 1.5):
         add(kind, "accepted_length", f"position {value!r}",
             lambda v=value: S.accepted_length(S.Speculative(2), d(), t(), position=v),
@@ -1166,6 +1184,9 @@ def _cases() -> list[Case]:
     add(kind, "decode", "BatchSpeculative(2**40)",
         lambda: S.decode(k(), S.BatchSpeculative(2**40), d(), t(), C), "num_drafts",
         check=trace_right(), isolate=True)
+    add(kind, "exact", "OptimalMultiDraft(10**6, replacement=False), V = 4",
+        lambda: S.exact(S.OptimalMultiDraft(10**6, replacement=False), d(), t()),
+        "num_drafts", check=exact_right("batch_inf", rtol=1e-3))
     add(kind, "decode", "BatchSpeculative(64, replacement=False), V = 4",
         lambda: S.decode(k(), S.BatchSpeculative(64, replacement=False), d(), t(), C),
         "num_drafts", check=trace_right(), isolate=True)
@@ -1186,6 +1207,8 @@ def _cases() -> list[Case]:
         lambda: jax.jit(S.expected_rejections)(d(), t()), check=exact_right("sd"))
     add(kind, "batch_improvement", "jax.jit(f)(p, q, num_drafts=3)",
         lambda: jax.jit(S.batch_improvement)(p1(), q1(), num_drafts=3), "num_drafts")
+    add(kind, "optimal_acceptance", "jax.jit(f)(p, q, num_drafts=3)",
+        lambda: jax.jit(S.optimal_acceptance)(p1(), q1(), num_drafts=3), "num_drafts")
     add(kind, "decode", "jax.jit(decode)(key, Speculative(), d, t, C)",
         lambda: jax.jit(S.decode)(k(), S.Speculative(), d(), t(), C), "num_chains")
     add(kind, "speculative_decoding", "jax.jit(f)(key, d, t, C)",
