@@ -16,6 +16,11 @@ from sampler_cases import CASES
 from sampler_cases import instance
 from sampler_cases import sd_accept
 from sampler_cases import sd_residual
+
+#: The cases that existed when decoders became values: they have old conveniences and golden
+#: outputs to equal (decoders added since, such as OptimalMultiDraft, have neither).
+LEGACY_CASES = {name: decoder for name, decoder in CASES.items()
+                if not isinstance(decoder, specjax.OptimalMultiDraft)}
 from specjax.decoders import verification
 
 KEY = jax.random.key(0)
@@ -198,7 +203,7 @@ def _old_exact(name, draft, target):
     return None
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(LEGACY_CASES))
 def test_new_entry_points_equal_the_old_conveniences(name):
     draft, target = instance()
     new = specjax.decode(KEY, CASES[name], draft, target, 256)
@@ -357,7 +362,7 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
     statistics. The new entry points reproduce all of them."""
     key = jax.random.key(2024)
     draft, target = instance()
-    for name, decoder in CASES.items():
+    for name, decoder in LEGACY_CASES.items():
         trace = specjax.decode(key, decoder, draft, target, 64)
         for field in ("tokens", "rejected", "new_call"):
             np.testing.assert_array_equal(getattr(trace, field), GOLDEN[f"{name}|{field}"],
@@ -370,7 +375,7 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
                                       GOLDEN[f"statistics sd K=3|{field}"])
     with jax.enable_x64(True):
         d64, t64 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
-        decoders = dict(CASES, **{"batch M=inf": specjax.BatchSpeculative(math.inf)})
+        decoders = dict(LEGACY_CASES, **{"batch M=inf": specjax.BatchSpeculative(math.inf)})
         for name, decoder in decoders.items():
             if name in ("autoregressive", "block K=3"):
                 continue

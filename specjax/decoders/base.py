@@ -23,7 +23,13 @@ drafts). A token-wise decoder provides
 * optionally ``check(num_states, num_rows)`` (refuse a setting too large for the models),
   ``same_root`` (root law equals the in-call law: the exact recursion needs one phase fewer) and
   ``root_scale(p, q)`` (for unbiased rules whose rejected mass is ``[q - S p]_+``: a faster exact
-  recursion).
+  recursion);
+* optionally, for a law that depends on the position and on the whole models (a policy solved
+  by backward induction: ``OptimalMultiDraft(sequence_optimal=True)``), ``bind(p, q)`` on the
+  Markov transitions ``(T, V, V)`` returning the decoder to run, and ``laws_at(n, p, q)`` with the
+  positions ``n`` (``0..T-1``, broadcasting against the rows' leading axes) of the rows. The
+  engines call ``decoder.bind(...)`` once per run and ``laws_at`` wherever they call ``laws``;
+  the defaults are ``self`` and ``laws(p, q)``.
 
 Speculative decoding, batch SD with and without replacement, biased SD and any user rule of the
 paper's Algorithm 2 are token-wise. The Monte Carlo engine draws each chain's (token, rejected)
@@ -111,6 +117,18 @@ class TokenwiseDecoder(Decoder):
     def root_scale(self, p, q):
         """The root's ``S`` as ``(..., 1)`` when ``has_root_scale``."""
         raise NotImplementedError
+
+    def bind(self, p, q):
+        """The decoder to run on Markov transitions ``p``, ``q`` ``(T, V, V)`` (traced): ``self``
+        unless its laws depend on the whole models (see the module docstring)."""
+        del p, q
+        return self
+
+    def laws_at(self, n, p, q):
+        """``laws(p, q)`` for rows at positions ``n`` (``0..T-1``, broadcasting against the rows'
+        leading axes; position ``n`` draws token ``x_{n+1}``)."""
+        del n
+        return self.laws(p, q)
 
     def resolve_lookahead(self, horizon: int) -> int:
         """The static ``K`` the engines use: ``None`` means ``T``, larger values act as ``T``

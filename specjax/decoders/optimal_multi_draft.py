@@ -4,10 +4,12 @@ root of each call (``optimal_acceptance``), SD below it."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from specjax.decoders import multi_draft
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
+from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
@@ -32,10 +34,18 @@ class OptimalMultiDraft(TokenwiseDecoder):
       num_drafts: ``M >= 1`` (``M = 1`` is SD) or ``math.inf``.
       replacement: ``True``: the drafts' first tokens are i.i.d. from ``p``; ``False``: drawn
         without replacement (``O(V^M)`` per row, refused beyond
-        ``multi_draft.MAX_WITHOUT_REPLACEMENT_ELEMENTS``, as ``BatchSpeculative``).
-      sequence_optimal: ``False`` (the only choice available): the matched tokens are chosen
-        per token as above. ``True`` (choosing them by backward induction over the horizon) is
-        not implemented and raises.
+        ``multi_draft.MAX_WITHOUT_REPLACEMENT_ELEMENTS``, as ``BatchSpeculative``; ``M >= V``
+        and ``math.inf`` need no enumeration: the draft set is the support of ``p``).
+      sequence_optimal: ``False``: the matched tokens are chosen per token as above. ``True``:
+        at the root of position ``n`` the coupling maximises ``sum_y m(y) w_n(y)`` over every
+        lossless coupling, ``w_n(y)`` the expected later rejections saved by matching ``y``
+        (backward induction over the horizon, ``multi_draft.sequence_optimal_weights``), so no
+        verifier of this depth-first structure has fewer expected rejections. It may accept less
+        than ``alpha*`` at a root, declining a drafted token (ending the call with it) when
+        following that draft costs more later than a new call; on the paper's instance and on
+        random chains every weight was positive (no declining). Needs ``MarkovChain``
+        models, i.i.d. drafts and ``lookahead=None``; ``O(V^3)`` per position, refused beyond
+        ``T V (V + 1)^2 > 2^26`` (``multi_draft.MAX_SEQUENCE_OPTIMAL_ELEMENTS``).
       lookahead: ``None`` (``K = T``) or ``K`` (a bonus token after ``K`` accepted drafts).
 
     Example:
@@ -65,23 +75,59 @@ class OptimalMultiDraft(TokenwiseDecoder):
         if not isinstance(self.sequence_optimal, bool):
             raise ValueError(f"sequence_optimal must be True or False, got "
                              f"{self.sequence_optimal!r}")
-        if self.sequence_optimal:
-            raise NotImplementedError(
-                "OptimalMultiDraft(sequence_optimal=True), the matched tokens chosen by backward "
-                "induction over the horizon, is not implemented yet; sequence_optimal=False "
-                "gives the per-token optimum")
         check_lookahead(self.lookahead)
+        if self.sequence_optimal and not self.replacement:
+            raise ValueError("sequence_optimal=True needs replacement=True (the backward "
+                             "induction's greedy is written for i.i.d. drafts)")
+        if self.sequence_optimal and self.lookahead is not None:
+            raise ValueError(f"sequence_optimal=True needs lookahead=None (the paper's K = T: "
+                             f"the backward induction has two phases), got "
+                             f"lookahead={self.lookahead!r}")
+
+    @property
+    def model_kinds(self) -> tuple:
+        """Exact values on finite-state models and Monte Carlo on protocol models, except for
+        ``sequence_optimal=True`` (its backward induction is written for ``MarkovChain``s)."""
+        return () if self.sequence_optimal else ("finite_state", "protocol")
 
     def laws(self, p, q):
+        if self.sequence_optimal:
+            raise ValueError("OptimalMultiDraft(sequence_optimal=True) has laws per position "
+                             "only: run it through decode, exact or decoding_statistics")
         root = multi_draft.optimal_root_law(p, q, self.num_drafts, self.replacement)
         return root, verification.speculative_law(p, q)
 
+    def bind(self, p, q):
+        if not self.sequence_optimal:
+            return self
+        weights = multi_draft.sequence_optimal_weights(p, q, self.num_drafts)
+        return _BoundOptimalMultiDraft(self.num_drafts, replacement=self.replacement,
+                                       sequence_optimal=True, lookahead=self.lookahead,
+                                       weights=weights)
+
     def check(self, num_states: int, num_rows: int) -> None:
         if not self.replacement:
-            multi_draft.check_without_replacement_size(self.num_drafts, num_states, num_rows)
+            multi_draft.check_optimal_without_replacement_size(self.num_drafts, num_states,
+                                                               num_rows)
+        if self.sequence_optimal:
+            multi_draft.check_sequence_optimal_size(num_states, num_rows)
 
     @property
     def label(self) -> str:
         k = "" if self.lookahead is None else f", K = {self.lookahead}"
         how = "" if self.replacement else " w/o replacement"
-        return f"optimal multi-draft{how}, M = {self.num_drafts}{k}"
+        which = "sequence-optimal" if self.sequence_optimal else "optimal"
+        return f"{which} multi-draft{how}, M = {self.num_drafts}{k}"
+
+
+@pytree_dataclass
+class _BoundOptimalMultiDraft(OptimalMultiDraft):
+    """``OptimalMultiDraft(sequence_optimal=True)`` bound to one pair of Markov models: its
+    backward-induction weights ``(T, V)`` (a leaf), so ``laws_at`` knows each position's root."""
+
+    weights: Any = array_field(default=None)
+
+    def laws_at(self, n, p, q):
+        weights = self.weights[n]  # (..., V) against the rows (..., V)
+        root = multi_draft.weighted_optimal_root_law(p, q, weights, self.num_drafts)
+        return root, verification.speculative_law(p, q)

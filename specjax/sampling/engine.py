@@ -188,7 +188,8 @@ def table_bytes(plan: TablePlan, num_states: int, horizon: int, dtype_bytes: int
             + 8 * rows * num_states * dtype_bytes)
 
 
-def kind_thresholds(decoder, p: jax.Array, q: jax.Array, kinds: tuple = ALL_KINDS) -> jax.Array:
+def kind_thresholds(decoder, p: jax.Array, q: jax.Array, kinds: tuple = ALL_KINDS,
+                    positions=0) -> jax.Array:
     """The thresholds ``(..., R, W')`` of a token-wise decoder's laws on the rows ``p``, ``q``
     ``(..., V)``, for the row kinds ``kinds`` (``R = len(kinds)``).
 
@@ -196,10 +197,11 @@ def kind_thresholds(decoder, p: jax.Array, q: jax.Array, kinds: tuple = ALL_KIND
     ``i - V`` rejected for ``V <= i < 2V``. Every row is computed on its own, so a block of rows
     gives the laws of the whole table; bit for bit when the block is not tiny (XLA:CPU sums the
     rows of an array of a few thousand entries in another order: see ``GROUP_ROWS``).
+    ``positions`` (broadcasting against the rows' leading axes) goes to ``decoder.laws_at``.
     """
     laws = {BONUS: bonus_law(q)}
     if any(kind != BONUS for kind in kinds):
-        laws[ROOT], laws[VERIFY] = decoder.laws(p, q)
+        laws[ROOT], laws[VERIFY] = decoder.laws_at(positions, p, q)
     rows = [jnp.concatenate([laws[kind].accepted, laws[kind].rejected], axis=-1)
             for kind in kinds]
     return categorical_thresholds(jnp.stack(rows, axis=-2))
@@ -208,7 +210,8 @@ def kind_thresholds(decoder, p: jax.Array, q: jax.Array, kinds: tuple = ALL_KIND
 def decoder_table(decoder, draft_trans: jax.Array, target_trans: jax.Array) -> jax.Array:
     """The ``(T, V, 3, W')`` thresholds of a token-wise decoder's laws on Markov rows, every row
     kind, every position at once."""
-    root, verify = decoder.laws(draft_trans, target_trans)
+    positions = jnp.arange(target_trans.shape[0])[:, None]
+    root, verify = decoder.laws_at(positions, draft_trans, target_trans)
     return law_table(root, verify, bonus_law(target_trans))
 
 
@@ -240,7 +243,8 @@ def block_thresholds(decoder, draft_trans: jax.Array, target_trans: jax.Array, f
         shape = (positions, block, num_states)
         rows = [jax.lax.dynamic_slice(trans, (first, start, jnp.int32(0)), shape)
                 for trans in (draft_trans, target_trans)]
-        return kind_thresholds(decoder, *rows, plan.kinds)
+        return kind_thresholds(decoder, *rows, plan.kinds,
+                               (first + jnp.arange(positions))[:, None])
 
     if block == num_states:
         return thresholds_from(jnp.int32(0))
@@ -276,6 +280,7 @@ def markov_laws(decoder, draft_trans: jax.Array, target_trans: jax.Array,
     ``plan`` says: all positions before the scan, or inside it, one position (or one group of
     positions, rebuilt at its first position; the last group is moved back to end at ``T``)
     at a time."""
+    decoder = decoder.bind(draft_trans, target_trans)
     if plan.block_rows is None:
         return _table_laws(decoder_table(decoder, draft_trans, target_trans))
     horizon, num_states = target_trans.shape[0], target_trans.shape[-1]

@@ -127,6 +127,7 @@ def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
         from the shapes when the computation is traced, before it runs.
     """
     check_fits(q.shape[-1], q.shape[0], lookahead, jnp.dtype(q.dtype).itemsize)
+    decoder = decoder.bind(p, q)
     if lookahead == 0:
         return _autoregressive(init, q)
     if lookahead >= p.shape[0] and decoder.has_root_scale:
@@ -195,12 +196,12 @@ def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     one_phase = in_call_only and decoder.same_root
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
-    def step_laws(p_n, q_n):
-        return decoder.laws(p_n, q_n)
+    def step_laws(n, p_n, q_n):
+        return decoder.laws_at(n, p_n, q_n)
 
     def step(pi, pq):
-        p_n, q_n = pq
-        root, verify = step_laws(p_n, q_n)
+        n, p_n, q_n = pq
+        root, verify = step_laws(n, p_n, q_n)
         if one_phase:  # pi: (V,), every position is verified the same way
             rejected = _vecmat(pi, root.rejected)
             new_pi = rejected + _vecmat(pi, root.accepted)
@@ -226,7 +227,8 @@ def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     else:
         num_phases = 2 if in_call_only else lookahead + 1
         pi0 = jnp.zeros((num_phases,) + init.shape, init.dtype).at[0].set(init)
-    _, (rejected, marginals, root_mass, verified) = jax.lax.scan(step, pi0, (p, q))
+    _, (rejected, marginals, root_mass, verified) = jax.lax.scan(
+        step, pi0, (jnp.arange(horizon), p, q))
     if one_phase:
         return _finish(init, rejected, marginals)
     return _finish(init, rejected, marginals, new_call=jnp.sum(root_mass, axis=-1),

@@ -115,7 +115,9 @@ def _tokenwise_accepted_length(decoder, draft, target, *, position, lookahead):
     horizon = target.horizon
     k = min(lookahead, horizon - position + 1)
     rows = slice(position - 1, position - 1 + k)
-    root, verify = decoder.laws(draft.trans[rows], target.trans[rows])
+    decoder = decoder.bind(draft.trans, target.trans)
+    positions = jnp.arange(position - 1, position - 1 + k)[:, None]
+    root, verify = decoder.laws_at(positions, draft.trans[rows], target.trans[rows])
     reach = root.accepted[0]
     total = jnp.sum(reach, axis=-1)
     if k == 1:

@@ -1,0 +1,205 @@
+"""``OptimalMultiDraft(M, sequence_optimal=True)``: the matched tokens of every call root chosen
+by backward induction over the horizon.
+
+The oracle is Bellman's equation solved with a linear program over the couplings themselves
+(variables ``x[S, y]``: draft set ``S``, output ``y``; marginals ``P(S)`` and ``q``) at every
+root, with no use of the polymatroid, the greedy or the ``q / p`` order that the library relies
+on. The library's exact value must equal it; its sampler must match its exact value and output
+the target's law.
+"""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+import specjax
+import stats
+from conftest import chain
+from conftest import edge_pair
+from conftest import random_pair
+from specjax.decoders import multi_draft
+
+LP_OPTIONS = dict(primal_feasibility_tolerance=1e-10, dual_feasibility_tolerance=1e-10)
+
+
+def draft_set_law(p, num_drafts):
+    """``{frozenset S: P(S)}`` for ``M`` i.i.d. draws from ``p``."""
+    law = {}
+    for draws in itertools.product(range(len(p)), repeat=num_drafts):
+        prob = float(np.prod(p[list(draws)]))
+        if prob > 0:
+            law[frozenset(draws)] = law.get(frozenset(draws), 0.0) + prob
+    return law
+
+
+def best_root(p, q, cost_matched, cost_unmatched, num_drafts):
+    """``min E[cost]`` over every lossless verifier of the draft set: a coupling of the set
+    ``S`` with ``Y ~ q`` and a decision, to follow the draft equal to ``Y`` (possible only when
+    ``Y`` is in ``S``; cost ``cost_matched[Y]``) or to end the call with ``Y`` (cost
+    ``cost_unmatched[Y]``). Variables ``x[S, y, follow]``."""
+    law = draft_set_law(p, num_drafts)
+    sets, num_states = list(law), len(q)
+    columns = [(i, y, follow) for i, s in enumerate(sets) for y in range(num_states)
+               for follow in ((False, True) if y in s else (False,))]
+    c = np.array([cost_matched[y] if follow else cost_unmatched[y] for _, y, follow in columns])
+    a_eq, b_eq = [], []
+    for i, s in enumerate(sets):
+        a_eq.append(np.array([float(j == i) for j, _, _ in columns]))
+        b_eq.append(law[s])
+    for y in range(num_states):
+        a_eq.append(np.array([float(z == y) for _, z, _ in columns]))
+        b_eq.append(q[y])
+    b_eq = np.array(b_eq)
+    b_eq[len(sets):] *= sum(law.values()) / q.sum()  # both marginals sum to one exactly
+    result = linprog(c, A_eq=np.array(a_eq), b_eq=b_eq, bounds=(0, None), method="highs",
+                     options=LP_OPTIONS)
+    assert result.status == 0, result.message
+    return result.fun
+
+
+def bellman_rejections(init, p, q, num_drafts):
+    """``E[N_rej]`` of the best depth-first verifier of ``M`` drafts (``K = T``): backward
+    induction, each root by ``best_root``, each in-call step SD."""
+    horizon, num_states = q.shape[:2]
+    r_root = np.zeros(num_states)
+    r_in = np.zeros(num_states)
+    for n in reversed(range(horizon)):
+        new_root = np.array([best_root(p[n, x], q[n, x], r_in, 1 + r_root, num_drafts)
+                             for x in range(num_states)])
+        accepted = np.minimum(p[n], q[n])
+        new_in = accepted @ r_in + np.maximum(q[n] - p[n], 0) @ (1 + r_root)
+        r_root, r_in = new_root, new_in
+    return float(init @ r_root)
+
+
+@pytest.mark.parametrize("num_drafts", [2, 3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_rejections_equal_bellman_over_every_coupling(x64, num_drafts, seed):
+    draft, target = random_pair(seed, 3, 4, zero_fraction=0.3 * seed)
+    expected = bellman_rejections(target[0], draft[1], target[1], num_drafts)
+    got = specjax.exact(specjax.OptimalMultiDraft(num_drafts, sequence_optimal=True),
+                        chain(draft), chain(target))
+    np.testing.assert_allclose(float(got.expected_rejections), expected, rtol=0, atol=1e-9)
+
+
+def test_exact_rejections_equal_bellman_on_edge_rows(x64):
+    draft, target = edge_pair()
+    expected = bellman_rejections(target[0], draft[1], target[1], 2)
+    got = specjax.exact(specjax.OptimalMultiDraft(2, sequence_optimal=True),
+                        chain(draft), chain(target))
+    np.testing.assert_allclose(float(got.expected_rejections), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_sequence_optimum_never_loses_to_the_per_token_optimum_nor_to_batch_sd(x64, seed):
+    draft, target = random_pair(10 + seed, 5, 6, zero_fraction=0.2)
+    draft, target = chain(draft), chain(target)
+    for m in (2, 4, math.inf):
+        sequence = specjax.exact(specjax.OptimalMultiDraft(m, sequence_optimal=True), draft,
+                                 target)
+        token = specjax.exact(specjax.OptimalMultiDraft(m), draft, target)
+        batch = specjax.exact(specjax.BatchSpeculative(m), draft, target)
+        # Bellman: no root verifier beats it, batch SD's and the per-token optimum's included
+        # (the per-token optimum itself can lose to batch SD over a sequence, by up to 7e-4
+        # on the random chains of tests/test_optimal_multi_draft.py).
+        assert sequence.expected_rejections <= token.expected_rejections + 1e-12
+        assert sequence.expected_rejections <= batch.expected_rejections + 1e-12
+        # Unbiased: the marginals are the target's.
+        np.testing.assert_allclose(sequence.marginals, token.marginals, atol=1e-12)
+
+
+def test_one_position_the_sequence_optimum_is_the_per_token_optimum(x64):
+    draft, target = random_pair(3, 6, 1, zero_fraction=0.2)
+    draft, target = chain(draft), chain(target)
+    sequence = specjax.exact(specjax.OptimalMultiDraft(3, sequence_optimal=True), draft, target)
+    token = specjax.exact(specjax.OptimalMultiDraft(3), draft, target)
+    np.testing.assert_allclose(sequence.expected_rejections, token.expected_rejections,
+                               atol=1e-12)
+
+
+def test_weighted_greedy_with_ratio_weights_is_the_per_token_root_law(x64):
+    rng = np.random.default_rng(5)
+    p = jnp.asarray(rng.dirichlet(np.full(7, 0.4), size=40))
+    q = jnp.asarray(rng.dirichlet(np.full(7, 0.4), size=40))
+    for m in (1, 2, 5, math.inf):
+        weights = q / jnp.where(p > 0, p, 1e-300)
+        weighted = multi_draft.weighted_optimal_root_law(p, q, weights, m)
+        per_token = multi_draft.optimal_root_law(p, q, m)
+        np.testing.assert_allclose(weighted.accepted, per_token.accepted, atol=1e-14)
+
+
+def test_weighted_greedy_maximises_the_weighted_match_over_every_coupling(x64):
+    """On single rows, with random weights of both signs: the greedy's ``sum m w`` equals the
+    linear program's maximum over couplings."""
+    rng = np.random.default_rng(6)
+    for _ in range(12):
+        p, q = rng.dirichlet(np.full(4, 0.5)), rng.dirichlet(np.full(4, 0.5))
+        weights = rng.normal(size=4)
+        for m in (2, 3):
+            law = multi_draft.weighted_optimal_root_law(jnp.asarray(p), jnp.asarray(q),
+                                                        jnp.asarray(weights), m)
+            best = -best_root(p, q, -weights, np.zeros(4), m)
+            np.testing.assert_allclose(float(law.accepted @ weights), best, atol=1e-9)
+            np.testing.assert_allclose(law.accepted + law.rejected, q, atol=1e-15)
+
+
+def test_sampler_output_law_rejections_and_calls_match_the_exact_values():
+    """Monte Carlo: 200,000 chains on a random chain with zeros (V = 3, T = 3): the law of the
+    output sequences passes a chi-square test against the target's (false-failure rate 1e-5),
+    mean rejections and calls within 4.5 standard errors of the exact values."""
+    draft_np, target_np = random_pair(7, 3, 3, zero_fraction=0.2)
+    draft, target = chain(draft_np), chain(target_np)
+    decoder = specjax.OptimalMultiDraft(2, sequence_optimal=True)
+    num_chains = 200_000
+    trace = specjax.decode(jax.random.key(11), decoder, draft, target, num_chains)
+    init, trans = target_np
+    law = {}
+    for seq in itertools.product(range(3), repeat=4):
+        prob = init[seq[0]] * np.prod([trans[n, seq[n], seq[n + 1]] for n in range(3)])
+        if prob > 0:
+            law[seq] = prob
+    stats.assert_law(stats.count_rows(np.asarray(trace.tokens)), law, num_chains,
+                     "sequence-optimal output sequences")
+    exact = specjax.exact(decoder, draft, target)
+    stats.assert_mean(trace.num_rejections, float(exact.expected_rejections), "rejections")
+    stats.assert_mean(trace.num_calls, float(exact.expected_calls), "calls")
+
+
+def test_values_and_gradients_stay_finite_on_edge_rows():
+    draft, target = edge_pair()
+    draft, target = chain(draft), chain(target)
+    decoder = specjax.OptimalMultiDraft(3, sequence_optimal=True)
+
+    def rejections(logits):
+        model = specjax.MarkovChain.from_logits(jnp.log(draft.init), logits)
+        return specjax.exact(decoder, model, target).expected_rejections
+
+    logits = jnp.log(jnp.maximum(draft.trans, 1e-30))
+    value, grad = jax.value_and_grad(rejections)(logits)
+    assert np.isfinite(float(value)) and bool(jnp.isfinite(grad).all())
+    assert bool(jnp.isfinite(multi_draft.sequence_optimal_weights(
+        draft.trans, target.trans, 3)).all())
+
+
+def test_settings_it_cannot_run_are_refused_before_any_work():
+    draft, target = specjax.paper_instance()
+    with pytest.raises(ValueError, match="sequence_optimal=True needs replacement=True"):
+        specjax.OptimalMultiDraft(2, replacement=False, sequence_optimal=True)
+    with pytest.raises(ValueError, match="sequence_optimal=True needs lookahead=None"):
+        specjax.OptimalMultiDraft(2, sequence_optimal=True, lookahead=3)
+    with pytest.raises(ValueError, match="sequence_optimal must be True or False"):
+        specjax.OptimalMultiDraft(2, sequence_optimal=1)
+    with pytest.raises(ValueError, match="laws per position only"):
+        specjax.OptimalMultiDraft(2, sequence_optimal=True).laws(draft.trans[0], target.trans[0])
+    ngram = specjax.NGramModel.fit([jnp.arange(30) % 3], order=1, num_states=3)
+    with pytest.raises(ValueError):
+        specjax.decode(jax.random.key(0), specjax.OptimalMultiDraft(2, sequence_optimal=True),
+                       ngram, ngram, 10, horizon=4)
+    big = specjax.MarkovChain(jnp.full(400, 1 / 400), jnp.full((2, 400, 400), 1 / 400))
+    with pytest.raises(ValueError, match="sequence_optimal"):
+        specjax.exact(specjax.OptimalMultiDraft(2, sequence_optimal=True), big, big)
