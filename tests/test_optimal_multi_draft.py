@@ -429,7 +429,7 @@ def test_enumerated_literal_algorithm_equals_the_decoder_and_exact(x64, num_stat
 # M = 2 and 3, each with and without replacement, two of them with lookahead 2. tests/
 # sampler_cases.py runs OptimalMultiDraft(3) and (2, replacement=False, lookahead=2) through
 # every entry point and layout (that they run and agree with each other), not against a law.
-MC_CASES = (  # the bonus-token path (lookahead) and i.i.d. with M = 3 run in tests/test_scale.py
+MC_CASES = (  # OptimalMultiDraft(3, lookahead=2) runs in tests/sampler_cases.py's CASES
     specjax.OptimalMultiDraft(2),
     specjax.OptimalMultiDraft(2, replacement=False, lookahead=2),
 )
