@@ -1,0 +1,347 @@
+"""The optimal verifier of M drafts beside batch SD: single-token acceptance, a toy, whole decodes.
+
+Prints four markdown tables and writes three figures to ``--out`` (default ``docs/``):
+
+(a) Single-token acceptance against M = 1..8 on random Dirichlet row pairs (V = 50, 2,000 pairs,
+    concentration 0.5 and 5.0; the mean over rows) of the optimum with i.i.d. drafts
+    (``optimal_acceptance``), the optimum without replacement, batch SD with i.i.d. drafts
+    (``1 - sum batch_residual_mass``) and batch SD without replacement (the accepted mass of
+    ``batch_without_replacement_root_law``). Without replacement enumerates ``V^M`` draw paths
+    per row: rows are evaluated in chunks as large as the library accepts (``V^M x rows`` at most
+    2^26), so at V = 50 a single row is refused from M = 5 on (50^5 > 2^26; the ValueError is
+    caught and the point skipped), and M = 4 (6.25M paths per row) is not run by default for
+    time (``--wor-max-drafts 3``). Figure ``optimal_multi_draft_acceptance.png``, one panel per
+    concentration.
+(b) Khisti et al.'s toy (ICLR 2025, Figure 2): V = 3, p uniform, M = 2 drafts,
+    q = [1/3, q2, 2/3 - q2] and q = [1/6, q2, 5/6 - q2] with q2 over its valid range; the optimal
+    and batch SD's acceptance, each i.i.d. and without replacement. Figure
+    ``optimal_multi_draft_toy.png``, one panel per family of q.
+(c) E[N_rej] (K = T) on the paper's instance (``specjax.paper_instance()``: V = 7, T = 50) for
+    M = 2, 4, 8: OptimalMultiDraft and BatchSpeculative, each i.i.d. and without replacement,
+    exact (``specjax.exact``) beside simulated (``specjax.decoding_statistics``, mean +- standard
+    error, z = (simulated - exact) / se). A decoder the library refuses (without replacement,
+    ``V^M`` draw paths x 350 rows above 2^26) is shown as refused.
+(d) A stationary draft tuned (Adam, cosine decay, from the KL fit) for the exact E[N_rej] of
+    OptimalMultiDraft(M) and one tuned for BatchSpeculative(M) on the paper's instance
+    (M = 4), cross-evaluated under both decoders (with the KL fit as the reference). The tuner
+    skips (and counts) any step with a non-finite objective or gradient; the count is printed,
+    0 when the gradients of both exact values stayed finite. Figure
+    ``optimal_multi_draft_tuning.png``: each objective against the step (% change from the KL fit).
+
+Usage: python scripts/optimal_multi_draft_study.py [--out docs] [--chains 20000] [--steps 300]
+       [--rows 2000] [--states 50] [--max-drafts 8] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import specjax
+from specjax.decoders import multi_draft as md
+from specjax.experiments.reproduce import mean_se
+
+FIGURES = {"a": "optimal_multi_draft_acceptance.png", "b": "optimal_multi_draft_toy.png",
+           "d": "optimal_multi_draft_tuning.png"}
+CURVES = ("optimal iid", "optimal wor", "batch iid", "batch wor")
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def markdown(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(x, digits=4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# --- single-token acceptance --------------------------------------------------------------------
+
+_ACCEPTANCE = {
+    "optimal iid": jax.jit(lambda p, q, m: specjax.optimal_acceptance(p, q, num_drafts=m),
+                           static_argnums=2),
+    "optimal wor": jax.jit(lambda p, q, m: specjax.optimal_acceptance(
+        p, q, num_drafts=m, replacement=False), static_argnums=2),
+    "batch iid": jax.jit(lambda p, q, m: 1 - jnp.sum(
+        specjax.batch_residual_mass(p, q, num_drafts=m), axis=-1), static_argnums=2),
+    "batch wor": jax.jit(lambda p, q, m: jnp.sum(
+        md.batch_without_replacement_root_law(p, q, m).accepted, axis=-1), static_argnums=2),
+}
+
+
+def acceptance(curve: str, p: np.ndarray, q: np.ndarray, m: int) -> np.ndarray:
+    """Per-row acceptance of ``curve``; without replacement in chunks of rows as large as the
+    library accepts (a padded last chunk, so each ``M`` compiles once). Raises the library's
+    ValueError when a single row is refused."""
+    fn = _ACCEPTANCE[curve]
+    rows, states = p.shape
+    stages = md.without_replacement_stages(m, states)
+    if curve.endswith("iid") or (curve == "optimal wor" and stages == states):
+        return np.asarray(fn(p, q, m), np.float64)  # M >= V: the optimum in closed form
+    paths = states ** stages
+    chunk = max(1, min(rows, md.MAX_WITHOUT_REPLACEMENT_ELEMENTS // paths))
+    pad = -rows % chunk
+    if pad:
+        uniform = np.full((pad, states), 1 / states, p.dtype)
+        p, q = np.concatenate([p, uniform]), np.concatenate([q, uniform])
+    out = [np.asarray(fn(p[i:i + chunk], q[i:i + chunk], m), np.float64)
+           for i in range(0, rows + pad, chunk)]
+    return np.concatenate(out)[:rows]
+
+
+def dirichlet_pairs(seed: int, rows: int, states: int, concentration: float):
+    rng = np.random.default_rng(seed)
+    alpha = np.full(states, concentration)
+    p = rng.dirichlet(alpha, size=rows).astype(np.float32)
+    q = rng.dirichlet(alpha, size=rows).astype(np.float32)
+    return p, q
+
+
+def part_a(args) -> dict:
+    drafts = range(1, args.max_drafts + 1)
+    result = {}
+    for concentration in args.concentrations:
+        p, q = dirichlet_pairs(args.seed, args.rows, args.states, concentration)
+        curves = {name: {} for name in CURVES}
+        notes = {}
+        min_gap = {"iid": math.inf, "wor": math.inf}
+        for m in drafts:
+            per_row = {}
+            for name in CURVES:
+                if name.endswith("wor") and m > args.wor_max_drafts:
+                    notes[(name, m)] = "not run"
+                    continue
+                try:
+                    per_row[name] = acceptance(name, p, q, m)
+                except ValueError:
+                    notes[(name, m)] = "refused"
+                    continue
+                curves[name][m] = float(per_row[name].mean())
+            for how in ("iid", "wor"):
+                if f"optimal {how}" in per_row and f"batch {how}" in per_row:
+                    gap = per_row[f"optimal {how}"] - per_row[f"batch {how}"]
+                    min_gap[how] = min(min_gap[how], float(gap.min()))
+        result[concentration] = dict(curves=curves, notes=notes, min_gap=min_gap)
+
+    print(f"(a) Single-token acceptance, mean over {args.rows:,} Dirichlet row pairs, "
+          f"V = {args.states} (-: without replacement not run beyond M = {args.wor_max_drafts} "
+          f"or refused by the library)")
+    for concentration, res in result.items():
+        print(f"\nconcentration {concentration:g}\n")
+        rows = []
+        for m in drafts:
+            rows.append([m] + [fmt(res["curves"][name].get(m)) for name in CURVES])
+        print(markdown(["M"] + list(CURVES), rows))
+        refused = sorted(m for (name, m), why in res["notes"].items() if why == "refused")
+        print(f"\nmin over rows and M of optimum - batch SD: i.i.d. {res['min_gap']['iid']:+.2e}, "
+              f"without replacement {res['min_gap']['wor']:+.2e}"
+              + (f"; refused by the library without replacement: M = "
+                 f"{', '.join(map(str, sorted(set(refused))))}" if refused else ""))
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(result), figsize=(5.5 * len(result), 4), squeeze=False)
+    styles = {"optimal iid": ("C0", "-", "o"), "optimal wor": ("C0", "--", "s"),
+              "batch iid": ("C1", "-", "o"), "batch wor": ("C1", "--", "s")}
+    for ax, (concentration, res) in zip(axes[0], result.items()):
+        for name in CURVES:
+            pts = res["curves"][name]
+            if not pts:
+                continue
+            color, ls, marker = styles[name]
+            ax.plot(list(pts), list(pts.values()), color=color, ls=ls, marker=marker, ms=4,
+                    label=name.replace("wor", "w/o replacement").replace("iid", "i.i.d."))
+        ax.set_title(f"Dirichlet({concentration:g}), V = {args.states}, {args.rows:,} row pairs")
+        ax.set_xlabel("number of drafts M")
+        ax.set_ylabel("mean acceptance at the root")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = args.out / FIGURES["a"]
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return dict(result=result, figure=path)
+
+
+# --- Khisti et al.'s toy ------------------------------------------------------------------------
+
+def part_b(args) -> dict:
+    families = {"q = [1/3, q2, 2/3 - q2]": (1 / 3, 2 / 3), "q = [1/6, q2, 5/6 - q2]": (1 / 6, 5 / 6)}
+    result = {}
+    for name, (q1, rest) in families.items():
+        q2 = np.linspace(0, rest, args.grid)
+        q = np.stack([np.full_like(q2, q1), q2, rest - q2], -1).astype(np.float32)
+        q = np.maximum(q, 0)
+        p = np.full_like(q, 1 / 3)
+        result[name] = dict(q2=q2, **{c: acceptance(c, p, q, 2) for c in CURVES})
+
+    print("\n(b) Khisti et al.'s toy: V = 3, p uniform, M = 2; acceptance against q2\n")
+    for name, res in result.items():
+        print(f"{name}\n")
+        picks = np.unique(np.linspace(0, args.grid - 1, min(args.grid, 7)).round().astype(int))
+        rows = [[f"{res['q2'][i]:.4f}"] + [fmt(res[c][i]) for c in CURVES] for i in picks]
+        print(markdown(["q2"] + list(CURVES), rows))
+        print()
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    styles = {"optimal iid": ("C0", "-"), "optimal wor": ("C0", "--"),
+              "batch iid": ("C1", "-"), "batch wor": ("C1", "--")}
+    for ax, (name, res) in zip(axes, result.items()):
+        for c in CURVES:
+            color, ls = styles[c]
+            ax.plot(res["q2"], res[c], color=color, ls=ls,
+                    label=c.replace("wor", "w/o replacement").replace("iid", "i.i.d."))
+        ax.set_title(f"p uniform, M = 2, {name}")
+        ax.set_xlabel("q2")
+        ax.set_ylabel("acceptance")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = args.out / FIGURES["b"]
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return dict(result=result, figure=path)
+
+
+# --- whole decodes on the paper's instance ------------------------------------------------------
+
+def part_c(args) -> dict:
+    draft, target = specjax.paper_instance(num_states=args.paper_states, horizon=args.horizon)
+    decoders = [("SD", 1, specjax.Speculative())]
+    for m in args.paper_drafts:
+        decoders += [
+            ("optimal, i.i.d.", m, specjax.OptimalMultiDraft(m)),
+            ("optimal, w/o replacement", m, specjax.OptimalMultiDraft(m, replacement=False)),
+            ("batch SD, i.i.d.", m, specjax.BatchSpeculative(m)),
+            ("batch SD, w/o replacement", m, specjax.BatchSpeculative(m, replacement=False)),
+        ]
+    key = jax.random.key(args.seed)
+    rows, table = [], []
+    for name, m, decoder in decoders:
+        try:
+            exact = float(specjax.exact(decoder, draft, target).expected_rejections)
+        except ValueError:
+            rows.append(dict(decoder=name, M=m, exact=None))
+            table.append([name, m, "refused", "refused", ""])
+            continue
+        if args.simulate == "iid" and (m == 1 or not decoder.replacement):
+            rows.append(dict(decoder=name, M=m, exact=exact))
+            table.append([name, m, f"{exact:.4f}", "-", ""])
+            continue
+        stats = specjax.decoding_statistics(key, decoder, draft, target, args.chains)
+        mean, se = mean_se(stats.num_rejections)
+        z = (mean - exact) / se if se > 0 else 0.0
+        rows.append(dict(decoder=name, M=m, exact=exact, mean=mean, se=se, z=z))
+        table.append([name, m, f"{exact:.4f}", f"{mean:.4f} +- {se:.4f}", f"{z:+.2f}"])
+    print(f"(c) E[N_rej] (K = T) on the paper's instance (V = {args.paper_states}, "
+          f"T = {args.horizon}); simulated: {args.chains:,} chains, mean +- standard error\n")
+    print(markdown(["decoder", "M", "exact", "simulated", "z"], table))
+    return dict(rows=rows)
+
+
+# --- tuning -------------------------------------------------------------------------------------
+
+def part_d(args) -> dict:
+    _, target = specjax.paper_instance(num_states=args.paper_states, horizon=args.horizon)
+    family = specjax.StationaryDraft(num_states=args.paper_states, horizon=args.horizon)
+    fit = specjax.kl_fit(family, target)
+    m = args.tune_drafts
+    decoders = {"optimal": specjax.OptimalMultiDraft(m), "batch SD": specjax.BatchSpeculative(m)}
+    costs = {name: specjax.objective(dec, "rejections") for name, dec in decoders.items()}
+    print(f"\n(d) Stationary drafts tuned for exact E[N_rej] on the paper's instance (V = "
+          f"{args.paper_states}, T = {args.horizon}), M = {m}, {args.steps} Adam steps from the "
+          f"KL fit\n")
+    optimizer = optax.adam(optax.cosine_decay_schedule(args.learning_rate, args.steps))
+    drafts = {"KL fit": family.chain(fit)}
+    histories, skipped = {}, {}
+    for name, cost in costs.items():
+        res = specjax.tune_draft(family, fit, target, cost, num_steps=args.steps,
+                                 optimizer=optimizer)
+        drafts[f"tuned for {name}"] = res.draft
+        histories[name] = np.asarray(res.history)
+        skipped[name] = int(res.skipped)
+    table = {draft_name: {name: float(cost(chain, target)) for name, cost in costs.items()}
+             for draft_name, chain in drafts.items()}
+    header = ["draft"] + [f"E[N_rej] {decoders[name].label}" for name in costs]
+    print(markdown(header, [[d] + [f"{v:.4f}" for v in vals.values()]
+                            for d, vals in table.items()]))
+    # The tuner skips every step whose objective, gradient or new parameters are not finite:
+    # no skipped step means the gradient of each exact value was finite all along.
+    print("\nsteps skipped by the tuner (non-finite objective or gradient): "
+          + ", ".join(f"{name} {count}" for name, count in skipped.items()))
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, hist) in enumerate(histories.items()):
+        ax.plot(np.arange(hist.size), 100 * (hist / hist[0] - 1), color=f"C{i}",
+                label=f"tuned for {decoders[name].label} (KL fit: {hist[0]:.3f})")
+    ax.set_xlabel("Adam step")
+    ax.set_ylabel("exact E[N_rej], own objective: % change from the KL fit")
+    ax.set_title(f"stationary draft, paper instance, M = {m}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = args.out / FIGURES["d"]
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return dict(table=table, skipped=skipped, figure=path)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"),
+                        help="folder of the figures")
+    parser.add_argument("--parts", default="abcd", help="which parts to run, e.g. 'ab'")
+    parser.add_argument("--rows", type=int, default=2000, help="(a) row pairs")
+    parser.add_argument("--states", type=int, default=50, help="(a) V")
+    parser.add_argument("--concentrations", type=float, nargs="+", default=[0.5, 5.0])
+    parser.add_argument("--max-drafts", type=int, default=8, help="(a) M = 1..this")
+    parser.add_argument("--wor-max-drafts", type=int, default=3,
+                        help="(a) largest M run without replacement (time)")
+    parser.add_argument("--grid", type=int, default=201, help="(b) values of q2")
+    parser.add_argument("--paper-drafts", type=int, nargs="+", default=[2, 4, 8], help="(c) M")
+    parser.add_argument("--paper-states", type=int, default=7, help="(c, d) V")
+    parser.add_argument("--horizon", type=int, default=50, help="(c, d) T")
+    parser.add_argument("--chains", type=int, default=20_000, help="(c) simulated chains")
+    parser.add_argument("--simulate", choices=["all", "iid"], default="all",
+                        help="(c) simulate every decoder, or only the multi-draft ones with "
+                             "i.i.d. drafts (-: exact only)")
+    parser.add_argument("--tune-drafts", type=int, default=4, help="(d) M")
+    parser.add_argument("--steps", type=int, default=300, help="(d) Adam steps")
+    parser.add_argument("--learning-rate", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes (smoke test): 200 rows of V = 12, M <= 2, T = 8, "
+                             "2,000 chains (i.i.d. multi-draft only), 20 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.states, args.max_drafts, args.wor_max_drafts = 200, 12, 2, 2
+        args.grid, args.paper_drafts, args.horizon = 21, [2], 8
+        args.chains, args.steps, args.tune_drafts, args.simulate = 2000, 20, 2, "iid"
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for part, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d)):
+        if part in args.parts:
+            start = time.perf_counter()
+            out[part] = fn(args)
+            print(f"\n[({part}) {time.perf_counter() - start:.1f} s]\n", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
