@@ -154,6 +154,12 @@ def check_same_shape(draft, target, names=("draft", "target")) -> None:
         )
 
 
+def acceptance_tolerance(dtype) -> float:
+    """How far outside ``[0, 1]`` an acceptance probability of ``dtype`` may fall by rounding
+    (8 units of its precision)."""
+    return 8 * float(jnp.finfo(dtype).eps)
+
+
 def check_rows(*, probabilities: dict, acceptance: dict | None = None,
                masses: dict | None = None) -> None:
     """Checks the arguments of a function on token rows (``tv_distance(p, q)`` and its kind)
@@ -195,7 +201,7 @@ def check_rows(*, probabilities: dict, acceptance: dict | None = None,
         if not is_concrete(x):
             continue
         values = np.asarray(x, np.float64)
-        tol = 8 * float(jnp.finfo(jnp.asarray(x).dtype).eps)
+        tol = acceptance_tolerance(jnp.asarray(x).dtype)
         bad = ~((values >= -tol) & (values <= 1 + tol))
         if bad.any():
             raise ValueError(f"{name} must hold probabilities in [0, 1], got "

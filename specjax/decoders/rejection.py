@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import _checks
+
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
@@ -85,7 +87,7 @@ class RejectionRule(TokenwiseDecoder):
                 f"accept_prob(p, q) and residual(p, q, b) must take (V,) rows and return (V,) "
                 f"rows; evaluating them on the models' rows failed: {error}") from error
         b, res, rejection, p = (np.asarray(x, np.float64) for x in (b, res, rejection, p))
-        tol = 8 * float(jnp.finfo(jnp.asarray(q).dtype).eps)
+        tol = _checks.acceptance_tolerance(jnp.asarray(q).dtype)
         drafted = p > 0
         bad_b = drafted & ~((b >= -tol) & (b <= 1 + tol))
         if bad_b.any():

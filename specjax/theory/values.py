@@ -107,6 +107,9 @@ def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecodin
         return calls.forward_calls(decoder, draft, target, lookahead=lookahead)
     if kind == "finite_state":
         return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead)
+    # Checked here as well as when the recursion is traced: a cached compilation skips tracing.
+    recursion.check_fits(target.num_states, horizon, lookahead,
+                         jnp.dtype(target.trans.dtype).itemsize)
     return _forward(decoder, draft, target, lookahead=lookahead)
 
 
