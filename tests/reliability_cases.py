@@ -1301,6 +1301,12 @@ def _cases() -> list[Case]:
     if hasattr(S, "OptimalMultiDraft"):
         add(kind, "OptimalMultiDraft", "num_drafts 0", lambda: S.OptimalMultiDraft(0),
             "num_drafts")
+    if hasattr(S, "KSequential"):
+        add(kind, "KSequential", "num_drafts 0", lambda: S.KSequential(0), "num_drafts")
+        add(kind, "KSequential", "num_drafts math.inf", lambda: S.KSequential(math.inf),
+            "num_drafts")
+        add(kind, "KSequential", "lookahead 0", lambda: S.KSequential(2, lookahead=0),
+            "lookahead")
     if hasattr(S, "TokenTree"):
         add(kind, "TokenTree", "branching (0,)", lambda: S.TokenTree((0,)), "branching")
         add(kind, "TokenTree", "children 'foo'", lambda: S.TokenTree((2,), children="foo"),
