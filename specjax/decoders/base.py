@@ -28,7 +28,8 @@ drafts). A token-wise decoder provides
   by backward induction: ``OptimalMultiDraft(sequence_optimal=True)``), ``bind(p, q)`` on the
   Markov transitions ``(T, V, V)`` returning the decoder to run, and ``laws_at(n, p, q)`` with the
   positions ``n`` (``0..T-1``, broadcasting against the rows' leading axes) of the rows. The
-  engines call ``decoder.bind(...)`` once per run and ``laws_at`` wherever they call ``laws``;
+  engines call ``decoder.bind(...)`` once per run (per chunk in ``decoding_statistics``) and
+  ``laws_at`` wherever they call ``laws``;
   the defaults are ``self`` and ``laws(p, q)``.
 
 Speculative decoding, batch SD with and without replacement, biased SD and any user rule of the

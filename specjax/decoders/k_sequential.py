@@ -10,9 +10,13 @@ drawn from the residual. With ``beta(rho) = sum_y min(p(y), q(y) / rho)``,
     c(rho) = (1 - (1 - beta)^M) / beta   (c = M at beta = 0),
 
 and the residual is ``(q - a) / (1 - beta)^M``, a law only when ``q - a >= 0`` everywhere.
-``a`` decreases in ``rho`` (pointwise, and so does the acceptance ``1 - (1 - beta)^M``), and
-``rho = M`` is always valid, so the best valid ``rho`` is the smallest in ``[1, M]`` that keeps
-``q - a >= 0``: ``k_sequential_rho`` finds it per row by bisection.
+The acceptance ``1 - (1 - beta)^M`` decreases in ``rho`` (``beta`` does), although ``a`` is
+not monotone token by token (``a = p c`` rises with ``c`` where ``q >= rho p``). Validity is
+monotone in ``rho``: it reads ``c(rho) <= max(rho, r_min)`` with ``r_min`` the smallest ``q / p``
+over tokens where both are positive; ``beta`` and ``c`` are constant on ``[1, r_min]``, and above
+``r_min`` it reads ``1 - (1 - beta)^M <= sum min(rho p, q)``, whose left side falls and right
+side rises with ``rho``. ``rho = M`` is always valid, so the best valid ``rho`` is the smallest
+in ``[1, M]`` that keeps ``q - a >= 0``: ``k_sequential_rho`` finds it per row by bisection.
 
 Unlike batch SD (every draft against a new residual) the drafts share one acceptance rule; unlike
 ``OptimalMultiDraft`` the rule does not see the whole draft set. Both bound it:
@@ -105,8 +109,8 @@ def k_sequential_rho(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
     (``(..., 1)``); ``1`` for ``M = 1`` (SD).
 
     The best valid ``rho`` of any k-sequential rule: the acceptance ``1 - (1 - beta(rho))^M``
-    decreases in ``rho``, and validity is monotone (``a`` decreases pointwise in ``rho``; ``M``
-    is always valid). Found by bisection with a fixed number of steps (``BISECTION_STEPS``),
+    decreases in ``rho``, and validity is monotone in ``rho`` (module docstring; ``M`` is always
+    valid). Found by bisection with a fixed number of steps (``BISECTION_STEPS``),
     returning the feasible end of the bracket, or exactly ``1`` when ``1`` is feasible. A
     constant under differentiation (``stop_gradient``).
 

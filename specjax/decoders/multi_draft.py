@@ -491,7 +491,7 @@ def optimal_root_law(p: jax.Array, q: jax.Array, num_drafts,
 # rho'(G_k) costs one masked cumulative sum: O(V^2) per row.
 
 #: Largest ``rows x (V + 1)^2`` the weighted greedy builds (``OptimalMultiDraft`` with
-#: ``sequence_optimal=True``): 256 MB in float32.
+#: ``sequence_optimal=True``): 256 MB per array in float32 (the greedy holds a few such arrays).
 MAX_SEQUENCE_OPTIMAL_ELEMENTS = 2**26
 
 
@@ -502,8 +502,9 @@ def check_sequence_optimal_size(num_states: int, num_rows: int) -> None:
     if elements > MAX_SEQUENCE_OPTIMAL_ELEMENTS:
         raise ValueError(
             f"sequence_optimal=True builds rows x (V + 1)^2 = {num_rows:,} x {num_states + 1}^2 "
-            f"= {elements:,} elements, more than {MAX_SEQUENCE_OPTIMAL_ELEMENTS:,}; use "
-            f"sequence_optimal=False (the per-token optimum) or a smaller V")
+            f"= {elements:,} elements (rows: T x V on Markov chains), more than "
+            f"{MAX_SEQUENCE_OPTIMAL_ELEMENTS:,}; use sequence_optimal=False (the per-token "
+            f"optimum), a smaller V or a shorter horizon T")
 
 
 def weighted_optimal_root_law(p: jax.Array, q: jax.Array, weights: jax.Array,

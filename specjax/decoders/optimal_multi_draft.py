@@ -42,10 +42,13 @@ class OptimalMultiDraft(TokenwiseDecoder):
         (backward induction over the horizon, ``multi_draft.sequence_optimal_weights``), so no
         verifier of this depth-first structure has fewer expected rejections. It may accept less
         than ``alpha*`` at a root, declining a drafted token (ending the call with it) when
-        following that draft costs more later than a new call; on the paper's instance and on
-        random chains every weight was positive (no declining). Needs ``MarkovChain``
-        models, i.i.d. drafts and ``lookahead=None``; ``O(V^3)`` per position, refused beyond
-        ``T V (V + 1)^2 > 2^26`` (``multi_draft.MAX_SEQUENCE_OPTIMAL_ELEMENTS``).
+        following that draft costs more later than a new call. On the paper's instance
+        (``M = 2, 4, 8, inf``) and on 3 random chains (``V = 6``, ``T = 20``, ``M = 2, 8, inf``)
+        every weight was positive (the smallest 0.32): no declining. Needs ``MarkovChain``
+        models, i.i.d. drafts and ``lookahead=None``; ``O(V^3)`` per position. Refused beyond
+        ``T V (V + 1)^2 > 2^26`` (``multi_draft.MAX_SEQUENCE_OPTIMAL_ELEMENTS``), the size of
+        the sampler's table of all positions; ``exact`` needs only ``V (V + 1)^2`` per
+        position but is refused at the same size.
       lookahead: ``None`` (``K = T``) or ``K`` (a bonus token after ``K`` accepted drafts).
 
     Example:
