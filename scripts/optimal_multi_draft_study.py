@@ -60,6 +60,30 @@ def _plt():
     return plt
 
 
+#: Color, line style and marker of each acceptance curve (the marker only where M is discrete).
+STYLES = {"optimal iid": ("C0", "-", "o"), "optimal wor": ("C0", "--", "s"),
+          "batch iid": ("C1", "-", "o"), "batch wor": ("C1", "--", "s")}
+
+
+def _curve_label(name: str) -> str:
+    return name.replace("wor", "w/o replacement").replace("iid", "i.i.d.")
+
+
+def _finish(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def markdown(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -155,26 +179,17 @@ def part_a(args) -> dict:
 
     plt = _plt()
     fig, axes = plt.subplots(1, len(result), figsize=(5.5 * len(result), 4), squeeze=False)
-    styles = {"optimal iid": ("C0", "-", "o"), "optimal wor": ("C0", "--", "s"),
-              "batch iid": ("C1", "-", "o"), "batch wor": ("C1", "--", "s")}
     for ax, (concentration, res) in zip(axes[0], result.items()):
         for name in CURVES:
             pts = res["curves"][name]
             if not pts:
                 continue
-            color, ls, marker = styles[name]
+            color, ls, marker = STYLES[name]
             ax.plot(list(pts), list(pts.values()), color=color, ls=ls, marker=marker, ms=4,
-                    label=name.replace("wor", "w/o replacement").replace("iid", "i.i.d."))
-        ax.set_title(f"Dirichlet({concentration:g}), V = {args.states}, {args.rows:,} row pairs")
-        ax.set_xlabel("number of drafts M")
-        ax.set_ylabel("mean acceptance at the root")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = args.out / FIGURES["a"]
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return dict(result=result, figure=path)
+                    label=_curve_label(name))
+        _finish(ax, f"Dirichlet({concentration:g}), V = {args.states}, {args.rows:,} row pairs",
+                "number of drafts M", "mean acceptance at the root")
+    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["a"]))
 
 
 # --- Khisti et al.'s toy ------------------------------------------------------------------------
@@ -199,23 +214,12 @@ def part_b(args) -> dict:
 
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"optimal iid": ("C0", "-"), "optimal wor": ("C0", "--"),
-              "batch iid": ("C1", "-"), "batch wor": ("C1", "--")}
     for ax, (name, res) in zip(axes, result.items()):
         for c in CURVES:
-            color, ls = styles[c]
-            ax.plot(res["q2"], res[c], color=color, ls=ls,
-                    label=c.replace("wor", "w/o replacement").replace("iid", "i.i.d."))
-        ax.set_title(f"p uniform, M = 2, {name}")
-        ax.set_xlabel("q2")
-        ax.set_ylabel("acceptance")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = args.out / FIGURES["b"]
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return dict(result=result, figure=path)
+            color, ls, _ = STYLES[c]
+            ax.plot(res["q2"], res[c], color=color, ls=ls, label=_curve_label(c))
+        _finish(ax, f"p uniform, M = 2, {name}", "q2", "acceptance")
+    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["b"]))
 
 
 # --- whole decodes on the paper's instance ------------------------------------------------------
@@ -290,16 +294,10 @@ def part_d(args) -> dict:
     for i, (name, hist) in enumerate(histories.items()):
         ax.plot(np.arange(hist.size), 100 * (hist / hist[0] - 1), color=f"C{i}",
                 label=f"tuned for {decoders[name].label} (KL fit: {hist[0]:.3f})")
-    ax.set_xlabel("Adam step")
-    ax.set_ylabel("exact E[N_rej], own objective: % change from the KL fit")
-    ax.set_title(f"stationary draft, paper instance, M = {m}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = args.out / FIGURES["d"]
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return dict(table=table, skipped=skipped, figure=path)
+    _finish(ax, f"stationary draft, paper instance, M = {m}", "Adam step",
+            "exact E[N_rej], own objective: % change from the KL fit")
+    return dict(table=table, skipped=skipped,
+                figure=_save(plt, fig, args.out / FIGURES["d"]))
 
 
 def main(argv=None) -> dict:

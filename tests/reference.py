@@ -151,6 +151,48 @@ def sd_literal(chooser, draft, target, lookahead=None):
     return general_literal(chooser, draft, target, sd_accept, sd_residual, lookahead)
 
 
+def draw_drafts(chooser, p_trans, root, start, num_drafts, replacement=True):
+    """The ``M`` whole draft sequences of a multi-draft call from position ``start`` to ``T``
+    after token ``root``, and the law each first token was drawn from: ``p`` for i.i.d. drafts;
+    without replacement ``p`` with the earlier first tokens removed (renormalised), and fewer
+    drafts when no token is left. Returns ``(drafts, first_laws)``."""
+    horizon = p_trans.shape[0]
+    drafts, first_laws = [], []
+    first_law = p_trans[start - 1, root].copy()
+    for _ in range(num_drafts):
+        if first_law.sum() <= 0:
+            break  # without replacement: no token left to propose
+        seq, prev = [], root
+        for t in range(start, horizon + 1):
+            row = first_law if t == start else p_trans[t - 1, prev]
+            tok = chooser.categorical(row)
+            seq.append(tok)
+            prev = tok
+        drafts.append(seq)
+        first_laws.append(first_law)
+        if not replacement:
+            first_law = first_law.copy()
+            first_law[seq[0]] = 0.0
+            first_law = positive_part(first_law)
+    return drafts, first_laws
+
+
+def verify_rest(chooser, p_trans, q_trans, x, rejected, seq):
+    """SD on the later tokens ``seq[1:]`` of a followed draft whose first token is ``x[-1]``:
+    each appended to ``x`` if accepted, else a token from ``[q - p]_+`` ends the call (appended
+    to ``x`` and ``rejected`` in place)."""
+    start = len(x)
+    for t, tok in zip(range(start, q_trans.shape[0] + 1), seq[1:]):
+        p_row, q_row = p_trans[t - 1, x[-1]], q_trans[t - 1, x[-1]]
+        if chooser.bernoulli(sd_accept(p_row, q_row)[tok]):
+            x.append(tok)
+            rejected.append(False)
+        else:
+            x.append(chooser.categorical(positive_part(q_row - p_row)))
+            rejected.append(True)
+            break
+
+
 def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, replacement=True):
     """Algorithm 4 with ``K = T``.
 
@@ -176,24 +218,7 @@ def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, rep
         calls += 1
         n0 = n
         root = x[-1]
-        # M whole draft sequences from position n to T, and the law each first token came from.
-        drafts, first_laws = [], []
-        first_law = p_trans[n0 - 1, root].copy()
-        for _ in range(num_drafts):
-            if first_law.sum() <= 0:
-                break  # without replacement: no token left to propose
-            seq, prev = [], root
-            for t in range(n, horizon + 1):
-                row = first_law if t == n else p_trans[t - 1, prev]
-                tok = chooser.categorical(row)
-                seq.append(tok)
-                prev = tok
-            drafts.append(seq)
-            first_laws.append(first_law)
-            if not replacement:
-                first_law = first_law.copy()
-                first_law[seq[0]] = 0.0
-                first_law = positive_part(first_law)
+        drafts, first_laws = draw_drafts(chooser, p_trans, root, n0, num_drafts, replacement)
         q_n = q_trans[n0 - 1, root].copy()  # the root's target row, replaced by residuals
         sampled = False
         for seq, p_n in zip(drafts, first_laws):

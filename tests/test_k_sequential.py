@@ -161,14 +161,7 @@ def k_sequential_literal(chooser, draft, target, num_drafts, rhos):
         calls += 1
         n0, root = len(x), x[-1]
         p_row, q_row, rho = p_trans[n0 - 1, root], q_trans[n0 - 1, root], rhos[n0 - 1, root]
-        drafts = []
-        for _ in range(num_drafts):
-            seq, prev = [], root
-            for t in range(n0, horizon + 1):
-                tok = chooser.categorical(p_trans[t - 1, prev])
-                seq.append(tok)
-                prev = tok
-            drafts.append(seq)
+        drafts, _ = ref.draw_drafts(chooser, p_trans, root, n0, num_drafts)
         followed = None
         for seq in drafts:
             if chooser.bernoulli(min(1.0, q_row[seq[0]] / (rho * p_row[seq[0]]))):
@@ -181,15 +174,7 @@ def k_sequential_literal(chooser, draft, target, num_drafts, rhos):
             continue
         x.append(followed[0])
         rejected.append(False)
-        for t, tok in zip(range(n0 + 1, horizon + 1), followed[1:]):
-            p_t, q_t = p_trans[t - 1, x[-1]], q_trans[t - 1, x[-1]]
-            if chooser.bernoulli(ref.sd_accept(p_t, q_t)[tok]):
-                x.append(tok)
-                rejected.append(False)
-            else:
-                x.append(chooser.categorical(ref.positive_part(q_t - p_t)))
-                rejected.append(True)
-                break
+        ref.verify_rest(chooser, p_trans, q_trans, x, rejected, followed)
     return tuple(x), tuple(rejected), calls
 
 

@@ -343,21 +343,7 @@ def optimal_literal(chooser, draft, target, couplings, num_drafts, replacement):
     while len(x) <= horizon:
         calls += 1
         n0, root = len(x), x[-1]
-        drafts = []
-        first_law = p_trans[n0 - 1, root].copy()
-        for _ in range(num_drafts):
-            if first_law.sum() <= 0:
-                break
-            seq, prev = [], root
-            for t in range(n0, horizon + 1):
-                tok = chooser.categorical(first_law if t == n0 else p_trans[t - 1, prev])
-                seq.append(tok)
-                prev = tok
-            drafts.append(seq)
-            if not replacement:
-                first_law = first_law.copy()
-                first_law[seq[0]] = 0.0
-                first_law = ref.positive_part(first_law)
+        drafts, _ = ref.draw_drafts(chooser, p_trans, root, n0, num_drafts, replacement)
         mask = sum(1 << y for y in {seq[0] for seq in drafts})
         y = chooser.categorical(np.maximum(couplings[n0 - 1, root][mask], 0.0))
         x.append(y)
@@ -366,15 +352,7 @@ def optimal_literal(chooser, draft, target, couplings, num_drafts, replacement):
             continue
         rejected.append(False)
         followed = next(seq for seq in drafts if seq[0] == y)
-        for t, tok in zip(range(n0 + 1, horizon + 1), followed[1:]):
-            p_row, q_row = p_trans[t - 1, x[-1]], q_trans[t - 1, x[-1]]
-            if chooser.bernoulli(ref.sd_accept(p_row, q_row)[tok]):
-                x.append(tok)
-                rejected.append(False)
-            else:
-                x.append(chooser.categorical(ref.positive_part(q_row - p_row)))
-                rejected.append(True)
-                break
+        ref.verify_rest(chooser, p_trans, q_trans, x, rejected, followed)
     return tuple(x), tuple(rejected), calls
 
 

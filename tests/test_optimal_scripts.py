@@ -1,25 +1,14 @@
 """Smoke tests: the optimal-verifier benchmark and study run end to end at tiny sizes."""
 
-import importlib
-import pathlib
-import sys
-
 import pytest
+
+from test_scripts import import_script
 
 # End-to-end runs (the scripts end to end): part of the full suite, skipped by the inner loop's
 # `-m "not slow"`.
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOL = 1e-5  # float32 rounding of acceptances in [0, 1]
-
-
-def import_script(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 def markdown_tables(text):
