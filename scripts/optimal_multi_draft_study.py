@@ -295,7 +295,7 @@ def part_d(args) -> dict:
         ax.plot(np.arange(hist.size), 100 * (hist / hist[0] - 1), color=f"C{i}",
                 label=f"tuned for {decoders[name].label} (KL fit: {hist[0]:.3f})")
     _finish(ax, f"stationary draft, paper instance, M = {m}", "Adam step",
-            "exact E[N_rej], own objective: % change from the KL fit")
+            "own exact E[N_rej] vs the KL fit (%)")
     return dict(table=table, skipped=skipped,
                 figure=_save(plt, fig, args.out / FIGURES["d"]))
 
