@@ -615,3 +615,26 @@ def test_without_replacement_size_refusal_names_num_drafts():
         specjax.exact(decoder, big, big)
     with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):
         specjax.decode(jax.random.key(0), decoder, big, big, 10)
+
+
+@pytest.mark.parametrize("num_states", [1, 2, 7, 300, multi_draft.PACKED_SORT_MAX_STATES,
+                                        multi_draft.PACKED_SORT_MAX_STATES + 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_packed_radix_argsort_is_numpys_stable_argsort(num_states, dtype):
+    """``stable_argsort_nonnegative`` (two passes of packed int32 keys for float32 rows up to
+    2^15 tokens, ``jnp.argsort`` otherwise) gives NumPy's stable permutation exactly on rows with
+    many ties, zeros, ``+inf`` and values spanning every binade (and float32 subnormals on the
+    packed path; XLA's CPU ``argsort``, the fallback, compares subnormals as 0), so
+    ``optimal_acceptance`` and the root laws see the same token order as before."""
+    rng = np.random.default_rng(num_states)
+    rows = np.exp(rng.uniform(-85, 85, size=(3, num_states)))  # normal in float32
+    rows[0] = np.round(rows[0] * 4) / 4  # ties
+    rows[1, ::3] = 0.0
+    rows[1, 1::5] = np.inf
+    packed = dtype == "float32" and num_states <= multi_draft.PACKED_SORT_MAX_STATES
+    rows[2, ::4] = 1e-42 if packed else 1e-30  # 1e-42: subnormal in float32
+    rows[2, 1::4] = rows[2, 0]  # a tie run of one value
+    x = rows.astype(dtype)
+    with jax.enable_x64(dtype == "float64"):
+        got = np.asarray(multi_draft.stable_argsort_nonnegative(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.argsort(x, axis=-1, kind="stable"))

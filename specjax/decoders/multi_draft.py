@@ -325,7 +325,49 @@ def _ascending_ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
     p, q = jax.lax.stop_gradient(p), jax.lax.stop_gradient(q)
     ratio = q / jnp.where(p > 0, p, jnp.ones_like(p))
     ratio = jnp.where(p > 0, ratio, jnp.where(q > 0, jnp.inf, 0))
-    return jnp.argsort(ratio, axis=-1, stable=True)
+    return stable_argsort_nonnegative(jnp.where(ratio > 0, ratio, 0))  # no -0.0
+
+
+#: Largest ``V`` whose float32 rows ``stable_argsort_nonnegative`` sorts by packed int32 keys
+#: (a token index takes 15 bits of the key).
+PACKED_SORT_MAX_STATES = 2**15
+
+
+def stable_argsort_nonnegative(x: jax.Array) -> jax.Array:
+    """``jnp.argsort(x, axis=-1, stable=True)`` for ``x >= 0`` without NaN (``+inf`` allowed):
+    ties in token order. Same permutation, faster on CPU for float32 rows of ``V <= 2^15``.
+
+    XLA's CPU sort is fast for one int32 operand and about six times slower for a float key or
+    for a key with a value carried along (its generic comparator), which is what an argsort is.
+    The bits of a non-negative float32 sort as the float does, so two passes of a least
+    significant digit radix sort on packed single int32 keys give the exact stable order:
+    pass 1 sorts ``(low 16 bits of x) << 15 | token``, pass 2 sorts ``(high 15 bits of x) << 15
+    | position after pass 1`` (the position breaks ties of the high bits by the low bits, then
+    by token). Other dtypes and larger ``V`` use ``jnp.argsort``. Integer outputs: no
+    gradient.
+    """
+    num_states = x.shape[-1]
+    if x.dtype != jnp.float32 or num_states > PACKED_SORT_MAX_STATES:
+        return jnp.argsort(x, axis=-1, stable=True)
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)  # x >= 0: bit 31 is 0
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    low_mask, index_mask = jnp.int32(0xFFFF), jnp.int32(PACKED_SORT_MAX_STATES - 1)
+    first = jnp.sort(((bits & low_mask) << 15) | index, axis=-1) & index_mask  # (.., V) tokens
+    high = jnp.take_along_axis(bits >> 16, first, axis=-1)  # 15 bits, in pass-1 order
+    position = jnp.sort((high << 15) | index, axis=-1) & index_mask
+    return jnp.take_along_axis(first, position, axis=-1)
+
+
+def _unpermute(values: jax.Array, order: jax.Array) -> jax.Array:
+    """``out[..., order[..., i]] = values[..., i]``: back from a sorted order to token order
+    (a scatter, rather than a gather by ``argsort(order)``, which would cost a second sort)."""
+    lead = values.shape[:-1]
+    flat_values = values.reshape((-1, values.shape[-1]))
+    flat_order = jnp.broadcast_to(order, values.shape).reshape(flat_values.shape)
+    rows = jnp.arange(flat_values.shape[0])[:, None]
+    out = jnp.zeros_like(flat_values).at[rows, flat_order].set(flat_values,
+                                                                 unique_indices=True)
+    return out.reshape(lead + values.shape[-1:])
 
 
 def _prefix_with_zero(x: jax.Array) -> jax.Array:
@@ -472,8 +514,7 @@ def optimal_root_law(p: jax.Array, q: jax.Array, num_drafts,
     cum = jax.lax.cummin(g, axis=g.ndim - 1)
     matched = jnp.clip(q_desc + jnp.diff(cum, axis=-1), 0, q_desc)
     matched = jnp.flip(matched, -1)  # back to ascending order, then to token order
-    inverse = jnp.argsort(order, axis=-1)
-    accepted = jnp.take_along_axis(matched, inverse, axis=-1)
+    accepted = _unpermute(matched, order)
     q_full = jnp.broadcast_to(q, accepted.shape)
     return VerificationLaw(accepted, jnp.maximum(q_full - accepted, 0))
 
@@ -544,7 +585,7 @@ def weighted_optimal_root_law(p: jax.Array, q: jax.Array, weights: jax.Array,
     gain = jnp.diff(rank_cut, axis=-1)  # (..., k): the k-th token of the weight order
     gain_r = jnp.take_along_axis(gain, rank, axis=-1)  # back to q/p order
     matched_r = jnp.clip(gain_r, 0, q_r) * (w_r > 0)
-    accepted = jnp.take_along_axis(matched_r, jnp.argsort(ratio_desc, axis=-1), axis=-1)
+    accepted = _unpermute(matched_r, ratio_desc)
     return VerificationLaw(accepted, q - accepted)
 
 
