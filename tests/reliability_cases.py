@@ -1187,6 +1187,10 @@ def _cases() -> list[Case]:
     add(kind, "exact", "OptimalMultiDraft(10**6, replacement=False), V = 4",
         lambda: S.exact(S.OptimalMultiDraft(10**6, replacement=False), d(), t()),
         "num_drafts", check=exact_right("batch_inf", rtol=1e-3))
+    for name in ("ImportanceWeighted", "GumbelList"):
+        if hasattr(S, name):
+            add(kind, "exact", f"{name}(40), V = 4",
+                lambda name=name: S.exact(getattr(S, name)(40), d(), t()), "num_drafts")
     add(kind, "decode", "BatchSpeculative(64, replacement=False), V = 4",
         lambda: S.decode(k(), S.BatchSpeculative(64, replacement=False), d(), t(), C),
         "num_drafts", check=trace_right(), isolate=True)
@@ -1307,6 +1311,15 @@ def _cases() -> list[Case]:
             "num_drafts")
         add(kind, "KSequential", "lookahead 0", lambda: S.KSequential(2, lookahead=0),
             "lookahead")
+    for name in ("ImportanceWeighted", "GumbelList"):
+        if hasattr(S, name):
+            cls = getattr(S, name)
+            add(kind, name, "num_drafts 0", lambda cls=cls: cls(0), "num_drafts")
+            add(kind, name, "num_drafts math.inf", lambda cls=cls: cls(math.inf), "num_drafts")
+            add(kind, name, "lookahead 0", lambda cls=cls: cls(2, lookahead=0), "lookahead")
+    if hasattr(S, "SpecHub"):
+        add(kind, "SpecHub", "lookahead 0", lambda: S.SpecHub(lookahead=0), "lookahead")
+        add(kind, "SpecHub", "lookahead 1.5", lambda: S.SpecHub(lookahead=1.5), "lookahead")
     if hasattr(S, "TokenTree"):
         add(kind, "TokenTree", "branching (0,)", lambda: S.TokenTree((0,)), "branching")
         add(kind, "TokenTree", "children 'foo'", lambda: S.TokenTree((2,), children="foo"),

@@ -18,9 +18,11 @@ from sampler_cases import sd_accept
 from sampler_cases import sd_residual
 
 #: The cases that existed when decoders became values: they have old conveniences and golden
-#: outputs to equal (decoders added since, such as OptimalMultiDraft, have neither).
+#: outputs to equal (decoders added since, such as the multi-draft schemes, have neither).
+LEGACY_TYPES = (specjax.Autoregressive, specjax.Speculative, specjax.BatchSpeculative,
+                specjax.BiasedSpeculative, specjax.RejectionRule, specjax.BlockVerification)
 LEGACY_CASES = {name: decoder for name, decoder in CASES.items()
-                if not isinstance(decoder, specjax.OptimalMultiDraft)}
+                if type(decoder) in LEGACY_TYPES}
 from specjax.decoders import verification
 
 KEY = jax.random.key(0)
