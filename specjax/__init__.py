@@ -24,6 +24,7 @@ from specjax.decoders import ImportanceWeighted
 from specjax.decoders import KSequential
 from specjax.decoders import OptimalMultiDraft
 from specjax.decoders import RejectionRule
+from specjax.decoders import SpecHub
 from specjax.decoders import Speculative
 from specjax.decoders import TokenwiseDecoder
 from specjax.decoders import array_field
@@ -121,6 +122,7 @@ __all__ = [
     "OptimalMultiDraft",
     "ParetoFront",
     "RejectionRule",
+    "SpecHub",
     "Speculative",
     "StationaryDraft",
     "TokenwiseDecoder",

@@ -15,6 +15,7 @@ from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
 from specjax.decoders.rejection import RejectionRule
+from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "KSequential",
     "OptimalMultiDraft",
     "RejectionRule",
+    "SpecHub",
     "Speculative",
     "TokenwiseDecoder",
     "array_field",
