@@ -20,6 +20,7 @@ from specjax.decoders import BlockVerification
 from specjax.decoders import CallDecoder
 from specjax.decoders import CallLaw
 from specjax.decoders import Decoder
+from specjax.decoders import GumbelList
 from specjax.decoders import ImportanceWeighted
 from specjax.decoders import KSequential
 from specjax.decoders import OptimalMultiDraft
@@ -113,6 +114,7 @@ __all__ = [
     "FiniteStateModel",
     "FullDraft",
     "GreedyModel",
+    "GumbelList",
     "ImportanceWeighted",
     "KSequential",
     "LowRankDraft",

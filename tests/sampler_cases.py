@@ -27,6 +27,7 @@ CASES = {
     "k-sequential M=2": specjax.KSequential(2),
     "importance-weighted M=2 K=3": specjax.ImportanceWeighted(2, lookahead=3),
     "spechub": specjax.SpecHub(),
+    "gumbel list M=2": specjax.GumbelList(2),
     "biased eps=0.1 UNO K=4": specjax.BiasedSpeculative(0.1, residual="target", lookahead=4),
     "rejection": specjax.RejectionRule(sd_accept, sd_residual),
     "block K=3": specjax.BlockVerification(3),

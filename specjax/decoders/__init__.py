@@ -11,6 +11,7 @@ from specjax.decoders.base import decoder_dataclass
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.block import BlockVerification
+from specjax.decoders.gumbel_list import GumbelList
 from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
@@ -26,6 +27,7 @@ __all__ = [
     "CallDecoder",
     "CallLaw",
     "Decoder",
+    "GumbelList",
     "ImportanceWeighted",
     "KSequential",
     "OptimalMultiDraft",

@@ -1,0 +1,341 @@
+"""The Gumbel-max list coupling (``GumbelList``, ``gumbel_list_root_law``) against independent
+oracles, in float64 unless said otherwise:
+
+* nested ``scipy.integrate.quad`` of the conditional integral (its inner integral over ``v``
+  taken literally, split at the kinks of the ``max``; not the library's ``L(t)`` form) gives the
+  library's ``P(Y = k, no draft is k)`` to 1e-8 (observed: ~1e-16), M = 1, 2, 3, V = 2..5;
+* ``M = 1`` equals the closed form ``p_k q_k / sum_j max(p_j q_k, q_j p_k)`` to 1e-12;
+* Monte Carlo of the literal coupling in NumPy (shared exponentials, ``argmin``) fits the joint
+  law of (token, accepted) (chi-square, false-failure rate ``stats.ALPHA`` each);
+* the acceptance is at most ``optimal_acceptance`` (i.i.d. drafts) and, at ``M = 1``, at least
+  ``(1 - TV) / (1 + TV)`` (Daliri et al.'s bound);
+* Monte Carlo of ``decode`` on whole sequences fits the law of (tokens, rejected, calls) from the
+  decoder's per-position laws, the tokens fit the target's law, and the means fit ``exact``;
+* finite values and gradients at edge rows, and the argument errors.
+
+The coupling has continuous randomness, so the literal algorithm is not enumerated over whole
+sequences; specjax's engines draw each root's (token, accepted) from the exact root law.
+"""
+
+import math
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate
+
+import reference as ref
+import specjax
+import stats
+from conftest import chain
+from conftest import edge_pair
+from conftest import random_pair
+from specjax.decoders import verification as _verify
+from specjax.decoders.gumbel_list import MAX_GUMBEL_LIST_ELEMENTS
+from specjax.decoders.gumbel_list import GumbelList
+from specjax.decoders.gumbel_list import gumbel_list_root_law
+from test_literal_equivalence import kernel_law
+from test_literal_equivalence import outcome_counts
+from test_optimal_multi_draft import EDGE
+from test_optimal_multi_draft import edge_rows
+
+TIGHT = 1e-12
+QUAD = 1e-8
+DRAFTS = (1, 2, 3)
+
+
+# ----------------------------------------------------------------------------- oracles
+def quadrature_rejected(p, q, num_drafts, k):
+    """``P(Y = k, no draft is k)`` by nested ``quad``: ``int_0^inf M e^{-Mu} [e^{-uQ} - e^{-uC}]
+    [e^{-uQ} - G(u)]^{M-1} du`` with ``G(u) = int_0^inf e^{-v} exp(-sum_j max(u a_j,
+    (u + v) b_j)) dv`` integrated literally (split at the kinks ``v = u (a_j / b_j - 1)``)."""
+    if p[k] == 0 or q[k] == 0:
+        return q[k]
+    other = np.arange(len(p)) != k
+    a, b = q[other] / q[k], p[other] / p[k]
+    big_q, big_c = a.sum(), np.maximum(a, b).sum()
+    tol = {"epsabs": 1e-14, "epsrel": 1e-12, "limit": 200}
+
+    def inner(u):
+        f = lambda v: math.exp(-v - np.maximum(u * a, (u + v) * b).sum())
+        kinks = sorted(u * (aj / bj - 1) for aj, bj in zip(a, b) if bj > 0 and aj > bj)
+        if not kinks:
+            return integrate.quad(f, 0, np.inf, **tol)[0]
+        head = integrate.quad(f, 0, kinks[-1], points=kinks[:-1] or None, **tol)[0]
+        return head + integrate.quad(f, kinks[-1], np.inf, **tol)[0]
+
+    def outer(u):
+        first = math.exp(-u * big_q) - math.exp(-u * big_c)
+        rest = (math.exp(-u * big_q) - inner(u)) ** (num_drafts - 1) if num_drafts > 1 else 1.0
+        return num_drafts * math.exp(-num_drafts * u) * first * rest
+
+    return integrate.quad(outer, 0, np.inf, **tol)[0]
+
+
+def closed_form_m1(p, q):
+    """``accepted(k) = p_k q_k / sum_j max(p_j q_k, q_j p_k)`` (0 where ``p_k q_k = 0``)."""
+    den = np.maximum(p[None, :] * q[:, None], q[None, :] * p[:, None]).sum(-1)
+    return np.where(p * q > 0, p * q / np.where(den > 0, den, 1.0), 0.0)
+
+
+def literal_coupling(p, q, num_drafts, n, rng, chunk=250_000):
+    """The coupling written out: ``E ~ Exp(1)`` of shape ``(n, M, V)``, ``X_i = argmin E / p``,
+    ``Y`` = token of ``argmin E / q`` over all cells. Returns ``{(Y, accepted): count}``."""
+    v = len(p)
+    counts = defaultdict(int)
+    inv_p = np.where(p > 0, 1 / np.where(p > 0, p, 1), np.inf)
+    inv_q = np.where(q > 0, 1 / np.where(q > 0, q, 1), np.inf)
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        e = rng.exponential(size=(size, num_drafts, v))
+        x = np.argmin(e * inv_p, axis=-1)
+        y = np.argmin((e * inv_q).reshape(size, num_drafts * v), axis=-1) % v
+        accepted = (x == y[:, None]).any(-1)
+        keys, c = np.unique(np.stack([y, accepted], 1), axis=0, return_counts=True)
+        for (token, acc), count in zip(keys, c):
+            counts[(int(token), bool(acc))] += int(count)
+    return counts
+
+
+def _library_values(p, q):
+    out = []
+    for m in DRAFTS:
+        law = gumbel_list_root_law(p, q, m)
+        out.append((law.accepted, law.rejected, specjax.optimal_acceptance(p, q, num_drafts=m)))
+    return out
+
+
+_library_program = jax.jit(_library_values)
+
+
+def library(p, q):
+    """``{M: (accepted, rejected, alpha*)}`` (NumPy float64)."""
+    out = _library_program(jnp.asarray(p), jnp.asarray(q))
+    return {m: tuple(np.asarray(a) for a in v) for m, v in zip(DRAFTS, out)}
+
+
+# ----------------------------------------------------------------------------- 1. exact law
+QUAD_EDGE = ("zero in p", "zero in q", "zero in both", "disjoint", "p = q", "proportional",
+             "ties")
+
+
+@pytest.mark.parametrize("num_states", [2, 3, 4, 5])
+def test_root_law_equals_nested_quadrature(x64, num_states):
+    """V = 2..5, M = 1, 2, 3, on 2 random rows with zeros and 7 edge rows (zeros in p, in q, in
+    both, disjoint supports, p = q, ties of q / p): the library's rejected mass equals nested
+    quadrature of the conditional integral to 1e-8."""
+    p, q = edge_rows(1300 + num_states, num_states, 2)
+    rows = [0, 1] + [2 + EDGE[name] for name in QUAD_EDGE]
+    for m, (_, rejected, _) in library(p, q).items():
+        for row in rows:
+            want = [quadrature_rejected(p[row], q[row], m, k) for k in range(num_states)]
+            np.testing.assert_allclose(rejected[row], want, rtol=0, atol=QUAD,
+                                       err_msg=f"M = {m}, p {p[row]}, q {q[row]}")
+
+
+@pytest.mark.parametrize("num_states", [2, 3, 4, 7])
+def test_one_draft_closed_form_and_lossless_split(x64, num_states):
+    """30 random rows with zeros and the 9 edge rows: ``M = 1`` equals the closed form to
+    1e-12; for M = 1, 2, 3 ``accepted + rejected = q`` and both are non-negative; ``p = q`` at
+    ``M = 1`` accepts 1, disjoint supports accept 0; the acceptance grows with ``M``."""
+    p, q = edge_rows(1400 + num_states, num_states, 30)
+    values = library(p, q)
+    want = np.stack([closed_form_m1(p[r], q[r]) for r in range(p.shape[0])])
+    np.testing.assert_allclose(values[1][0], want, rtol=0, atol=TIGHT)
+    previous = None
+    for m, (accepted, rejected, _) in values.items():
+        np.testing.assert_allclose(accepted + rejected, q, rtol=0, atol=1e-15)
+        assert (accepted >= 0).all() and (rejected >= 0).all(), m
+        total = accepted.sum(-1)
+        assert abs(total[30 + EDGE["disjoint"]]) < TIGHT, m
+        assert abs(total[30 + EDGE["one-hot disjoint"]]) < TIGHT, m
+        if previous is not None:
+            assert (total >= previous - TIGHT).all(), m
+        previous = total
+    assert abs(values[1][0][30 + EDGE["p = q"]].sum() - 1) < TIGHT
+
+
+# ----------------------------------------------------------------------------- 2. Monte Carlo
+MC_ROWS = (
+    (np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.4, 0.05, 0.25, 0.3])),
+    (np.array([0.5, 0.0, 0.3, 0.2, 0.0]), np.array([0.1, 0.3, 0.3, 0.0, 0.3])),
+)
+
+
+@pytest.mark.parametrize("num_drafts", [2, 3])
+def test_literal_coupling_fits_the_exact_joint_law(x64, num_drafts):
+    """1,000,000 draws of the literal coupling (NumPy, fixed seed) per row, two rows (one with
+    zeros in p and q): the joint law of (token, accepted) fits the library's (chi-square, each
+    failing falsely with probability ``stats.ALPHA`` = 1e-5)."""
+    rng = np.random.default_rng(1500 + num_drafts)
+    n = 1_000_000
+    for p, q in MC_ROWS:
+        law = gumbel_list_root_law(jnp.asarray(p), jnp.asarray(q), num_drafts)
+        exact = {}
+        for k in range(len(p)):
+            exact[(k, True)] = float(law.accepted[k])
+            exact[(k, False)] = float(law.rejected[k])
+        observed = literal_coupling(p, q, num_drafts, n, rng)
+        stats.assert_law(observed, exact, n, f"M = {num_drafts}, p {p}, q {q}")
+
+
+# ----------------------------------------------------------------------------- 3. bounds
+@pytest.mark.parametrize("num_states", [2, 4, 7])
+def test_acceptance_is_bounded(x64, num_states):
+    """60 random rows with zeros and the edge rows: the acceptance is at most ``alpha*``
+    (``optimal_acceptance`` with replacement: the drafts are i.i.d. from ``p``), and at
+    ``M = 1`` at least ``(1 - TV) / (1 + TV)``."""
+    p, q = edge_rows(1600 + num_states, num_states, 60)
+    values = library(p, q)
+    tv = 0.5 * np.abs(p - q).sum(-1)
+    for m, (accepted, _, alpha) in values.items():
+        total = accepted.sum(-1)
+        assert (total <= alpha + TIGHT).all(), (m, (total - alpha).max())
+    total = values[1][0].sum(-1)
+    assert (total >= (1 - tv) / (1 + tv) - TIGHT).all(), ((1 - tv) / (1 + tv) - total).max()
+
+
+# ----------------------------------------------------------------------------- 4. sequences
+@jax.jit
+def _exact_and_laws(decoder, draft, target):
+    e = specjax.exact(decoder, draft, target)
+    root, verify = decoder.laws(draft.trans, target.trans)
+    return {"rejections": e.expected_rejections, "calls": e.expected_calls, "root": root,
+            "verify": verify}
+
+
+def test_sampler_fits_the_exact_law_and_means():
+    """200,000 chains of ``decode(GumbelList(2))`` (V = 3, T = 3, float32) against the exact
+    float64 law of (tokens, rejected, calls) from the decoder's per-position laws and the tokens
+    alone against the target's law: chi-square, each failing falsely with probability
+    ``stats.ALPHA`` = 1e-5; mean rejections and calls within ``stats.Z`` = 4.5 standard errors
+    of ``exact``."""
+    decoder = GumbelList(2)
+    draft, target = random_pair(1700, 3, 3, zero_fraction=0.2)
+    with jax.enable_x64(True):
+        result = _exact_and_laws(decoder, chain(draft), chain(target))
+        bonus = _verify.bonus_law(jnp.asarray(target[1]))
+        law = kernel_law(target[0], result["root"], result["verify"], bonus, 3)
+        rejections, calls = float(result["rejections"]), float(result["calls"])
+    assert abs(sum(law.values()) - 1) < TIGHT
+    to32 = lambda pair: (pair[0].astype(np.float32), pair[1].astype(np.float32))
+    n = 200_000
+    trace = specjax.decode(jax.random.key(2028), decoder, chain(to32(draft)),
+                           chain(to32(target)), n)
+    observed = outcome_counts(trace)
+    stats.assert_law(observed, law, n, f"{decoder.label}: (tokens, rejected, calls)")
+    tokens = defaultdict(int)
+    for (seq, _, _), count in observed.items():
+        tokens[seq] += count
+    stats.assert_law(tokens, ref.target_sequence_law(target), n, f"{decoder.label}: tokens")
+    stats.assert_mean(trace.num_rejections, rejections, f"{decoder.label}: rejections")
+    stats.assert_mean(trace.num_calls, calls, f"{decoder.label}: calls")
+
+
+# ----------------------------------------------------------------------------- 5. edge cases
+EXACT_EDGE = {"float32": (GumbelList(2),), "float64": (GumbelList(3, lookahead=2),)}
+
+
+def _edge_values_and_gradients(p, q, logits, target, decoders):
+    out = []
+    for m in (1, 2, 3, 4):
+        def total(p, q, m=m):
+            return jnp.sum(gumbel_list_root_law(p, q, m).accepted)
+        out.append(jax.value_and_grad(total, argnums=(0, 1))(p, q))
+    for decoder in decoders:
+        def rejections(logits, decoder=decoder):
+            draft = specjax.MarkovChain.from_logits(jnp.zeros(logits.shape[-1], logits.dtype),
+                                                    logits)
+            return specjax.exact(decoder, draft, target).expected_rejections
+        out.append(jax.value_and_grad(rejections)(logits))
+    return out
+
+
+_edge_program = jax.jit(_edge_values_and_gradients, static_argnums=4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_values_and_gradients_are_finite_at_edge_cases(dtype):
+    """p = q, disjoint supports, one-hot rows, zeros, p = 0 where q > 0 (``edge_pair``): the
+    root law's total acceptance (M = 1..4) lies in [0, rows] with finite gradients in p and q,
+    and the exact ``E[N_rej]`` of ``GumbelList`` (M = 2 in float32, M = 3 with lookahead 2 in
+    float64) and its gradient in the draft's logits are finite."""
+    with jax.enable_x64(dtype == "float64"):
+        draft, target = edge_pair()
+        p = jnp.asarray(draft[1].reshape(-1, 4), dtype)
+        q = jnp.asarray(target[1].reshape(-1, 4), dtype)
+        logits = jnp.log(jnp.asarray(draft[1], dtype))
+        t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
+        out = _edge_program(p, q, logits, t, EXACT_EDGE[dtype])
+        for m, (value, grads) in zip((1, 2, 3, 4), out):
+            what = f"{dtype}, M = {m}"
+            assert value.dtype == jnp.dtype(dtype), what
+            assert np.isfinite(value) and -1e-5 <= value <= p.shape[0] + 1e-5, what
+            assert all(np.isfinite(g).all() for g in grads), what
+        for decoder, (value, grad) in zip(EXACT_EDGE[dtype], out[4:]):
+            assert value.dtype == jnp.dtype(dtype)
+            assert np.isfinite(value) and np.isfinite(grad).all(), f"{dtype}, {decoder.label}"
+
+
+def test_float32_is_close_to_float64():
+    """The float32 root law (M = 1, 2, 3) is within 1e-5 of the float64 one on random rows with
+    zeros and the edge rows (the expansion's cancellation stays small at V = 5)."""
+    p, q = edge_rows(1800, 5, 30)
+    with jax.enable_x64(True):
+        exact = library(p, q)
+    low = _library_program(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))
+    for m, (accepted, _, _) in zip(DRAFTS, low):
+        assert np.isfinite(np.asarray(accepted)).all()
+        np.testing.assert_allclose(np.asarray(accepted), exact[m][0], rtol=0, atol=1e-5,
+                                   err_msg=f"M = {m}")
+
+
+# ----------------------------------------------------------------------------- 6. errors
+def test_invalid_arguments_are_refused_naming_them():
+    p = jnp.asarray([0.5, 0.5])
+    q = jnp.asarray([0.25, 0.75])
+    for bad in (0, -1, 1.5, "2", jnp.asarray(2), True, None):
+        with pytest.raises(ValueError, match="num_drafts"):
+            GumbelList(bad)
+        with pytest.raises(ValueError, match="num_drafts"):
+            gumbel_list_root_law(p, q, bad)
+    with pytest.raises(ValueError, match="num_drafts = math.inf is not defined"):
+        GumbelList(math.inf)
+    with pytest.raises(ValueError, match="num_drafts = math.inf is not defined"):
+        gumbel_list_root_law(p, q, math.inf)
+    for bad in (0, -1, 1.5, "2", jnp.asarray(2), True):
+        with pytest.raises(ValueError, match="lookahead"):
+            GumbelList(2, lookahead=bad)
+    with pytest.raises(ValueError, match="p rows must sum to one"):
+        gumbel_list_root_law(jnp.asarray([0.5, 0.6]), q, 2)
+    with pytest.raises(ValueError, match="p and q must have the same number of tokens V"):
+        gumbel_list_root_law(jnp.asarray([0.2, 0.3, 0.5]), q, 2)
+    # The size refusal, in the function and in the decoder's check hook.
+    big = jnp.full((64,), 1 / 64)
+    with pytest.raises(ValueError, match="num_drafts = 6 with the Gumbel list coupling"):
+        gumbel_list_root_law(big, big, 6)
+    with pytest.raises(ValueError, match="num_drafts = 4"):
+        GumbelList(4).check(64, 4096)
+    GumbelList(2).check(8, 64)
+    assert 8 * 9 * 64 <= MAX_GUMBEL_LIST_ELEMENTS
+
+
+def test_size_refusal_reaches_the_entry_points():
+    """``exact`` refuses a run whose root law would exceed the size limit, naming
+    ``num_drafts``, before any work."""
+    rng = np.random.default_rng(0)
+    v, horizon = 40, 8
+    draft = specjax.MarkovChain(jnp.asarray(rng.dirichlet(np.ones(v))),
+                                jnp.asarray(rng.dirichlet(np.ones(v), size=(horizon, v))))
+    with pytest.raises(ValueError, match="num_drafts"):
+        specjax.exact(GumbelList(4), draft, draft)
+
+
+def test_label_and_pytree():
+    decoder = GumbelList(3, lookahead=2)
+    assert decoder.label == "Gumbel list coupling, M = 3, K = 2"
+    assert GumbelList(2).label == "Gumbel list coupling, M = 2"
+    assert jax.tree_util.tree_leaves(decoder) == []
+    assert not decoder.same_root and decoder.kind == "tokenwise"
