@@ -1,26 +1,29 @@
-"""The optimal verifier of M drafts beside batch SD: single-token acceptance, a toy, whole decodes.
+"""The optimal verifier of M drafts beside batch SD and the schemes of the field: single-token
+acceptance, a toy, whole decodes, tuning.
 
-Prints four markdown tables and writes three figures to ``--out`` (default ``docs/``):
+Every column is a decoder of the library, its acceptance the accepted mass of its root law
+(``decoder.laws(p, q)[0].accepted``): the optimum (``OptimalMultiDraft``) and batch SD
+(``BatchSpeculative``), each with i.i.d. drafts and without replacement; SpecTr's k-sequential
+selection (``KSequential``); importance-weighted selection then SD (``ImportanceWeighted``); the
+Gumbel-max list coupling (``GumbelList``); SpecHub (``SpecHub``, M = 2 only, whose draft pair
+always holds the draft's most likely token, so it is not bounded by the i.i.d. optimum).
 
 (a) Single-token acceptance against M = 1..8 on random Dirichlet row pairs (V = 50, 2,000 pairs,
-    concentration 0.5 and 5.0; the mean over rows) of the optimum with i.i.d. drafts
-    (``optimal_acceptance``), the optimum without replacement, batch SD with i.i.d. drafts
-    (``1 - sum batch_residual_mass``) and batch SD without replacement (the accepted mass of
-    ``batch_without_replacement_root_law``). Without replacement enumerates ``V^M`` draw paths
-    per row: rows are evaluated in chunks as large as the library accepts (``V^M x rows`` at most
-    2^26), so at V = 50 a single row is refused from M = 5 on (50^5 > 2^26; the ValueError is
-    caught and the point skipped), and M = 4 (6.25M paths per row) is not run by default for
-    time (``--wor-max-drafts 3``). Figure ``optimal_multi_draft_acceptance.png``, one panel per
-    concentration.
+    concentration 0.5 and 5.0; the mean over rows). The schemes that enumerate ``V^M`` draws
+    (without replacement, importance-weighted, Gumbel list) run in chunks of rows as large as
+    the library accepts (each decoder's ``check``); a single row refused is shown as "-"; for
+    time they stop at M = 3 (``--wor-max-drafts``, ``--enum-max-drafts``). The script prints
+    the smallest margin of the optimum over batch SD and the largest excess of each i.i.d.
+    scheme over the i.i.d. optimum (never above 0 if the optimum is right). Figure
+    ``optimal_multi_draft_acceptance.png``, one panel per concentration.
 (b) Khisti et al.'s toy (ICLR 2025, Figure 2): V = 3, p uniform, M = 2 drafts,
-    q = [1/3, q2, 2/3 - q2] and q = [1/6, q2, 5/6 - q2] with q2 over its valid range; the optimal
-    and batch SD's acceptance, each i.i.d. and without replacement. Figure
-    ``optimal_multi_draft_toy.png``, one panel per family of q.
+    q = [1/3, q2, 2/3 - q2] and q = [1/6, q2, 5/6 - q2] with q2 over its valid range; every
+    scheme. Figure ``optimal_multi_draft_toy.png``, one panel per family of q.
 (c) E[N_rej] (K = T) on the paper's instance (``specjax.paper_instance()``: V = 7, T = 50) for
-    M = 2, 4, 8: OptimalMultiDraft and BatchSpeculative, each i.i.d. and without replacement,
-    exact (``specjax.exact``) beside simulated (``specjax.decoding_statistics``, mean +- standard
-    error, z = (simulated - exact) / se). A decoder the library refuses (without replacement,
-    ``V^M`` draw paths x 350 rows above 2^26) is shown as refused.
+    M = 2, 4, 8 and every scheme (SpecHub at M = 2), exact (``specjax.exact``) beside simulated
+    (``specjax.decoding_statistics``, mean +- standard error, z = (simulated - exact) / se). A
+    decoder the library refuses (a ``V^M`` enumeration x 350 rows above 2^26) is shown as
+    refused.
 (d) A stationary draft tuned (Adam, cosine decay, from the KL fit) for the exact E[N_rej] of
     OptimalMultiDraft(M) and one tuned for BatchSpeculative(M) on the paper's instance
     (M = 4), cross-evaluated under both decoders (with the KL fit as the reference). The tuner
@@ -50,7 +53,27 @@ from specjax.experiments.reproduce import mean_se
 
 FIGURES = {"a": "optimal_multi_draft_acceptance.png", "b": "optimal_multi_draft_toy.png",
            "d": "optimal_multi_draft_tuning.png"}
-CURVES = ("optimal iid", "optimal wor", "batch iid", "batch wor")
+CURVES = ("optimal iid", "optimal wor", "batch iid", "batch wor", "k-sequential", "importance",
+          "Gumbel list", "SpecHub")
+
+#: The root verifier of each curve for M drafts (None: not defined for that M). Every column of
+#: the tables is a decoder of the library: its root law's accepted mass is the acceptance.
+SCHEMES = {
+    "optimal iid": lambda m: specjax.OptimalMultiDraft(m),
+    "optimal wor": lambda m: specjax.OptimalMultiDraft(m, replacement=False),
+    "batch iid": lambda m: specjax.BatchSpeculative(m),
+    "batch wor": lambda m: specjax.BatchSpeculative(m, replacement=False),
+    "k-sequential": lambda m: specjax.KSequential(m),
+    "importance": lambda m: specjax.ImportanceWeighted(m),
+    "Gumbel list": lambda m: specjax.GumbelList(m),
+    "SpecHub": lambda m: specjax.SpecHub() if m == 2 else None,
+}
+#: The curves whose root enumerates ``V^M`` draws (run up to ``--wor-max-drafts`` /
+#: ``--enum-max-drafts`` drafts, for time).
+WITHOUT_REPLACEMENT = ("optimal wor", "batch wor")
+ENUMERATED = ("importance", "Gumbel list")
+#: The curves whose drafts are i.i.d. from p, so the i.i.d. optimum bounds them.
+IID = ("optimal iid", "batch iid", "k-sequential", "importance", "Gumbel list")
 
 
 def _plt():
@@ -62,10 +85,16 @@ def _plt():
 
 #: Color, line style and marker of each acceptance curve (the marker only where M is discrete).
 STYLES = {"optimal iid": ("C0", "-", "o"), "optimal wor": ("C0", "--", "s"),
-          "batch iid": ("C1", "-", "o"), "batch wor": ("C1", "--", "s")}
+          "batch iid": ("C1", "-", "o"), "batch wor": ("C1", "--", "s"),
+          "k-sequential": ("C2", "-", "^"), "importance": ("C3", "-", "v"),
+          "Gumbel list": ("C4", "-", "D"), "SpecHub": ("C5", "none", "*")}
 
 
 def _curve_label(name: str) -> str:
+    if name == "SpecHub":
+        return "SpecHub (M = 2; its drafts are not i.i.d.)"
+    if name == "importance":
+        return "importance-weighted selection"
     return name.replace("wor", "w/o replacement").replace("iid", "i.i.d.")
 
 
@@ -96,34 +125,42 @@ def fmt(x, digits=4) -> str:
 
 # --- single-token acceptance --------------------------------------------------------------------
 
-_ACCEPTANCE = {
-    "optimal iid": jax.jit(lambda p, q, m: specjax.optimal_acceptance(p, q, num_drafts=m),
-                           static_argnums=2),
-    "optimal wor": jax.jit(lambda p, q, m: specjax.optimal_acceptance(
-        p, q, num_drafts=m, replacement=False), static_argnums=2),
-    "batch iid": jax.jit(lambda p, q, m: 1 - jnp.sum(
-        specjax.batch_residual_mass(p, q, num_drafts=m), axis=-1), static_argnums=2),
-    "batch wor": jax.jit(lambda p, q, m: jnp.sum(
-        md.batch_without_replacement_root_law(p, q, m).accepted, axis=-1), static_argnums=2),
-}
+_ROOT_ACCEPTANCE = jax.jit(lambda decoder, p, q: jnp.sum(decoder.laws(p, q)[0].accepted, -1))
+
+
+class NotDefined(Exception):
+    """The scheme has no verifier for this number of drafts (SpecHub: M = 2 only)."""
+
+
+def _chunk(decoder, rows: int, states: int) -> int:
+    """The most rows the library evaluates at once for ``decoder`` (its own ``check``, halved
+    until it passes); re-raises the library's ValueError when a single row is refused."""
+    chunk = rows
+    while True:
+        try:
+            decoder.check(states, chunk)
+            return chunk
+        except ValueError:
+            if chunk == 1:
+                raise
+            chunk = max(1, chunk // 2)
 
 
 def acceptance(curve: str, p: np.ndarray, q: np.ndarray, m: int) -> np.ndarray:
-    """Per-row acceptance of ``curve``; without replacement in chunks of rows as large as the
-    library accepts (a padded last chunk, so each ``M`` compiles once). Raises the library's
-    ValueError when a single row is refused."""
-    fn = _ACCEPTANCE[curve]
+    """Per-row acceptance at the root of ``curve``'s decoder with ``m`` drafts, in chunks of rows
+    as large as the library accepts (a padded last chunk, so each setting compiles once).
+    Raises the library's ValueError when a single row is refused, ``NotDefined`` when the scheme
+    has no verifier for ``m``."""
+    decoder = SCHEMES[curve](m)
+    if decoder is None:
+        raise NotDefined(curve, m)
     rows, states = p.shape
-    stages = md.without_replacement_stages(m, states)
-    if curve.endswith("iid") or (curve == "optimal wor" and stages == states):
-        return np.asarray(fn(p, q, m), np.float64)  # M >= V: the optimum in closed form
-    paths = states ** stages
-    chunk = max(1, min(rows, md.MAX_WITHOUT_REPLACEMENT_ELEMENTS // paths))
+    chunk = _chunk(decoder, rows, states)
     pad = -rows % chunk
     if pad:
         uniform = np.full((pad, states), 1 / states, p.dtype)
         p, q = np.concatenate([p, uniform]), np.concatenate([q, uniform])
-    out = [np.asarray(fn(p[i:i + chunk], q[i:i + chunk], m), np.float64)
+    out = [np.asarray(_ROOT_ACCEPTANCE(decoder, p[i:i + chunk], q[i:i + chunk]), np.float64)
            for i in range(0, rows + pad, chunk)]
     return np.concatenate(out)[:rows]
 
@@ -136,6 +173,12 @@ def dirichlet_pairs(seed: int, rows: int, states: int, concentration: float):
     return p, q
 
 
+def _skip(name: str, m: int, args) -> bool:
+    """A curve not run at this M for time (the enumerating ones beyond their cap)."""
+    return ((name in WITHOUT_REPLACEMENT and m > args.wor_max_drafts)
+            or (name in ENUMERATED and m > args.enum_max_drafts))
+
+
 def part_a(args) -> dict:
     drafts = range(1, args.max_drafts + 1)
     result = {}
@@ -144,14 +187,17 @@ def part_a(args) -> dict:
         curves = {name: {} for name in CURVES}
         notes = {}
         min_gap = {"iid": math.inf, "wor": math.inf}
+        above = {name: -math.inf for name in IID}  # max over rows of scheme - i.i.d. optimum
         for m in drafts:
             per_row = {}
             for name in CURVES:
-                if name.endswith("wor") and m > args.wor_max_drafts:
+                if _skip(name, m, args):
                     notes[(name, m)] = "not run"
                     continue
                 try:
                     per_row[name] = acceptance(name, p, q, m)
+                except NotDefined:
+                    continue
                 except ValueError:
                     notes[(name, m)] = "refused"
                     continue
@@ -160,22 +206,30 @@ def part_a(args) -> dict:
                 if f"optimal {how}" in per_row and f"batch {how}" in per_row:
                     gap = per_row[f"optimal {how}"] - per_row[f"batch {how}"]
                     min_gap[how] = min(min_gap[how], float(gap.min()))
-        result[concentration] = dict(curves=curves, notes=notes, min_gap=min_gap)
+            for name in IID:
+                if name in per_row and "optimal iid" in per_row:
+                    diff = per_row[name] - per_row["optimal iid"]
+                    above[name] = max(above[name], float(diff.max()))
+        result[concentration] = dict(curves=curves, notes=notes, min_gap=min_gap, above=above)
 
     print(f"(a) Single-token acceptance, mean over {args.rows:,} Dirichlet row pairs, "
-          f"V = {args.states} (-: without replacement not run beyond M = {args.wor_max_drafts} "
-          f"or refused by the library)")
+          f"V = {args.states} (-: not defined (SpecHub: M = 2 only), not run (without "
+          f"replacement beyond M = {args.wor_max_drafts}, importance and Gumbel list beyond "
+          f"M = {args.enum_max_drafts}) or refused by the library)")
     for concentration, res in result.items():
         print(f"\nconcentration {concentration:g}\n")
         rows = []
         for m in drafts:
             rows.append([m] + [fmt(res["curves"][name].get(m)) for name in CURVES])
         print(markdown(["M"] + list(CURVES), rows))
-        refused = sorted(m for (name, m), why in res["notes"].items() if why == "refused")
+        refused = sorted({m for (name, m), why in res["notes"].items() if why == "refused"})
         print(f"\nmin over rows and M of optimum - batch SD: i.i.d. {res['min_gap']['iid']:+.2e}, "
               f"without replacement {res['min_gap']['wor']:+.2e}"
-              + (f"; refused by the library without replacement: M = "
-                 f"{', '.join(map(str, sorted(set(refused))))}" if refused else ""))
+              + (f"; refused by the library: M = {', '.join(map(str, refused))}"
+                 if refused else ""))
+        print("max over rows and M of scheme - i.i.d. optimum (<= 0: never above it): "
+              + ", ".join(f"{name} {value:+.2e}" for name, value in res["above"].items()
+                          if name != "optimal iid" and value > -math.inf))
 
     plt = _plt()
     fig, axes = plt.subplots(1, len(result), figsize=(5.5 * len(result), 4), squeeze=False)
@@ -185,8 +239,8 @@ def part_a(args) -> dict:
             if not pts:
                 continue
             color, ls, marker = STYLES[name]
-            ax.plot(list(pts), list(pts.values()), color=color, ls=ls, marker=marker, ms=4,
-                    label=_curve_label(name))
+            ax.plot(list(pts), list(pts.values()), color=color, ls=ls, marker=marker,
+                    ms=9 if name == "SpecHub" else 4, label=_curve_label(name))
         _finish(ax, f"Dirichlet({concentration:g}), V = {args.states}, {args.rows:,} row pairs",
                 "number of drafts M", "mean acceptance at the root")
     return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["a"]))
@@ -217,23 +271,27 @@ def part_b(args) -> dict:
     for ax, (name, res) in zip(axes, result.items()):
         for c in CURVES:
             color, ls, _ = STYLES[c]
-            ax.plot(res["q2"], res[c], color=color, ls=ls, label=_curve_label(c))
+            ax.plot(res["q2"], res[c], color=color, ls=":" if ls == "none" else ls,
+                    label=_curve_label(c))
         _finish(ax, f"p uniform, M = 2, {name}", "q2", "acceptance")
     return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["b"]))
 
 
 # --- whole decodes on the paper's instance ------------------------------------------------------
 
+#: Row names of table (c).
+PAPER_NAMES = {"optimal iid": "optimal, i.i.d.", "optimal wor": "optimal, w/o replacement",
+               "batch iid": "batch SD, i.i.d.", "batch wor": "batch SD, w/o replacement",
+               "k-sequential": "k-sequential", "importance": "importance-weighted",
+               "Gumbel list": "Gumbel list", "SpecHub": "SpecHub"}
+
+
 def part_c(args) -> dict:
     draft, target = specjax.paper_instance(num_states=args.paper_states, horizon=args.horizon)
     decoders = [("SD", 1, specjax.Speculative())]
     for m in args.paper_drafts:
-        decoders += [
-            ("optimal, i.i.d.", m, specjax.OptimalMultiDraft(m)),
-            ("optimal, w/o replacement", m, specjax.OptimalMultiDraft(m, replacement=False)),
-            ("batch SD, i.i.d.", m, specjax.BatchSpeculative(m)),
-            ("batch SD, w/o replacement", m, specjax.BatchSpeculative(m, replacement=False)),
-        ]
+        decoders += [(PAPER_NAMES[name], m, SCHEMES[name](m)) for name in CURVES
+                     if SCHEMES[name](m) is not None]
     key = jax.random.key(args.seed)
     rows, table = [], []
     for name, m, decoder in decoders:
@@ -243,7 +301,7 @@ def part_c(args) -> dict:
             rows.append(dict(decoder=name, M=m, exact=None))
             table.append([name, m, "refused", "refused", ""])
             continue
-        if args.simulate == "iid" and (m == 1 or not decoder.replacement):
+        if args.simulate == "iid" and name not in ("optimal, i.i.d.", "batch SD, i.i.d."):
             rows.append(dict(decoder=name, M=m, exact=exact))
             table.append([name, m, f"{exact:.4f}", "-", ""])
             continue
@@ -311,14 +369,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-drafts", type=int, default=8, help="(a) M = 1..this")
     parser.add_argument("--wor-max-drafts", type=int, default=3,
                         help="(a) largest M run without replacement (time)")
+    parser.add_argument("--enum-max-drafts", type=int, default=3,
+                        help="(a) largest M run for importance-weighted selection and the "
+                             "Gumbel list coupling (V^M enumerations; time)")
     parser.add_argument("--grid", type=int, default=201, help="(b) values of q2")
     parser.add_argument("--paper-drafts", type=int, nargs="+", default=[2, 4, 8], help="(c) M")
     parser.add_argument("--paper-states", type=int, default=7, help="(c, d) V")
     parser.add_argument("--horizon", type=int, default=50, help="(c, d) T")
     parser.add_argument("--chains", type=int, default=20_000, help="(c) simulated chains")
     parser.add_argument("--simulate", choices=["all", "iid"], default="all",
-                        help="(c) simulate every decoder, or only the multi-draft ones with "
-                             "i.i.d. drafts (-: exact only)")
+                        help="(c) simulate every decoder, or only the i.i.d. optimum and "
+                             "batch SD (-: exact only)")
     parser.add_argument("--tune-drafts", type=int, default=4, help="(d) M")
     parser.add_argument("--steps", type=int, default=300, help="(d) Adam steps")
     parser.add_argument("--learning-rate", type=float, default=0.05)
@@ -329,6 +390,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.states, args.max_drafts, args.wor_max_drafts = 200, 12, 2, 2
+        args.enum_max_drafts = 2
         args.grid, args.paper_drafts, args.horizon = 21, [2], 8
         args.chains, args.steps, args.tune_drafts, args.simulate = 2000, 20, 2, "iid"
     args.out.mkdir(parents=True, exist_ok=True)
