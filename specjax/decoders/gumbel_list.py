@@ -130,19 +130,22 @@ def _rejected(p, q, num_drafts: int):
     active = other & (pj > 0) & (a > b)
     ramp_always = other & (pj > 0) & ~active  # slope b_j from t = 0
     beta0 = 1 + jnp.sum(jnp.where(ramp_always, b, zero), axis=-1, keepdims=True)
-    # before[l, j]: token l's breakpoint comes no later than j's (q_l / p_l <= q_j / p_j, ties
-    # broken by index): a total order, the same for every k.
-    ql, pl = q[..., :, None], p[..., :, None]  # (..., V_l, 1)
-    left, right = ql * pj, qj * pl  # q_l p_j and q_j p_l, (..., V_l, V_j)
-    order = jnp.broadcast_to(jnp.arange(v)[:, None] <= jnp.arange(v)[None, :], square)
-    before = (left < right) | ((left == right) & order)
-    before = before.astype(q.dtype)
+    # The breakpoints in order of t_j, i.e. of q_j / p_j (ties broken by index): a total order,
+    # the same for every k. Sums over the active tokens up to j are cumulative sums in that
+    # order (a sort and a scan; no matrix product, whose rounding XLA may change between
+    # programs, e.g. sharded and not, which would change sampled tokens).
+    order = multi_draft.ratio_order(p, q)  # (..., V): tokens by q / p ascending
+    rank = multi_draft.inverse_permutation(order)  # (..., V): place of token j in that order
     b_active = jnp.where(active, b, zero)
     a_active = jnp.where(active, a, zero)
+
+    def up_to(x):  # (..., V_k, V_j): sum over active l no later than j in the order
+        in_order = jnp.take_along_axis(x, order[..., None, :], axis=-1)
+        return jnp.take_along_axis(jnp.cumsum(in_order, axis=-1), rank[..., None, :], axis=-1)
+
     # Slopes right of t_j (beyond 1): every always-ramping token, and the active ones up to j.
-    slope_b = beta0 - 1 + jnp.einsum("...kl,...lj->...kj", b_active, before)
-    ramp_a = (jnp.sum(jnp.where(ramp_always, a, zero), axis=-1, keepdims=True)
-              + jnp.einsum("...kl,...lj->...kj", a_active, before))
+    slope_b = beta0 - 1 + up_to(b_active)
+    ramp_a = jnp.sum(jnp.where(ramp_always, a, zero), axis=-1, keepdims=True) + up_to(a_active)
     b_safe = jnp.where(active, b, jnp.ones_like(b))
     t = jnp.where(active, a / b_safe - 1, zero)
     # L(t_j) = t_j + (1 + t_j) sum_{ramping} b + sum_{others} a.

@@ -319,6 +319,18 @@ def _check_replacement(replacement) -> None:
         raise ValueError(f"replacement must be True or False, got {replacement!r}")
 
 
+def ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
+    """The permutation sorting each row by ``q / p`` ascending (``+inf`` where ``p = 0 < q``,
+    ``0`` where both are 0), ties in token order; ``(..., V)`` int32, no gradient."""
+    return _ascending_ratio_order(p, q)
+
+
+def inverse_permutation(order: jax.Array) -> jax.Array:
+    """``rank`` with ``rank[..., order[..., i]] = i`` (a scatter, not a second sort)."""
+    index = jnp.broadcast_to(jnp.arange(order.shape[-1], dtype=order.dtype), order.shape)
+    return _unpermute(index, order)
+
+
 def _ascending_ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
     """The permutation sorting each row by ``q / p`` ascending (``+inf`` where ``p = 0 < q``,
     ``0`` where both are 0); a constant of the computation (no gradient flows through it)."""
