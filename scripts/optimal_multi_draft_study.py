@@ -98,16 +98,22 @@ def _curve_label(name: str) -> str:
     return name.replace("wor", "w/o replacement").replace("iid", "i.i.d.")
 
 
-def _finish(ax, title: str, xlabel: str, ylabel: str) -> None:
+def _finish(ax, title: str, xlabel: str, ylabel: str, legend: bool = True) -> None:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if legend:
+        ax.legend(fontsize=8)
 
 
-def _save(plt, fig, path):
-    fig.tight_layout()
+def _shared_legend(fig, ax) -> None:
+    """One legend for all panels, below them (eight curves would hide the data in a panel)."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
+
+
+def _save(plt, fig, path, bottom: float = 0.0):
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -232,7 +238,7 @@ def part_a(args) -> dict:
                           if name != "optimal iid" and value > -math.inf))
 
     plt = _plt()
-    fig, axes = plt.subplots(1, len(result), figsize=(5.5 * len(result), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(result), figsize=(5.5 * len(result), 4.6), squeeze=False)
     for ax, (concentration, res) in zip(axes[0], result.items()):
         for name in CURVES:
             pts = res["curves"][name]
@@ -242,8 +248,9 @@ def part_a(args) -> dict:
             ax.plot(list(pts), list(pts.values()), color=color, ls=ls, marker=marker,
                     ms=9 if name == "SpecHub" else 4, label=_curve_label(name))
         _finish(ax, f"Dirichlet({concentration:g}), V = {args.states}, {args.rows:,} row pairs",
-                "number of drafts M", "mean acceptance at the root")
-    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["a"]))
+                "number of drafts M", "mean acceptance at the root", legend=False)
+    _shared_legend(fig, axes[0][0])
+    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["a"], bottom=0.14))
 
 
 # --- Khisti et al.'s toy ------------------------------------------------------------------------
@@ -267,14 +274,15 @@ def part_b(args) -> dict:
         print()
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, (name, res) in zip(axes, result.items()):
         for c in CURVES:
             color, ls, _ = STYLES[c]
             ax.plot(res["q2"], res[c], color=color, ls=":" if ls == "none" else ls,
                     label=_curve_label(c))
-        _finish(ax, f"p uniform, M = 2, {name}", "q2", "acceptance")
-    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["b"]))
+        _finish(ax, f"p uniform, M = 2, {name}", "q2", "acceptance", legend=False)
+    _shared_legend(fig, axes[0])
+    return dict(result=result, figure=_save(plt, fig, args.out / FIGURES["b"], bottom=0.14))
 
 
 # --- whole decodes on the paper's instance ------------------------------------------------------
