@@ -38,8 +38,9 @@ and is clipped). At ``M = 1`` the law is ``accepted(k) = p_k q_k / sum_j max(p_j
 What is verified (``tests/test_gumbel_list.py``): the exact law against (a) Monte Carlo of the
 literal coupling in NumPy (joint law of (token, accepted), chi-square), (b) nested
 ``scipy.integrate.quad`` of the integral above (its inner integral in ``v``, not the ``L(t)``
-form), to 1e-8, and (c) the ``M = 1`` closed form; the acceptance is at most
-``optimal_acceptance`` (the drafts are i.i.d. from ``p``).
+form), to 1e-8, and (c) the ``M = 1`` closed form; its gradients against central finite
+differences on interior rows, to 1e-7; the acceptance is at most ``optimal_acceptance`` (the
+drafts are i.i.d. from ``p``).
 
 In specjax's engines the sampler draws each root's (token, accepted) from this exact law; it
 does not draw or replay the exponentials, so the Monte Carlo of ``decode`` has the coupling's
@@ -213,7 +214,7 @@ class GumbelList(TokenwiseDecoder):
     (token, accepted) from that exact law; they do not draw or replay the exponentials.
 
     Verified in ``tests/test_gumbel_list.py`` against Monte Carlo of the literal coupling, nested
-    quadrature and the ``M = 1`` closed form; the acceptance is at most ``optimal_acceptance``.
+    quadrature and the ``M = 1`` closed form; gradients against central finite differences on interior rows; the acceptance is at most ``optimal_acceptance``.
 
     Attributes:
       num_drafts: ``M >= 1``, finite (``math.inf`` is refused). The root law expands
