@@ -214,7 +214,8 @@ class GumbelList(TokenwiseDecoder):
     (token, accepted) from that exact law; they do not draw or replay the exponentials.
 
     Verified in ``tests/test_gumbel_list.py`` against Monte Carlo of the literal coupling, nested
-    quadrature and the ``M = 1`` closed form; gradients against central finite differences on interior rows; the acceptance is at most ``optimal_acceptance``.
+    quadrature and the ``M = 1`` closed form, its gradients against central finite differences;
+    the acceptance is at most ``optimal_acceptance``.
 
     Attributes:
       num_drafts: ``M >= 1``, finite (``math.inf`` is refused). The root law expands

@@ -53,7 +53,8 @@ brute force). Because the pair is not i.i.d. from ``p``, the acceptance is *not*
 ``specjax.optimal_acceptance(p, q, num_drafts=2)`` (which assumes i.i.d. drafts): for ``p =
 (0.5, 0.5)``, ``q = (1, 0)`` every pair is ``{0, 1}`` and SpecHub accepts with probability 1,
 against the i.i.d. optimum 0.75 (it exceeded the i.i.d. optimum on 175 of 276 random and edge
-rows with zeros, V = 2..5, in a check made while writing this module). It is at least SD's ``sum min(p, q)``.
+rows with zeros, V = 2..5, in a check made while writing this module). It is at least SD's
+``sum min(p, q)``.
 
 The authors' released code also accepts the hub outright when ``q(a) > 1 - 1e-3``; that shortcut
 is lossy and is not reproduced: this rule is exactly lossless.
