@@ -19,18 +19,16 @@ float64 unless said otherwise:
 
 import itertools
 import math
-from collections import defaultdict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import decoder_checks as checks
 import reference as ref
 import specjax
-import stats
 from conftest import chain
-from conftest import edge_pair
 from conftest import random_pair
 from specjax.decoders import verification as _verify
 from specjax.decoders.importance_weighted import MAX_IMPORTANCE_ELEMENTS
@@ -39,7 +37,6 @@ from specjax.decoders.importance_weighted import importance_selection_law
 from specjax.decoders.importance_weighted import importance_weighted_root_law
 from test_literal_equivalence import assert_laws_equal
 from test_literal_equivalence import kernel_law
-from test_literal_equivalence import outcome_counts
 from test_optimal_multi_draft import EDGE
 from test_optimal_multi_draft import ROWS
 from test_optimal_multi_draft import edge_rows
@@ -210,14 +207,6 @@ def importance_literal(chooser, draft, target, num_drafts):
     return tuple(x), tuple(rejected), calls
 
 
-@jax.jit
-def _exact_and_laws(decoder, draft, target):
-    e = specjax.exact(decoder, draft, target)
-    root, verify = decoder.laws(draft.trans, target.trans)
-    return dict(rejections=e.expected_rejections, calls=e.expected_calls, rejected=e.rejected,
-                marginals=e.marginals, root=root, verify=verify)
-
-
 @pytest.mark.parametrize("num_states, horizon", [(3, 2), (2, 3)])
 def test_enumerated_literal_algorithm_equals_the_decoder_and_exact(x64, num_states, horizon):
     """M = 2, every execution path of the literal algorithm (whole drafts, importance
@@ -225,7 +214,7 @@ def test_enumerated_literal_algorithm_equals_the_decoder_and_exact(x64, num_stat
     law of (tokens, rejected, calls) is the one specjax's per-position laws give, and ``exact``
     has its expected rejections, calls, rejected measure and marginals."""
     draft, target = random_pair(1500 + num_states, num_states, horizon, zero_fraction=0.2)
-    result = _exact_and_laws(ImportanceWeighted(2), chain(draft), chain(target))
+    result = checks.exact_and_laws(ImportanceWeighted(2), chain(draft), chain(target))
     law = ref.enumerate_law(lambda ch: importance_literal(ch, draft, target, 2))
     assert abs(sum(law.values()) - 1) < TIGHT
     assert_laws_equal(ref.marginalise_tokens(law), ref.target_sequence_law(target), atol=TIGHT)
@@ -250,48 +239,15 @@ def test_sampler_fits_the_exact_law_and_means():
     and calls within ``stats.Z`` = 4.5 standard errors of ``exact`` (6.8e-6 each). Fixed seed,
     never tuned."""
     decoder = ImportanceWeighted(3)
-    draft, target = random_pair(1600, 3, 3, zero_fraction=0.2)
-    with jax.enable_x64(True):
-        result = _exact_and_laws(decoder, chain(draft), chain(target))
-        bonus = _verify.bonus_law(jnp.asarray(target[1]))
-        law = kernel_law(target[0], result["root"], result["verify"], bonus, 3)
-        rejections, calls = float(result["rejections"]), float(result["calls"])
-    to32 = lambda pair: (pair[0].astype(np.float32), pair[1].astype(np.float32))  # noqa: E731
-    n = 200_000
-    trace = specjax.decode(jax.random.key(2028), decoder, chain(to32(draft)),
-                           chain(to32(target)), n)
-    observed = outcome_counts(trace)
-    stats.assert_law(observed, law, n, f"{decoder.label}: (tokens, rejected, calls)")
-    tokens = defaultdict(int)
-    for (seq, _, _), count in observed.items():
-        tokens[seq] += count
-    stats.assert_law(tokens, ref.target_sequence_law(target), n, f"{decoder.label}: tokens")
-    stats.assert_mean(trace.num_rejections, rejections, f"{decoder.label}: rejections")
-    stats.assert_mean(trace.num_calls, calls, f"{decoder.label}: calls")
+    pair = random_pair(1600, 3, 3, zero_fraction=0.2)
+    law, rejections, calls = checks.exact_outcome_law(decoder, pair)
+    checks.assert_decode_fits(jax.random.key(2028), decoder, pair, law, rejections, calls)
 
 
 # ----------------------------------------------------------------------------- 5. edge cases
 EDGE_DRAFTS = (1, 2, 3, 6)
 EXACT_EDGE = {"float32": (ImportanceWeighted(2),),
               "float64": (ImportanceWeighted(3, lookahead=2),)}
-
-
-def _edge_values_and_gradients(p, q, logits, target, decoders):
-    out = []
-    for m in EDGE_DRAFTS:
-        def total(p, q, m=m):
-            return jnp.sum(importance_weighted_root_law(p, q, m).accepted)
-        out.append(jax.value_and_grad(total, argnums=(0, 1))(p, q))
-    for decoder in decoders:
-        def rejections(logits, decoder=decoder):
-            draft = specjax.MarkovChain.from_logits(jnp.zeros(logits.shape[-1], logits.dtype),
-                                                    logits)
-            return specjax.exact(decoder, draft, target).expected_rejections
-        out.append(jax.value_and_grad(rejections)(logits))
-    return out
-
-
-_edge_program = jax.jit(_edge_values_and_gradients, static_argnums=4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -301,22 +257,8 @@ def test_values_and_gradients_are_finite_at_edge_cases(dtype):
     (M = 1, 2, 3, 6) lies in [0, rows] with finite gradients in p and q, and the exact
     ``E[N_rej]`` of ``ImportanceWeighted`` (M = 2 in float32, M = 3 with lookahead 2 in float64)
     and its gradient in the draft's logits are finite."""
-    with jax.enable_x64(dtype == "float64"):
-        draft, target = edge_pair()
-        extra_p, extra_q = edge_rows(1700, 4, 0)
-        p = jnp.asarray(np.concatenate([draft[1].reshape(-1, 4), extra_p]), dtype)
-        q = jnp.asarray(np.concatenate([target[1].reshape(-1, 4), extra_q]), dtype)
-        logits = jnp.log(jnp.asarray(draft[1], dtype))
-        t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
-        out = _edge_program(p, q, logits, t, EXACT_EDGE[dtype])
-        for m, (value, grads) in zip(EDGE_DRAFTS, out):
-            what = f"{dtype}, M = {m}"
-            assert value.dtype == jnp.dtype(dtype), what
-            assert np.isfinite(value) and -1e-5 <= value <= p.shape[0] + 1e-5, what
-            assert all(np.isfinite(g).all() for g in grads), what
-        for decoder, (value, grad) in zip(EXACT_EDGE[dtype], out[len(EDGE_DRAFTS):]):
-            assert value.dtype == jnp.dtype(dtype)
-            assert np.isfinite(value) and np.isfinite(grad).all(), f"{dtype}, {decoder.label}"
+    checks.assert_finite_at_edge_rows(dtype, importance_weighted_root_law, EDGE_DRAFTS,
+                                      EXACT_EDGE[dtype], extra_rows=edge_rows(1700, 4, 0))
 
 
 @jax.jit

@@ -16,18 +16,16 @@ independent oracles, in float64 unless said otherwise:
 
 import itertools
 import math
-from collections import defaultdict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import decoder_checks as checks
 import reference as ref
 import specjax
-import stats
 from conftest import chain
-from conftest import edge_pair
 from conftest import random_pair
 from specjax.decoders import verification as _verify
 from specjax.decoders.k_sequential import KSequential
@@ -35,7 +33,6 @@ from specjax.decoders.k_sequential import k_sequential_rho
 from specjax.decoders.k_sequential import k_sequential_root_law
 from test_literal_equivalence import assert_laws_equal
 from test_literal_equivalence import kernel_law
-from test_literal_equivalence import outcome_counts
 from test_optimal_multi_draft import EDGE
 from test_optimal_multi_draft import ROWS
 from test_optimal_multi_draft import edge_rows
@@ -178,13 +175,10 @@ def k_sequential_literal(chooser, draft, target, num_drafts, rhos):
     return tuple(x), tuple(rejected), calls
 
 
-@jax.jit
 def _exact_and_laws(decoder, draft, target):
-    e = specjax.exact(decoder, draft, target)
-    root, verify = decoder.laws(draft.trans, target.trans)
-    return dict(rejections=e.expected_rejections, calls=e.expected_calls, rejected=e.rejected,
-                marginals=e.marginals, root=root, verify=verify,
-                rho=k_sequential_rho(draft.trans, target.trans, decoder.num_drafts)[..., 0])
+    """``checks.exact_and_laws`` with the library's ``rho`` per context."""
+    rho = k_sequential_rho(draft.trans, target.trans, decoder.num_drafts)[..., 0]
+    return dict(checks.exact_and_laws(decoder, draft, target), rho=rho)
 
 
 @pytest.mark.parametrize("num_states, horizon", [(3, 2), (2, 3)])
@@ -219,46 +213,13 @@ def test_sampler_fits_the_exact_law_and_means():
     chi-square, each failing falsely with probability ``stats.ALPHA`` = 1e-5; mean rejections
     and calls within ``stats.Z`` = 4.5 standard errors of ``exact`` (6.8e-6 each)."""
     decoder = KSequential(3)
-    draft, target = random_pair(1100, 3, 3, zero_fraction=0.2)
-    with jax.enable_x64(True):
-        result = _exact_and_laws(decoder, chain(draft), chain(target))
-        bonus = _verify.bonus_law(jnp.asarray(target[1]))
-        law = kernel_law(target[0], result["root"], result["verify"], bonus, 3)
-        rejections, calls = float(result["rejections"]), float(result["calls"])
-    to32 = lambda pair: (pair[0].astype(np.float32), pair[1].astype(np.float32))  # noqa: E731
-    n = 200_000
-    trace = specjax.decode(jax.random.key(2027), decoder, chain(to32(draft)),
-                           chain(to32(target)), n)
-    observed = outcome_counts(trace)
-    stats.assert_law(observed, law, n, f"{decoder.label}: (tokens, rejected, calls)")
-    tokens = defaultdict(int)
-    for (seq, _, _), count in observed.items():
-        tokens[seq] += count
-    stats.assert_law(tokens, ref.target_sequence_law(target), n, f"{decoder.label}: tokens")
-    stats.assert_mean(trace.num_rejections, rejections, f"{decoder.label}: rejections")
-    stats.assert_mean(trace.num_calls, calls, f"{decoder.label}: calls")
+    pair = random_pair(1100, 3, 3, zero_fraction=0.2)
+    law, rejections, calls = checks.exact_outcome_law(decoder, pair)
+    checks.assert_decode_fits(jax.random.key(2027), decoder, pair, law, rejections, calls)
 
 
 # ----------------------------------------------------------------------------- 5. edge cases
 EXACT_EDGE = {"float32": (KSequential(2),), "float64": (KSequential(3, lookahead=2),)}
-
-
-def _edge_values_and_gradients(p, q, logits, target, decoders):
-    out = []
-    for m in (1, 2, 3, 8):
-        def total(p, q, m=m):
-            return jnp.sum(k_sequential_root_law(p, q, m).accepted)
-        out.append(jax.value_and_grad(total, argnums=(0, 1))(p, q))
-    for decoder in decoders:
-        def rejections(logits, decoder=decoder):
-            draft = specjax.MarkovChain.from_logits(jnp.zeros(logits.shape[-1], logits.dtype),
-                                                    logits)
-            return specjax.exact(decoder, draft, target).expected_rejections
-        out.append(jax.value_and_grad(rejections)(logits))
-    return out
-
-
-_edge_program = jax.jit(_edge_values_and_gradients, static_argnums=4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -267,21 +228,8 @@ def test_values_and_gradients_are_finite_at_edge_cases(dtype):
     root law's total acceptance (M = 1, 2, 3, 8) lies in [0, rows] with finite gradients in p and
     q, and the exact ``E[N_rej]`` of ``KSequential`` (M = 2 in float32, M = 3 with lookahead 2
     in float64) and its gradient in the draft's logits are finite."""
-    with jax.enable_x64(dtype == "float64"):
-        draft, target = edge_pair()
-        p = jnp.asarray(draft[1].reshape(-1, 4), dtype)
-        q = jnp.asarray(target[1].reshape(-1, 4), dtype)
-        logits = jnp.log(jnp.asarray(draft[1], dtype))
-        t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
-        out = _edge_program(p, q, logits, t, EXACT_EDGE[dtype])
-        for m, (value, grads) in zip((1, 2, 3, 8), out):
-            what = f"{dtype}, M = {m}"
-            assert value.dtype == jnp.dtype(dtype), what
-            assert np.isfinite(value) and -1e-5 <= value <= p.shape[0] + 1e-5, what
-            assert all(np.isfinite(g).all() for g in grads), what
-        for decoder, (value, grad) in zip(EXACT_EDGE[dtype], out[4:]):
-            assert value.dtype == jnp.dtype(dtype)
-            assert np.isfinite(value) and np.isfinite(grad).all(), f"{dtype}, {decoder.label}"
+    checks.assert_finite_at_edge_rows(dtype, k_sequential_root_law, (1, 2, 3, 8),
+                                      EXACT_EDGE[dtype])
 
 
 # ----------------------------------------------------------------------------- 6. errors

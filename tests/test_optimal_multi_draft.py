@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
+import decoder_checks as checks
 import reference as ref
 import specjax
-import stats
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
@@ -39,7 +39,6 @@ from specjax.decoders import multi_draft
 from specjax.decoders import verification as _verify
 from test_literal_equivalence import assert_laws_equal
 from test_literal_equivalence import kernel_law
-from test_literal_equivalence import outcome_counts
 
 TIGHT = 1e-9  # float64 agreement with the linear program and the enumerations
 HIGHS = dict(primal_feasibility_tolerance=1e-10, dual_feasibility_tolerance=1e-10)
@@ -414,21 +413,6 @@ MC_CASES = (  # OptimalMultiDraft(3, lookahead=2) runs in tests/sampler_cases.py
 MC_PAIR = random_pair(600, 3, 3, zero_fraction=0.2)
 
 
-@functools.lru_cache(maxsize=None)
-def mc_exact():
-    """The exact float64 law of (tokens, rejected, calls) and means of every MC case."""
-    draft, target = MC_PAIR
-    with jax.enable_x64(True):
-        results = _exact_and_laws(MC_CASES, chain(draft), chain(target))
-        bonus = _verify.bonus_law(jnp.asarray(target[1]))
-        out = {}
-        for decoder, result in zip(MC_CASES, results):
-            lookahead = decoder.lookahead or target[1].shape[0]
-            law = kernel_law(target[0], result["root"], result["verify"], bonus, lookahead)
-            out[decoder] = (law, float(result["rejections"]), float(result["calls"]))
-    return out
-
-
 @pytest.mark.parametrize("decoder", MC_CASES, ids=lambda d: d.label)
 def test_sampler_fits_the_exact_law_and_means(decoder):
     """200,000 chains of ``decode`` (V = 3, T = 3, float32) against the exact float64 law of
@@ -437,20 +421,8 @@ def test_sampler_fits_the_exact_law_and_means(decoder):
     failing falsely with probability ``stats.ALPHA`` = 1e-5; mean rejections and calls within
     ``stats.Z`` = 4.5 standard errors of ``exact`` (6.8e-6 each). Two cases: a family-wise
     false-failure rate below 7e-5."""
-    draft, target = MC_PAIR
-    law, rejections, calls = mc_exact()[decoder]
-    to32 = lambda pair: (pair[0].astype(np.float32), pair[1].astype(np.float32))  # noqa: E731
-    n = 200_000
-    trace = specjax.decode(jax.random.key(2026), decoder, chain(to32(draft)),
-                           chain(to32(target)), n)
-    observed = outcome_counts(trace)
-    stats.assert_law(observed, law, n, f"{decoder.label}: (tokens, rejected, calls)")
-    tokens = defaultdict(int)
-    for (seq, _, _), count in observed.items():
-        tokens[seq] += count
-    stats.assert_law(tokens, ref.target_sequence_law(target), n, f"{decoder.label}: tokens")
-    stats.assert_mean(trace.num_rejections, rejections, f"{decoder.label}: rejections")
-    stats.assert_mean(trace.num_calls, calls, f"{decoder.label}: calls")
+    law, rejections, calls = checks.exact_outcome_law(decoder, MC_PAIR)
+    checks.assert_decode_fits(jax.random.key(2026), decoder, MC_PAIR, law, rejections, calls)
 
 
 # ----------------------------------------------------------------------------- 6. orderings
@@ -546,13 +518,7 @@ def _edge_values_and_gradients(p, q, logits, target, settings, decoders):
             return jnp.sum(specjax.optimal_acceptance(p, q, num_drafts=m, replacement=r))
         value = specjax.optimal_acceptance(p, q, num_drafts=m, replacement=r)
         out.append((value, jax.grad(total, argnums=(0, 1))(p, q)))
-    for decoder in decoders:
-        def rejections(logits, decoder=decoder):
-            draft = specjax.MarkovChain.from_logits(jnp.zeros(logits.shape[-1], logits.dtype),
-                                                    logits)
-            return specjax.exact(decoder, draft, target).expected_rejections
-        out.append(jax.value_and_grad(rejections)(logits))
-    return out
+    return out + checks.exact_rejections_and_gradients(logits, target, decoders)
 
 
 _edge_program = jax.jit(_edge_values_and_gradients, static_argnums=(4, 5))

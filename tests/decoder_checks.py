@@ -1,0 +1,115 @@
+"""Checks shared by the tests of the multi-draft root verifiers (``OptimalMultiDraft``,
+``KSequential``, ``ImportanceWeighted``, ``GumbelList``, ``SpecHub``): each decoder's exact values
+and per-position laws, the Monte Carlo of ``decode`` against them, and finite values and gradients
+at edge rows. Not a test module itself.
+"""
+
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import reference as ref
+import specjax
+import stats
+from conftest import chain
+from conftest import edge_pair
+from specjax.decoders import verification as _verify
+from test_literal_equivalence import kernel_law
+from test_literal_equivalence import outcome_counts
+
+
+@jax.jit
+def exact_and_laws(decoder, draft, target):
+    """``exact``'s values and the decoder's per-position ``(root, verify)`` laws, as a dict."""
+    e = specjax.exact(decoder, draft, target)
+    root, verify = decoder.laws(draft.trans, target.trans)
+    return dict(rejections=e.expected_rejections, calls=e.expected_calls, rejected=e.rejected,
+                marginals=e.marginals, root=root, verify=verify)
+
+
+def exact_outcome_law(decoder, pair):
+    """In float64, for a NumPy ``(draft, target)`` pair of ``(init, trans)``: the exact law of
+    (tokens, rejected, calls) from the decoder's per-position laws, and ``exact``'s expected
+    rejections and calls."""
+    draft, target = pair
+    with jax.enable_x64(True):
+        result = exact_and_laws(decoder, chain(draft), chain(target))
+        bonus = _verify.bonus_law(jnp.asarray(target[1]))
+        lookahead = decoder.resolve_lookahead(target[1].shape[0])
+        law = kernel_law(target[0], result["root"], result["verify"], bonus, lookahead)
+        return law, float(result["rejections"]), float(result["calls"])
+
+
+def assert_decode_fits(key, decoder, pair, law, rejections, calls, num_chains=200_000):
+    """``num_chains`` chains of ``decode`` on the float32 copy of ``pair`` against the exact
+    law of (tokens, rejected, calls) and the tokens alone against the target's law (chi-square,
+    each failing falsely with probability ``stats.ALPHA``), and the mean rejections and calls
+    within ``stats.Z`` standard errors of ``rejections`` and ``calls``."""
+    draft, target = pair
+
+    def to32(model):
+        return model[0].astype(np.float32), model[1].astype(np.float32)
+
+    trace = specjax.decode(key, decoder, chain(to32(draft)), chain(to32(target)), num_chains)
+    observed = outcome_counts(trace)
+    stats.assert_law(observed, law, num_chains, f"{decoder.label}: (tokens, rejected, calls)")
+    tokens = defaultdict(int)
+    for (seq, _, _), count in observed.items():
+        tokens[seq] += count
+    stats.assert_law(tokens, ref.target_sequence_law(target), num_chains,
+                     f"{decoder.label}: tokens")
+    stats.assert_mean(trace.num_rejections, rejections, f"{decoder.label}: rejections")
+    stats.assert_mean(trace.num_calls, calls, f"{decoder.label}: calls")
+
+
+def exact_rejections_and_gradients(logits, target, decoders):
+    """For each decoder, the exact ``E[N_rej]`` against ``target`` of the draft with transition
+    ``logits`` (uniform first token) and its gradient in the logits (traceable under ``jit``)."""
+    out = []
+    for decoder in decoders:
+        def rejections(logits, decoder=decoder):
+            draft = specjax.MarkovChain.from_logits(jnp.zeros(logits.shape[-1], logits.dtype),
+                                                    logits)
+            return specjax.exact(decoder, draft, target).expected_rejections
+        out.append(jax.value_and_grad(rejections)(logits))
+    return out
+
+
+def _edge_values_and_gradients(p, q, logits, target, root_law, drafts, decoders):
+    out = []
+    for m in drafts:
+        def total(p, q, m=m):
+            return jnp.sum(root_law(p, q, m).accepted)
+        out.append(jax.value_and_grad(total, argnums=(0, 1))(p, q))
+    return out + exact_rejections_and_gradients(logits, target, decoders)
+
+
+_edge_program = jax.jit(_edge_values_and_gradients, static_argnums=(4, 5, 6))
+
+
+def assert_finite_at_edge_rows(dtype, root_law, drafts, decoders, extra_rows=None):
+    """On the rows of ``edge_pair`` (p = q, disjoint supports, one-hot rows, zeros, p = 0 where
+    q > 0), with ``extra_rows = (p, q)`` appended: the total accepted mass of ``root_law(p, q,
+    M)`` for each ``M`` in ``drafts`` has the dtype, lies in ``[0, rows]`` and has finite
+    gradients in p and q; the exact ``E[N_rej]`` of each of ``decoders`` on the edge pair and
+    its gradient in the draft's logits are finite. ``root_law``, ``drafts`` and ``decoders``
+    are static (hashable)."""
+    with jax.enable_x64(dtype == "float64"):
+        draft, target = edge_pair()
+        p, q = draft[1].reshape(-1, 4), target[1].reshape(-1, 4)
+        if extra_rows is not None:
+            p, q = np.concatenate([p, extra_rows[0]]), np.concatenate([q, extra_rows[1]])
+        p, q = jnp.asarray(p, dtype), jnp.asarray(q, dtype)
+        logits = jnp.log(jnp.asarray(draft[1], dtype))
+        t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
+        out = _edge_program(p, q, logits, t, root_law, tuple(drafts), tuple(decoders))
+        for m, (value, grads) in zip(drafts, out):
+            what = f"{dtype}, M = {m}"
+            assert value.dtype == jnp.dtype(dtype), what
+            assert np.isfinite(value) and -1e-5 <= value <= p.shape[0] + 1e-5, what
+            assert all(np.isfinite(g).all() for g in grads), what
+        for decoder, (value, grad) in zip(decoders, out[len(drafts):]):
+            assert value.dtype == jnp.dtype(dtype), f"{dtype}, {decoder.label}"
+            assert np.isfinite(value) and np.isfinite(grad).all(), f"{dtype}, {decoder.label}"
