@@ -71,7 +71,7 @@ def breakdown(p, q, num_drafts: int, repeats: int) -> dict:
     """Seconds (best of ``repeats``) of each stage of specjax's computation, jitted apart, and of
     NumPy's argsort (default and stable kinds) on the same ratios."""
     from specjax.decoders import multi_draft as md
-    order_fn = jax.jit(md._ascending_ratio_order)
+    order_fn = jax.jit(md.ratio_order)
     sort_only = jax.jit(lambda x: jnp.sort(x, axis=-1))
     int_sort = jax.jit(lambda x: jnp.sort(jax.lax.bitcast_convert_type(x, jnp.int32), axis=-1))
     xla_argsort = jax.jit(lambda x: jnp.argsort(x, axis=-1, stable=True))

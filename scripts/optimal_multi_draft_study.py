@@ -48,7 +48,6 @@ import numpy as np
 import optax
 
 import specjax
-from specjax.decoders import multi_draft as md
 from specjax.experiments.reproduce import mean_se
 
 FIGURES = {"a": "optimal_multi_draft_acceptance.png", "b": "optimal_multi_draft_toy.png",
@@ -298,8 +297,8 @@ def part_c(args) -> dict:
     draft, target = specjax.paper_instance(num_states=args.paper_states, horizon=args.horizon)
     decoders = [("SD", 1, specjax.Speculative())]
     for m in args.paper_drafts:
-        decoders += [(PAPER_NAMES[name], m, SCHEMES[name](m)) for name in CURVES
-                     if SCHEMES[name](m) is not None]
+        built = ((PAPER_NAMES[name], m, SCHEMES[name](m)) for name in CURVES)
+        decoders += [row for row in built if row[2] is not None]
     key = jax.random.key(args.seed)
     rows, table = [], []
     for name, m, decoder in decoders:

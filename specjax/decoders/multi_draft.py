@@ -319,21 +319,16 @@ def _check_replacement(replacement) -> None:
         raise ValueError(f"replacement must be True or False, got {replacement!r}")
 
 
-def ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
-    """The permutation sorting each row by ``q / p`` ascending (``+inf`` where ``p = 0 < q``,
-    ``0`` where both are 0), ties in token order; ``(..., V)`` int32, no gradient."""
-    return _ascending_ratio_order(p, q)
-
-
 def inverse_permutation(order: jax.Array) -> jax.Array:
     """``rank`` with ``rank[..., order[..., i]] = i`` (a scatter, not a second sort)."""
     index = jnp.broadcast_to(jnp.arange(order.shape[-1], dtype=order.dtype), order.shape)
     return _unpermute(index, order)
 
 
-def _ascending_ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
+def ratio_order(p: jax.Array, q: jax.Array) -> jax.Array:
     """The permutation sorting each row by ``q / p`` ascending (``+inf`` where ``p = 0 < q``,
-    ``0`` where both are 0); a constant of the computation (no gradient flows through it)."""
+    ``0`` where both are 0), ties in token order; ``(..., V)`` int32, a constant of the
+    computation (no gradient flows through it)."""
     p, q = jax.lax.stop_gradient(p), jax.lax.stop_gradient(q)
     ratio = q / jnp.where(p > 0, p, jnp.ones_like(p))
     ratio = jnp.where(p > 0, ratio, jnp.where(q > 0, jnp.inf, 0))
@@ -434,7 +429,7 @@ def _optimal_prefix_terms(p: jax.Array, q: jax.Array, num_drafts, replacement: b
     ``Q_k = q(first k)`` for ``k = 0..V``: ``(order, q_sorted, F, Q)``."""
     shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
     p, q = jnp.broadcast_to(p, shape), jnp.broadcast_to(q, shape)
-    order = _ascending_ratio_order(p, q)
+    order = ratio_order(p, q)
     p_sorted = jnp.take_along_axis(p, order, axis=-1)
     q_sorted = jnp.take_along_axis(q, order, axis=-1)
     num_states = p.shape[-1]
@@ -582,12 +577,12 @@ def weighted_optimal_root_law(p: jax.Array, q: jax.Array, weights: jax.Array,
         accepted = q * _indicator(p) * (weights > 0)
         return VerificationLaw(accepted, q - accepted)
     num_states = shape[-1]
-    ratio_desc = jnp.flip(_ascending_ratio_order(p, q), -1)
+    ratio_desc = jnp.flip(ratio_order(p, q), -1)
     p_r = jnp.take_along_axis(p, ratio_desc, axis=-1)  # rows in order of q / p descending
     q_r = jnp.take_along_axis(q, ratio_desc, axis=-1)
     w_r = jnp.take_along_axis(weights, ratio_desc, axis=-1)
     # rank[j]: the place of token j (in q/p order) in the order of weights descending.
-    rank = jnp.argsort(jnp.argsort(-w_r, axis=-1, stable=True), axis=-1)
+    rank = inverse_permutation(jnp.argsort(-w_r, axis=-1, stable=True))
     prefix = jnp.arange(num_states + 1).reshape((1,) * (len(shape) - 1) + (-1, 1))
     member = (rank[..., None, :] < prefix).astype(p.dtype)  # (..., k, j): j in G_k
     p_mass = _prefix_with_zero(member * p_r[..., None, :])  # (..., k, l): p(top l of G_k)
