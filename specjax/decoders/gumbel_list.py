@@ -71,11 +71,9 @@ MAX_GUMBEL_LIST_ELEMENTS = 2**26
 
 
 def _check_num_drafts(num_drafts) -> None:
-    multi_draft.check_num_drafts(num_drafts)
-    if num_drafts == math.inf:
-        raise ValueError("num_drafts = math.inf is not defined for the Gumbel list coupling (its "
-                         "exact root law expands (V + 1)^(M - 1) terms per token); pass a finite "
-                         "int, or use OptimalMultiDraft(math.inf) / BatchSpeculative(math.inf)")
+    multi_draft.check_finite_num_drafts(
+        num_drafts, "the Gumbel list coupling",
+        "its exact root law expands (V + 1)^(M - 1) terms per token")
 
 
 def gumbel_list_elements(num_drafts: int, num_states: int, num_rows: int) -> int:
@@ -93,12 +91,6 @@ def check_gumbel_list_size(num_drafts, num_states: int, num_rows: int) -> None:
             f"(V + 1)^max(M - 1, 1) = {max(int(num_rows), 1):,} x {num_states} x "
             f"{num_states + 1}^{max(num_drafts - 1, 1)} = {elements:,} elements, more than "
             f"{MAX_GUMBEL_LIST_ELEMENTS:,}; use fewer drafts (or fewer tokens, rows or chains)")
-
-
-def _broadcast(p, q):
-    shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
-    dtype = jnp.result_type(p, q)
-    return (jnp.broadcast_to(p, shape).astype(dtype), jnp.broadcast_to(q, shape).astype(dtype))
 
 
 def _rejected(p, q, num_drafts: int):
@@ -192,7 +184,7 @@ def gumbel_list_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Verification
     """
     _check_num_drafts(num_drafts)
     _checks.check_rows(probabilities={"p": p, "q": q})
-    p, q = _broadcast(p, q)
+    p, q = multi_draft.broadcast_rows(p, q)
     check_gumbel_list_size(num_drafts, q.shape[-1], math.prod(q.shape[:-1]))
     value, valid = _rejected(p, q, num_drafts)
     rejected = jnp.where(valid, value, q)

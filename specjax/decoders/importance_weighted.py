@@ -52,12 +52,10 @@ MAX_IMPORTANCE_ELEMENTS = 2**26
 
 
 def _check_num_drafts(num_drafts) -> None:
-    multi_draft.check_num_drafts(num_drafts)
-    if num_drafts == math.inf:
-        raise ValueError("num_drafts = math.inf is not supported by importance-weighted "
-                         "selection (its selection law enumerates the V^(M - 1) tuples of the "
-                         "other drafts); pass a finite int, or use OptimalMultiDraft(math.inf) "
-                         "/ BatchSpeculative(math.inf)")
+    multi_draft.check_finite_num_drafts(
+        num_drafts, "importance-weighted selection",
+        "its selection law enumerates the V^(M - 1) tuples of the other drafts",
+        verb="is not supported by")
 
 
 def _elements(num_states: int, num_drafts: int, num_rows: int) -> int:
@@ -86,12 +84,6 @@ def check_importance_size(num_drafts, num_states: int, num_rows: int) -> None:
             f"num_drafts = {num_drafts} with importance-weighted selection enumerates V^M x rows "
             f"= {num_states}^{num_drafts} x {num_rows:,} = {shown} elements, more than "
             f"{MAX_IMPORTANCE_ELEMENTS:,}; use fewer drafts (or fewer rows or chains)")
-
-
-def _broadcast(p, q):
-    shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
-    dtype = jnp.result_type(p, q)
-    return (jnp.broadcast_to(p, shape).astype(dtype), jnp.broadcast_to(q, shape).astype(dtype))
 
 
 def _positive(x):
@@ -161,7 +153,7 @@ def importance_selection_law(p: jax.Array, q: jax.Array, num_drafts) -> jax.Arra
     """
     _check_num_drafts(num_drafts)
     _checks.check_rows(probabilities={"p": p, "q": q})
-    p, q = _broadcast(p, q)
+    p, q = multi_draft.broadcast_rows(p, q)
     check_importance_size(num_drafts, q.shape[-1], math.prod(q.shape[:-1]))
     return _selection_law(p, q, int(num_drafts))
 
@@ -188,7 +180,7 @@ def importance_weighted_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Veri
     """
     _check_num_drafts(num_drafts)
     _checks.check_rows(probabilities={"p": p, "q": q})
-    p, q = _broadcast(p, q)
+    p, q = multi_draft.broadcast_rows(p, q)
     check_importance_size(num_drafts, q.shape[-1], math.prod(q.shape[:-1]))
     r = _selection_law(p, q, int(num_drafts))
     accepted = jnp.minimum(q, r)

@@ -26,7 +26,6 @@ Unlike batch SD (every draft against a new residual) the drafts share one accept
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -46,18 +45,9 @@ BISECTION_STEPS = {"float64": 60, "float32": 40}
 
 
 def _check_num_drafts(num_drafts) -> None:
-    multi_draft.check_num_drafts(num_drafts)
-    if num_drafts == math.inf:
-        raise ValueError("num_drafts = math.inf is not defined for k-sequential selection (its "
-                         "acceptance needs rho -> infinity as M -> infinity, and there is no "
-                         "closed-form limit); pass a finite int, or use "
-                         "OptimalMultiDraft(math.inf) / BatchSpeculative(math.inf)")
-
-
-def _broadcast(p, q):
-    shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
-    dtype = jnp.result_type(p, q)
-    return (jnp.broadcast_to(p, shape).astype(dtype), jnp.broadcast_to(q, shape).astype(dtype))
+    multi_draft.check_finite_num_drafts(
+        num_drafts, "k-sequential selection",
+        "its acceptance needs rho -> infinity as M -> infinity, and there is no closed-form limit")
 
 
 def _capped(p, q, rho):
@@ -123,7 +113,7 @@ def k_sequential_rho(p: jax.Array, q: jax.Array, num_drafts) -> jax.Array:
       num_drafts: ``M >= 1`` (static, finite).
     """
     _check_num_drafts(num_drafts)
-    p, q = _broadcast(jax.lax.stop_gradient(p), jax.lax.stop_gradient(q))
+    p, q = multi_draft.broadcast_rows(jax.lax.stop_gradient(p), jax.lax.stop_gradient(q))
     one = jnp.ones(q.shape[:-1] + (1,), q.dtype)
     if num_drafts == 1:
         return one
@@ -166,7 +156,7 @@ def k_sequential_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Verificatio
     """
     _check_num_drafts(num_drafts)
     _checks.check_rows(probabilities={"p": p, "q": q})
-    p, q = _broadcast(p, q)
+    p, q = multi_draft.broadcast_rows(p, q)
     rho = k_sequential_rho(p, q, num_drafts)
     accepted, _ = _masses(p, q, rho, num_drafts)
     rejected = q - accepted

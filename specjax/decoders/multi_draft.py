@@ -39,6 +39,24 @@ def check_num_drafts(num_drafts) -> None:
             f"draft), got {num_drafts:,}; for the limit M -> infinity pass math.inf")
 
 
+def check_finite_num_drafts(num_drafts, scheme: str, why: str,
+                            verb: str = "is not defined for") -> None:
+    """``check_num_drafts``, and ``math.inf`` refused: "num_drafts = math.inf {verb} {scheme}
+    ({why})", pointing to the decoders that take it."""
+    check_num_drafts(num_drafts)
+    if num_drafts == math.inf:
+        raise ValueError(f"num_drafts = math.inf {verb} {scheme} ({why}); pass a "
+                         f"finite int, or use OptimalMultiDraft(math.inf) / "
+                         f"BatchSpeculative(math.inf)")
+
+
+def broadcast_rows(p, q):
+    """``p`` and ``q`` broadcast against each other, in their common dtype."""
+    shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
+    dtype = jnp.result_type(p, q)
+    return jnp.broadcast_to(p, shape).astype(dtype), jnp.broadcast_to(q, shape).astype(dtype)
+
+
 #: The most drafts a batch decoder takes as an integer (one residual pass each); ``math.inf``
 #: gives the limit ``M -> infinity`` in closed form.
 MAX_DRAFTS = 2**20

@@ -69,18 +69,13 @@ import jax.numpy as jnp
 
 from specjax import _checks
 
+from specjax.decoders import multi_draft
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import _divide
-
-
-def _broadcast(p, q):
-    shape = jnp.broadcast_shapes(jnp.shape(p), jnp.shape(q))
-    dtype = jnp.result_type(p, q)
-    return (jnp.broadcast_to(p, shape).astype(dtype), jnp.broadcast_to(q, shape).astype(dtype))
 
 
 def spechub_pair_masses(p: jax.Array):
@@ -135,7 +130,7 @@ def spechub_root_law(p: jax.Array, q: jax.Array) -> VerificationLaw:
       lossy shortcut for ``q(a) > 1 - 1e-3``.
     """
     _checks.check_rows(probabilities={"p": p, "q": q})
-    p, q = _broadcast(p, q)
+    p, q = multi_draft.broadcast_rows(p, q)
     hub, q_ia, q_ai, edge = spechub_pair_masses(p)
     zero = jnp.zeros_like(q)
     excess = jnp.where(hub, zero, jnp.maximum(q - p, 0))  # t after step 1, off the hub
