@@ -41,3 +41,13 @@ def instance(num_states=5, horizon=12, seed=3):
     draft = specjax.random_markov_chain(key_d, num_states, horizon, concentration=0.5)
     target = specjax.random_markov_chain(key_t, num_states, horizon, concentration=0.5)
     return draft, target
+
+
+#: The cases whose sampled tokens are the same in every compiled program (trace, chunked
+#: statistics, sharded). GumbelList's float32 root law is a sum with cancellation whose last bits
+#: XLA may round differently from one program to another, so a uniform within an ulp of a
+#: threshold can be sampled differently: in one fresh-clone CI run its chunked statistics differed
+#: from the trace (it passed in others). Its laws are checked by exact values and Monte Carlo.
+REPRODUCIBLE = {name: decoder for name, decoder in CASES.items()
+                if not isinstance(decoder, specjax.GumbelList)}
+

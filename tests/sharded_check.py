@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import specjax
 from specjax.sampling import decoding as decode
-from sampler_cases import CASES
+from sampler_cases import REPRODUCIBLE as CASES
 from sampler_cases import instance
 
 assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")

@@ -19,7 +19,7 @@ import specjax
 import stats
 from conftest import edge_pair
 from conftest import random_pair
-from sampler_cases import CASES
+from sampler_cases import REPRODUCIBLE
 from sampler_cases import instance
 from specjax.sampling import engine as _engine
 from specjax.sampling import counts as statistics
@@ -67,9 +67,9 @@ def expected_counts(trace, num_states, lookahead):
     )
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(REPRODUCIBLE))
 def test_statistics_equal_trace_counts_in_one_shot_and_in_chunks(name):
-    decoder = CASES[name]
+    decoder = REPRODUCIBLE[name]
     draft, target = instance()
     key = jax.random.key(11)
     num_chains = 3000
@@ -219,7 +219,7 @@ def test_sharded_equals_unsharded_on_four_host_devices():
     result = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert result.stdout.count("ok") == len(CASES) + 1, result.stdout
+    assert result.stdout.count("ok") == len(REPRODUCIBLE) + 1, result.stdout
 
 
 # ----------------------------------------------------------------------------- acceptance rate

@@ -209,6 +209,10 @@ class GumbelList(TokenwiseDecoder):
     quadrature and the ``M = 1`` closed form, its gradients against central finite differences;
     the acceptance is at most ``optimal_acceptance``.
 
+    Reproducibility: the float32 law is a sum with cancellation whose last bits XLA may round
+    differently in different compiled programs, so ``decoding_statistics`` (chunked or sharded)
+    can differ from ``decode`` with the same key on a few chains; both sample the same law.
+
     Attributes:
       num_drafts: ``M >= 1``, finite (``math.inf`` is refused). The root law expands
         ``(V + 1)^(M - 1)`` terms per token; ``check`` refuses sizes above
