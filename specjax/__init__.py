@@ -27,6 +27,7 @@ from specjax.decoders import OptimalMultiDraft
 from specjax.decoders import RejectionRule
 from specjax.decoders import SpecHub
 from specjax.decoders import Speculative
+from specjax.decoders import TokenTree
 from specjax.decoders import TokenwiseDecoder
 from specjax.decoders import array_field
 from specjax.decoders import decoder_dataclass
@@ -126,6 +127,7 @@ __all__ = [
     "RejectionRule",
     "SpecHub",
     "Speculative",
+    "TokenTree",
     "StationaryDraft",
     "TokenwiseDecoder",
     "TuneResult",

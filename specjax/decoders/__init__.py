@@ -18,6 +18,7 @@ from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
+from specjax.decoders.tree import TokenTree
 
 __all__ = [
     "Autoregressive",
@@ -34,6 +35,7 @@ __all__ = [
     "RejectionRule",
     "SpecHub",
     "Speculative",
+    "TokenTree",
     "TokenwiseDecoder",
     "array_field",
     "decoder_dataclass",

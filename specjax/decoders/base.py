@@ -56,6 +56,7 @@ protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 from typing import NamedTuple
 
@@ -185,6 +186,14 @@ class CallDecoder(Decoder):
 
     def resolve_lookahead(self, horizon: int) -> int:
         return min(self.lookahead, horizon)
+
+    def truncate(self, lookahead: int) -> "CallDecoder":
+        """The decoder the sampler runs when at most ``lookahead`` (``<= K``) drafts fit in the
+        horizon: by default the same decoder with that ``lookahead`` field. A decoder whose
+        ``sample_call`` already stops at the horizon (a token tree) returns itself."""
+        if lookahead == self.lookahead:
+            return self
+        return dataclasses.replace(self, lookahead=lookahead)
 
 
 def check_decoder(decoder) -> None:

@@ -197,6 +197,34 @@ def batch_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
     return VerificationLaw(q - rejected, rejected)
 
 
+def with_replacement_stage_laws(p: jax.Array, q: jax.Array, num_drafts: int):
+    """Recursive rejection sampling of ``M`` i.i.d. drafts (SpecInfer's multi-step speculative
+    sampling, batch SD's root), draft by draft.
+
+    Draft ``m`` is accepted with ``min(1, r_m / p)`` against ``r_1 = q``,
+    ``r_{m+1} = [r_m - p]_+`` (normalised). Written with the un-normalised residual
+    ``w_m = W_m r_m`` (``W_m`` = P(drafts ``1..m-1`` rejected) ``= sum w_m``), which needs no
+    division: ``accepted_m = min(W_m p, w_m)``, ``w_{m+1} = [w_m - W_m p]_+``.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static, finite).
+
+    Returns:
+      ``(accepted, rejected)``: ``accepted[m - 1](x)`` = P(drafts ``1..m-1`` rejected, draft
+      ``m`` is ``x`` and accepted), ``(M, ..., V)``; ``rejected = w_{M+1}``, the mass of the token
+      drawn after every draft is rejected. ``sum(accepted, 0) + rejected = q``.
+    """
+    residual = q
+    accepted = []
+    for _ in range(int(num_drafts)):
+        scaled = jnp.sum(residual, axis=-1, keepdims=True) * p
+        accepted.append(jnp.minimum(scaled, residual))
+        residual = jnp.maximum(residual - scaled, 0)
+    return jnp.stack(accepted), residual
+
+
 #: Largest ``V^M x rows`` (the size of the biggest array of the enumeration) that
 #: ``batch_without_replacement_root_law`` builds: 256 MB in float32.
 MAX_WITHOUT_REPLACEMENT_ELEMENTS = 2**26
@@ -255,6 +283,28 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
       Yang et al. 2024, "Multi-candidate speculative decoding"; Jeon et al. 2024, "Recursive
       speculative decoding".
     """
+    stages, rejected = without_replacement_stage_laws(p, q, num_drafts)
+    return VerificationLaw(jnp.sum(stages, axis=0), rejected)
+
+
+def without_replacement_stage_laws(p: jax.Array, q: jax.Array, num_drafts):
+    """Recursive rejection sampling without replacement, draft by draft: the mass each draft
+    accepts and the mass drawn from the last residual.
+
+    The rule of ``batch_without_replacement_root_law`` (which sums the stages); a token tree
+    needs the stages apart, since the ``m``-th child of a node carries its own subtree.
+
+    Args:
+      p: ``(..., V)`` draft probabilities.
+      q: ``(..., V)`` target probabilities.
+      num_drafts: ``M >= 1`` (static, finite).
+
+    Returns:
+      ``(accepted, rejected)``: ``accepted[m - 1](x)`` = P(drafts ``1..m-1`` rejected, draft
+      ``m`` is ``x`` and accepted), ``(M, ..., V)`` (zero for ``m > V``: no token is left to
+      draw); ``rejected(x)`` = P(every draft rejected, or the draft law ran out, and the token
+      is ``x``), ``(..., V)``.
+    """
     check_num_drafts(num_drafts)
     num_states = p.shape[-1]
     stages = without_replacement_stages(num_drafts, num_states)
@@ -266,13 +316,13 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
     weight = jnp.ones((1,) + rows, q.dtype)
     draft = p[None]
     residual = q[None]
-    accepted = jnp.zeros_like(q)
+    accepted = []
     rejected = jnp.zeros_like(q)
     for stage in range(stages):
         # A path whose draft law has no token left draws its token from the residual.
         exhausted = 1 - _indicator(jnp.sum(draft, axis=-1))
         rejected = rejected + jnp.sum((weight * exhausted)[..., None] * residual, axis=0)
-        accepted = accepted + jnp.sum(weight[..., None] * jnp.minimum(draft, residual), axis=0)
+        accepted.append(jnp.sum(weight[..., None] * jnp.minimum(draft, residual), axis=0))
         reject_x = weight[..., None] * jnp.maximum(draft - residual, 0)  # (P, ..., V)
         next_residual = safe_normalize(jnp.maximum(residual - draft, 0))
         if stage == stages - 1:
@@ -287,7 +337,9 @@ def batch_without_replacement_root_law(p: jax.Array, q: jax.Array,
         residual = jnp.broadcast_to(next_residual[:, None],
                                     (paths, num_states) + rows + (num_states,))
         residual = residual.reshape((paths * num_states,) + rows + (num_states,))
-    return VerificationLaw(accepted, rejected)
+    missing = int(num_drafts) - stages if num_drafts != math.inf else 0
+    accepted = jnp.stack(accepted + [jnp.zeros_like(q)] * missing)
+    return accepted, rejected
 
 
 def batch_improvement(p: jax.Array, q: jax.Array, *, num_drafts) -> jax.Array:

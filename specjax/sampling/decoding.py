@@ -16,7 +16,6 @@ alone, so a run can be cut into chunks and laid out over devices without changin
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -83,7 +82,7 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     resolved_sharding = _sharding.resolve(sharding, num_chains)
     lookahead = decoder.resolve_lookahead(horizon)
     if isinstance(decoder, CallDecoder):
-        decoder = dataclasses.replace(decoder, lookahead=lookahead)
+        decoder = decoder.truncate(lookahead)
     per_chain = counters_per_chain(decoder)
     if num_chains * per_chain > MAX_COUNTER:
         limit = "2**32" if per_chain == 1 else f"2**32 / {per_chain} ({per_chain} uniforms " \

@@ -1,0 +1,410 @@
+"""Token trees: one target call verifies a tree of drafted tokens (SpecInfer, Sequoia, Medusa,
+EAGLE).
+
+A tree is a static shape: a parent array (``parents[0] = -1`` is the root, ``parents[i] < i``;
+the children of a node are ordered by index) or nested branching factors (``(4, 2, 1)``: the root
+has 4 children, each of them 2, each of those 1). A call from position ``n`` after the token
+``a = x_{n-1}`` puts ``a`` at the root; a node at depth ``d`` holds ``x_{n+d-1}`` and its
+children are drafted from the draft's row of position ``n + d`` given that token. Nodes deeper than
+``K' = min(D, T - n + 1)`` are dropped at the end of the horizon (``D``, the tree's depth, is the
+decoder's ``lookahead``).
+
+How children are drawn and verified (``children``):
+
+* ``"iid"`` (SpecInfer's multi-step speculative sampling): the children of a node are i.i.d.
+  from the draft ``p``; child ``j`` is accepted with ``min(1, r_j(t_j) / p(t_j))`` against the
+  residual ``r_1 = q``, ``r_{j+1} = [r_j - p]_+`` (normalised); an accepted child is descended
+  into, and if every child is rejected the call ends with a token drawn from the last residual.
+* ``"without_replacement"`` (Sequoia; recursive rejection sampling, Jeon et al. 2024): the
+  children are drawn without replacement (``d_1 = p``, ``d_{j+1}`` = ``d_j`` without ``t_j``,
+  renormalised), child ``j`` is accepted with ``min(1, r_j(t_j) / d_j(t_j))``,
+  ``r_{j+1} = [r_j - d_j]_+`` (normalised); a draft law with no token left ends the siblings.
+* ``"top_k"`` (Medusa, EAGLE): the children are the draft's ``b`` most probable tokens (ties to
+  the smaller index). Verification is the lossless rule for deterministic drafts: draw
+  ``y ~ q`` at the node; descend into the child holding ``y`` if there is one, else ``y`` ends
+  the call (a rejection).
+
+At a leaf the call ends with the target's bonus token (none if the horizon has ended). Each node
+is an exact rejection coupling of the current residual with the law its child is drawn from, so
+the output law is the target's (the tests enumerate it).
+
+Exact values. A call is a Markov chain over (node, token). Nodes whose truncated subtrees have the
+same shape at the same depth have the same future, so they are merged into one *class* (a uniform
+tree ``(b_1, .., b_D)`` has one class per depth). The law of a call (``call_law``) carries, per
+class, the ``(V, V)`` matrix ``reach[a, x]`` = P(the call reaches a node of the class holding
+``x`` | ``a``) down the tree: child ``j`` of a class adds ``reach @ accepted_j``, the class's
+rejected mass ``reach @ rejected``, its leaves ``reach @ q`` (bonus). The per-child masses are
+those of recursive rejection sampling, written once in ``specjax.decoders.multi_draft``
+(``with_replacement_stage_laws``, ``without_replacement_stage_laws``). Work: ``O(C V^3)`` per
+call law for ``C`` classes (``D`` for a uniform tree), times ``T`` positions in ``exact``; the
+without-replacement law enumerates ``V^(b-1)`` paths of rejected siblings per row (refused
+beyond ``2**26`` elements, as batch SD without replacement).
+
+The sampler follows one path of the tree: the children of the current node are drafted, verified
+and one of them descended into (drafting the siblings' subtrees as well would not change the law:
+their tokens are independent of everything the path uses). A call of one chain consumes
+``(D + 1) (2 b + 1)`` uniforms, ``b`` the largest branching factor.
+
+A chain ``(1,) * K`` with ``"iid"`` is speculative decoding with lookahead ``K``; a star
+``(M,)`` is batch SD's root with one token per call, ``(M, 1, .., 1)`` batch SD with lookahead
+``K`` (with or without replacement).
+
+References:
+  Miao et al. 2024, "SpecInfer" (multi-step speculative sampling); Chen et al. 2024, "Sequoia";
+  Cai et al. 2024, "Medusa"; Li et al. 2024, "EAGLE"; Jeon et al. 2024, "Recursive speculative
+  decoding".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders import multi_draft
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import CallLaw
+from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.draws import bernoulli
+from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import draw
+from specjax.decoders.verification import _safe_ratio
+from specjax.decoders.verification import safe_normalize
+
+CHILDREN = ("iid", "without_replacement", "top_k")
+MAX_TREE_NODES = 2**14  # the largest tree (nodes, root included) a TokenTree accepts
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class TreeShape(NamedTuple):
+    """Static facts of a tree, derived from its parent array."""
+
+    parents: tuple  # parents[0] = -1
+    depth: tuple  # depth[i]: drafted tokens from the root to node i (root 0)
+    children: tuple  # children[i]: node i's children, in order
+    max_depth: int  # D
+    max_children: int  # b, the largest branching factor (0 for a lone root)
+
+
+def branching_parents(branching) -> tuple:
+    """The parent array (breadth first) of the uniform tree with branching factors
+    ``branching``."""
+    parents, level = [-1], [0]
+    for factor in branching:
+        nxt = []
+        for node in level:
+            for _ in range(factor):
+                parents.append(node)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return tuple(parents)
+
+
+@functools.lru_cache(maxsize=256)
+def tree_shape(parents: tuple) -> TreeShape:
+    depth = [0] * len(parents)
+    children = [[] for _ in parents]
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+        children[parents[i]].append(i)
+    return TreeShape(parents, tuple(depth), tuple(tuple(c) for c in children), max(depth),
+                     max((len(c) for c in children), default=0))
+
+
+@functools.lru_cache(maxsize=256)
+def tree_classes(parents: tuple, max_depth: int) -> tuple:
+    """Nodes of the tree truncated at depth ``max_depth``, merged by (depth, subtree shape).
+
+    Returns ``levels``: ``levels[d]`` is a tuple with one entry per class at depth ``d``, the
+    tuple of its children's class indices at depth ``d + 1`` in order (empty for a leaf).
+    """
+    shape = tree_shape(parents)
+    keys = [None] * len(parents)
+    for i in range(len(parents) - 1, -1, -1):  # children have larger indices
+        if shape.depth[i] > max_depth:
+            continue
+        kids = shape.children[i] if shape.depth[i] < max_depth else ()
+        keys[i] = tuple(keys[c] for c in kids)
+    index = [dict() for _ in range(max_depth + 1)]
+    for i in range(len(parents)):
+        if keys[i] is not None:
+            index[shape.depth[i]].setdefault(keys[i], len(index[shape.depth[i]]))
+    levels = []
+    for d in range(max_depth + 1):
+        entries = [None] * len(index[d])
+        for key, c in index[d].items():
+            entries[c] = tuple(index[d + 1][k] for k in key)
+        levels.append(tuple(entries))
+    return tuple(levels)
+
+
+def _check_parents(parents) -> tuple:
+    if isinstance(parents, (jax.Array, np.ndarray)) and not isinstance(parents, jax.core.Tracer):
+        parents = np.asarray(parents).tolist()
+    if isinstance(parents, jax.core.Tracer) or not isinstance(parents, (tuple, list)):
+        raise ValueError("parents is a static setting: a tuple or list of Python ints "
+                         f"(parents[0] = -1, parents[i] < i), got {parents!r}")
+    if not parents or len(parents) > MAX_TREE_NODES:
+        raise ValueError(f"parents must list 1 to {MAX_TREE_NODES} nodes, got {len(parents)}")
+    for i, parent in enumerate(parents):
+        if isinstance(parent, bool) or not isinstance(parent, numbers.Integral):
+            raise ValueError(f"parents must hold Python ints, got {parent!r} at index {i}")
+    if parents[0] != -1:
+        raise ValueError(f"parents[0] must be -1 (the root), got {parents[0]}")
+    for i in range(1, len(parents)):
+        if not 0 <= parents[i] < i:
+            raise ValueError(f"parents[{i}] must be a node before it (0 <= parents[i] < {i}), "
+                             f"got {parents[i]}")
+    return tuple(int(x) for x in parents)
+
+
+def _check_branching(branching) -> tuple:
+    if isinstance(branching, (jax.Array, np.ndarray, jax.core.Tracer)) \
+            or not isinstance(branching, (tuple, list)):
+        raise ValueError("branching is a static setting: a tuple of positive Python ints, one "
+                         f"branching factor per depth, e.g. (4, 2, 1); got {branching!r}")
+    if not branching:
+        raise ValueError("branching must hold at least one branching factor, got ()")
+    for factor in branching:
+        _checks.check_static_int("branching", factor)
+    nodes, level = 1, 1
+    for factor in branching:
+        level *= factor
+        nodes += level
+        if nodes > MAX_TREE_NODES:
+            raise ValueError(f"branching {tuple(branching)} has more than {MAX_TREE_NODES} "
+                             "nodes; use smaller factors or fewer levels")
+    return tuple(int(f) for f in branching)
+
+
+def stage_laws(children: str, p: jax.Array, q: jax.Array, num_children: int):
+    """``(accepted (b, ..., V), rejected (..., V))``: the mass the ``j``-th child of a node
+    accepts (and descends with) and the mass of the token drawn when none is, for rows ``p``,
+    ``q`` of the node's context."""
+    if children == "iid":
+        return multi_draft.with_replacement_stage_laws(p, q, num_children)
+    if children == "without_replacement":
+        return multi_draft.without_replacement_stage_laws(p, q, num_children)
+    num_states = p.shape[-1]
+    chosen = min(num_children, num_states)
+    top = jax.lax.top_k(p, chosen)[1]  # (..., b): ties go to the smaller index
+    hit = jax.nn.one_hot(top, num_states, dtype=q.dtype)  # (..., b, V)
+    accepted = jnp.moveaxis(hit, -2, 0) * q
+    if chosen < num_children:
+        accepted = jnp.concatenate(
+            [accepted, jnp.zeros((num_children - chosen,) + q.shape, q.dtype)])
+    return accepted, q * (1 - jnp.sum(hit, axis=-2))
+
+
+@pytree_dataclass
+class TokenTree(CallDecoder):
+    """A static draft tree verified top-down in one target call.
+
+    ``TokenTree((4, 2))``: the root has 4 children and each of them 2 (13 nodes, depth 2).
+    ``TokenTree.from_parents(parents)``: any tree, e.g. one ``specjax.sequoia_tree`` returns.
+    See the module docstring for the drafting and verification rules of each ``children``.
+
+    Attributes:
+      branching: branching factors per depth (a tuple of positive ints), or ``None`` when the
+        tree is given by ``parents``.
+      children: ``"iid"`` (SpecInfer), ``"without_replacement"`` (Sequoia) or ``"top_k"``
+        (Medusa, EAGLE: the draft's most probable tokens, verified by sampling the target).
+      parents: the parent array (``parents[0] = -1``, ``parents[i] < i``; children ordered by
+        index), or ``None`` when the tree is given by ``branching``.
+
+    The tree's depth is the decoder's ``lookahead`` (a call emits at most ``D + 1`` tokens). The
+    exact law of ``"without_replacement"`` enumerates ``V^(b - 1)`` paths per row for the largest
+    branching factor ``b`` and is refused beyond ``2**26`` elements.
+    """
+
+    branching: tuple | None
+    _: dataclasses.KW_ONLY
+    children: str = "iid"
+    parents: tuple | None = None
+
+    def __post_init__(self):
+        if self.branching is None and self.parents is None:
+            raise ValueError("branching: give branching factors, e.g. TokenTree((4, 2)), or a "
+                             "parent array with TokenTree.from_parents(parents)")
+        if self.branching is not None and self.parents is not None:
+            raise ValueError("branching and parents: give one of them, not both")
+        if self.branching is not None:
+            object.__setattr__(self, "branching", _check_branching(self.branching))
+        else:
+            object.__setattr__(self, "parents", _check_parents(self.parents))
+            if len(self.parents) < 2:
+                raise ValueError("parents must describe a tree with at least one drafted node "
+                                 "(a lone root drafts nothing: use Autoregressive())")
+        if self.children not in CHILDREN:
+            raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+
+    @classmethod
+    def from_parents(cls, parents, *, children: str = "iid") -> "TokenTree":
+        """The tree with parent array ``parents`` (``parents[0] = -1``, ``parents[i] < i``)."""
+        return cls(None, children=children, parents=parents)
+
+    @property
+    def shape(self) -> TreeShape:
+        parents = self.parents if self.parents is not None else branching_parents(self.branching)
+        return tree_shape(parents)
+
+    @property
+    def lookahead(self) -> int:
+        return self.shape.max_depth
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the tree, root included: the tokens one call verifies."""
+        return len(self.shape.parents)
+
+    @property
+    def label(self) -> str:
+        tree = (f"{self.branching}" if self.branching is not None
+                else f"{self.num_nodes}-node tree")
+        return f"token tree {tree}, {self.children}"
+
+    def truncate(self, lookahead: int) -> "TokenTree":
+        del lookahead  # the sampler stops at the horizon by itself
+        return self
+
+    def check_exact(self, num_states: int, horizon: int) -> None:
+        if self.children == "without_replacement":
+            multi_draft.check_without_replacement_size(self.shape.max_children, num_states,
+                                                       num_states)
+
+    @property
+    def num_uniforms(self) -> int:
+        return (self.lookahead + 1) * (2 * self.shape.max_children + 1)
+
+    def prepare(self, draft, target):
+        thresholds = categorical_thresholds(draft.trans) if self.children == "iid" else None
+        return thresholds, draft.trans, target.trans
+
+    def sample_call(self, tables, n, prev, u):
+        """One call of one chain from position ``n`` after ``prev``; ``u``: ``num_uniforms``
+        31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances, the last token)."""
+        p_thr, p_trans, q_trans = tables
+        horizon = p_trans.shape[0]
+        shape = self.shape
+        depth, width = shape.max_depth, shape.max_children
+        table = np.full((len(shape.parents), width), -1, np.int32)
+        for i, kids in enumerate(shape.children):
+            table[i, :len(kids)] = kids
+        table = jnp.asarray(table)
+        slots = jnp.arange(width)
+
+        def level(carry, inputs):
+            node, x, done, kept, last_rejected, emitted = carry
+            d, u_d = inputs
+            row = jnp.clip(n - 1 + d, 0, horizon - 1)
+            in_horizon = n + d <= horizon
+            p_row, q_row = p_trans[row, x], q_trans[row, x]
+            kids = table[node]
+            present = (kids >= 0) & in_horizon
+            tokens, present, hit, residual = self._draft_and_verify(
+                p_thr, p_row, q_row, row, x, u_d, present)
+            y = draw(categorical_thresholds(residual), u_d[2 * width])
+            if self.children == "top_k":  # the lossless rule: descend into the child holding y
+                hit = present & (tokens == y)
+            accepted = jnp.any(hit)
+            choice = jnp.argmax(hit)
+            token = jnp.where(accepted, tokens[choice], y)
+            live = ~done
+            emitted = emitted.at[d].set(jnp.where(live, token, emitted[d]))
+            descend = live & accepted
+            return (jnp.where(descend, kids[choice], node), jnp.where(descend, token, x),
+                    done | ~descend, kept + descend.astype(jnp.int32),
+                    jnp.where(live & ~accepted, jnp.any(present), last_rejected), emitted), None
+
+        carry = (jnp.zeros((), jnp.int32), prev, jnp.zeros((), bool), jnp.zeros((), jnp.int32),
+                 jnp.zeros((), bool), jnp.zeros((depth + 1,), jnp.int32))
+        inputs = (jnp.arange(depth + 1), u.reshape(depth + 1, 2 * width + 1))
+        (_, _, _, kept, last_rejected, emitted), _ = jax.lax.scan(level, carry, inputs)
+        return emitted, kept, last_rejected
+
+    def _draft_and_verify(self, p_thr, p_row, q_row, row, x, u_d, present):
+        """Draft the children of one node and verify them in turn: ``(tokens (b,), present
+        (b,), accepted (b,) bool, residual (V,))``, the last the law of the token that ends the
+        call there (``q`` at a leaf). For ``top_k`` the drafts are deterministic and
+        ``accepted`` is decided by the caller's draw from ``q``."""
+        width = self.shape.max_children
+        if self.children == "top_k":
+            chosen = min(width, p_row.shape[-1])
+            tokens = jax.lax.top_k(p_row, chosen)[1].astype(jnp.int32)
+            if chosen < width:
+                tokens = jnp.concatenate([tokens, jnp.full((width - chosen,), -1, jnp.int32)])
+                present = present & (jnp.arange(width) < chosen)
+            return tokens, present, None, q_row
+        residual, law = q_row, p_row
+        tokens, alive, hit = [], [], []
+        found = jnp.zeros((), bool)
+        for j in range(width):
+            if self.children == "iid":
+                t = draw(p_thr[row, x], u_d[j])
+                here = present[j]
+            else:  # the draft law without the siblings drawn so far
+                t = draw(categorical_thresholds(law), u_d[j])
+                here = present[j] & (jnp.sum(law) > 0)
+            trying = here & ~found
+            ratio = jnp.minimum(_safe_ratio(residual[t], law[t], 1), 1)
+            accept = trying & bernoulli(ratio, u_d[width + j])
+            rejected = trying & ~accept
+            residual = jnp.where(rejected, safe_normalize(jnp.maximum(residual - law, 0)),
+                                 residual)
+            if self.children == "without_replacement":
+                others = jnp.arange(law.shape[-1]) != t
+                law = jnp.where(rejected, safe_normalize(law * others), law)
+            found = found | accept
+            tokens.append(t)
+            alive.append(here)
+            hit.append(accept)
+        return (jnp.stack(tokens).astype(jnp.int32), jnp.stack(alive), jnp.stack(hit),
+                residual)
+
+    def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
+        """The exact law of one call, by classes of nodes (see the module docstring).
+
+        Args:
+          p_rows: ``(K', V, V)`` draft rows of the call's positions.
+          q_rows: ``(K', V, V)`` target rows of the same positions.
+          bonus_row: ``(V, V)`` target row after them (unused without bonus).
+          with_bonus: whether that position exists (static).
+        """
+        k, num_states, _ = p_rows.shape
+        levels = tree_classes(self.shape.parents, k)
+        dtype = q_rows.dtype
+        zeros = jnp.zeros((num_states, num_states), dtype)
+        reach = [jnp.eye(num_states, dtype=dtype)]
+        kept, rejected, bonus = [], [], []
+        for d in range(k + 1):
+            nxt = [zeros] * (len(levels[d + 1]) if d < k else 0)
+            rejected_d, bonus_d = zeros, zeros
+            laws = {}
+            for c, kids in enumerate(levels[d]):
+                if kids:
+                    if len(kids) not in laws:
+                        laws[len(kids)] = stage_laws(self.children, p_rows[d], q_rows[d],
+                                                     len(kids))
+                    accepted, last = laws[len(kids)]
+                    rejected_d = rejected_d + _matmul(reach[c], last)
+                    for j, kid in enumerate(kids):
+                        nxt[kid] = nxt[kid] + _matmul(reach[c], accepted[j])
+                elif d < k or with_bonus:
+                    bonus_d = bonus_d + _matmul(reach[c], q_rows[d] if d < k else bonus_row)
+            rejected.append(rejected_d)
+            bonus.append(bonus_d)
+            if d < k:
+                kept.append(sum(nxt[1:], nxt[0]))
+                reach = nxt
+        return CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected),
+                       bonus=jnp.stack(bonus))
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_HIGHEST)
