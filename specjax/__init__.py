@@ -20,6 +20,7 @@ from specjax.decoders import BlockVerification
 from specjax.decoders import CallDecoder
 from specjax.decoders import CallLaw
 from specjax.decoders import Decoder
+from specjax.decoders import DynamicTree
 from specjax.decoders import GumbelList
 from specjax.decoders import ImportanceWeighted
 from specjax.decoders import KSequential
@@ -115,6 +116,7 @@ __all__ = [
     "FiniteStateModel",
     "FullDraft",
     "GreedyModel",
+    "DynamicTree",
     "GumbelList",
     "ImportanceWeighted",
     "KSequential",

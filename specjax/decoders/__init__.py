@@ -11,6 +11,7 @@ from specjax.decoders.base import decoder_dataclass
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.block import BlockVerification
+from specjax.decoders.dynamic_tree import DynamicTree
 from specjax.decoders.gumbel_list import GumbelList
 from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
@@ -28,6 +29,7 @@ __all__ = [
     "CallDecoder",
     "CallLaw",
     "Decoder",
+    "DynamicTree",
     "GumbelList",
     "ImportanceWeighted",
     "KSequential",
