@@ -55,6 +55,8 @@ from specjax.sampling import decode
 from specjax.sampling import decoding_statistics
 from specjax.sampling import rejection_decoding
 from specjax.sampling import speculative_decoding
+from specjax.theory import best_token_tree
+from specjax.theory import positional_acceptance
 from specjax.theory import ExactDecoding
 from specjax.theory import ParetoFront
 from specjax.theory import accepted_length
@@ -99,6 +101,8 @@ from specjax.auditing import audit_exact
 __version__ = "0.2.0"
 
 __all__ = [
+    "best_token_tree",
+    "positional_acceptance",
     "AuditReport",
     "Autoregressive",
     "AutoregressiveModel",

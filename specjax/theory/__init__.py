@@ -21,8 +21,12 @@ from specjax.theory.laws import output_chain
 from specjax.theory.laws import pareto_front
 from specjax.theory.laws import sequence_kl
 from specjax.theory.recursion import ExactDecoding
+from specjax.theory.trees import best_token_tree
+from specjax.theory.trees import positional_acceptance
 
 __all__ = [
+    "best_token_tree",
+    "positional_acceptance",
     "ExactDecoding",
     "ParetoFront",
     "accepted_length",
