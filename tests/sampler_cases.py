@@ -31,6 +31,12 @@ CASES = {
     "biased eps=0.1 UNO K=4": specjax.BiasedSpeculative(0.1, residual="target", lookahead=4),
     "rejection": specjax.RejectionRule(sd_accept, sd_residual),
     "block K=3": specjax.BlockVerification(3),
+    "tree (2, 2)": specjax.TokenTree((2, 2)),
+    "tree w/o replacement": specjax.TokenTree.from_parents((-1, 0, 0, 1, 2, 3),
+                                                           children="without_replacement"),
+    "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
+    "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
+    "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
 }
 
 
@@ -51,3 +57,11 @@ def instance(num_states=5, horizon=12, seed=3):
 REPRODUCIBLE = {name: decoder for name, decoder in CASES.items()
                 if not isinstance(decoder, specjax.GumbelList)}
 
+
+
+#: Decoders whose calls can end with a bonus token before ``K`` drafts (a leaf of a tree above
+#: its deepest level): which positions verified a draft cannot be re-derived from a trace's call
+#: structure alone for them.
+EARLY_BONUS = {name for name, decoder in CASES.items()
+               if isinstance(decoder, specjax.DynamicTree)
+               or (isinstance(decoder, specjax.TokenTree) and decoder.branching is None)}

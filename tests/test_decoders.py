@@ -247,7 +247,7 @@ def _models(kind):
 
 def _supported(name, kind, entry):
     """The support table of docs/guides/decoders.md."""
-    block = name.startswith("block")
+    block = isinstance(CASES[name], specjax.CallDecoder)  # block verification, trees
     if kind == "markov":
         return True
     if entry in ("accepted_length", "objective"):

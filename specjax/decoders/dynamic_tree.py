@@ -69,7 +69,7 @@ def build_tree(rank_rows: jax.Array, prev: jax.Array, width: int) -> Beams:
     depth, num_states, _ = rank_rows.shape
     dtype = rank_rows.dtype
     slots = jnp.arange(width, dtype=jnp.int32)
-    tokens = [jnp.zeros((width,), jnp.int32).at[0].set(prev)]
+    tokens = [jnp.zeros((width,), jnp.int32).at[0].set(jnp.asarray(prev).astype(jnp.int32))]
     parents = [jnp.full((width,), -1, jnp.int32)]
     scores = [jnp.zeros((width,), dtype).at[0].set(1)]
     for d in range(depth):

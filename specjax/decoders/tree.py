@@ -195,7 +195,7 @@ def stage_laws(children: str, p: jax.Array, q: jax.Array, num_children: int):
     chosen = min(num_children, num_states)
     top = jax.lax.top_k(p, chosen)[1]  # (..., b): ties go to the smaller index
     hit = jax.nn.one_hot(top, num_states, dtype=q.dtype)  # (..., b, V)
-    accepted = jnp.moveaxis(hit, -2, 0) * q
+    accepted = jnp.moveaxis(hit, -2, 0) * q[None]
     if chosen < num_children:
         accepted = jnp.concatenate(
             [accepted, jnp.zeros((num_children - chosen,) + q.shape, q.dtype)])
