@@ -298,3 +298,32 @@ def test_best_token_tree_value_is_its_exact_value_and_the_best(children, x64):
         tree = specjax.TokenTree(shape, children=children)
         if tree.num_nodes == 6:
             assert exact_value(specjax.decoders.tree.branching_parents(shape)) <= value + 1e-12
+
+
+# ----------------------------------------------------------------------------- static trees
+@pytest.mark.parametrize("children", ["iid", "without_replacement"])
+def test_static_tree_gradients_equal_finite_differences(children, x64):
+    """The exact expected calls of a static tree are differentiable in the draft and the target:
+    reverse-mode gradients against central differences along random directions (interior
+    rows, so that no min/max is at a kink)."""
+    draft, target = map(to_chain, random_pair(43, 3, 4))
+    tree = specjax.TokenTree.from_parents((-1, 0, 0, 1, 1, 2, 3), children=children)
+    rng = np.random.default_rng(0)
+
+    def calls(d_trans, t_trans):
+        return specjax.exact(tree, specjax.MarkovChain(draft.init, d_trans),
+                             specjax.MarkovChain(target.init, t_trans)).expected_calls
+
+    grads = jax.grad(calls, argnums=(0, 1))(draft.trans, target.trans)
+    for which, base in enumerate((draft.trans, target.trans)):
+        for _ in range(3):
+            direction = rng.normal(size=base.shape)
+            direction -= direction.mean(-1, keepdims=True)  # stay on the simplex
+            h = 1e-6
+            args = [draft.trans, target.trans]
+            plus, minus = list(args), list(args)
+            plus[which] = base + h * direction
+            minus[which] = base - h * direction
+            numeric = (float(calls(*plus)) - float(calls(*minus))) / (2 * h)
+            analytic = float(jnp.sum(grads[which] * direction))
+            assert abs(numeric - analytic) < 1e-6, (which, numeric, analytic)
