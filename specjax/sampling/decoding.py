@@ -165,8 +165,12 @@ def check_fits(run: Plan, size: RunBytes, *, chains_argument: str, chains_what: 
                            what=f"{chains_what}: {fmt(chains)}; laws: {fmt(tables)}",
                            device=None if on_host else device)
         return
-    kinds = "law table of one position" if table_plan(run).block_rows is not None or \
-        run.models != "markov" else "law table of all positions"
+    if isinstance(run.decoder, CallDecoder):  # no law table: the per-position laws of calls
+        kinds = "per-position laws of the calls"
+    elif run.models != "markov" or table_plan(run).block_rows is not None:
+        kinds = "law table of one position"
+    else:
+        kinds = "law table of all positions"
     _memory.check_fits(
         needed, argument=f"num_states = {run.target.num_states:,} (draft and target, "
                          f"T = {run.horizon:,})",
