@@ -105,11 +105,14 @@ def check_position(position, horizon: int) -> None:
 def check_finite_non_negative(name: str, value) -> float:
     """Returns ``float(value)``; raises ``ValueError`` unless it is a finite number >= 0 (a
     Python or NumPy number or a 0-d array; not a tracer, so only for static settings)."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} is a static setting: pass a Python number, not a traced value "
+                         f"(got {value!r}; do not pass it through jax.jit or jax.grad)")
     try:
-        if isinstance(value, bool) or jnp.ndim(value) != 0:
+        if value is None or isinstance(value, (bool, str)) or np.ndim(value) != 0:
             raise TypeError
         number = float(value)
-    except (TypeError, jax.errors.ConcretizationTypeError):
+    except (TypeError, ValueError):
         raise ValueError(f"{name} must be a finite non-negative number, got {value!r}") from None
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
