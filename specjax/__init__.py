@@ -57,6 +57,9 @@ from specjax.sampling import rejection_decoding
 from specjax.sampling import speculative_decoding
 from specjax.theory import best_token_tree
 from specjax.theory import positional_acceptance
+from specjax.theory import SequoiaChoice
+from specjax.theory import sequoia_hardware_tree
+from specjax.theory import sequoia_tree
 from specjax.theory import ExactDecoding
 from specjax.theory import ParetoFront
 from specjax.theory import accepted_length
@@ -103,6 +106,9 @@ __version__ = "0.2.0"
 __all__ = [
     "best_token_tree",
     "positional_acceptance",
+    "SequoiaChoice",
+    "sequoia_hardware_tree",
+    "sequoia_tree",
     "AuditReport",
     "Autoregressive",
     "AutoregressiveModel",

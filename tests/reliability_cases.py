@@ -1320,52 +1320,50 @@ def _cases() -> list[Case]:
     if hasattr(S, "SpecHub"):
         add(kind, "SpecHub", "lookahead 0", lambda: S.SpecHub(lookahead=0), "lookahead")
         add(kind, "SpecHub", "lookahead 1.5", lambda: S.SpecHub(lookahead=1.5), "lookahead")
-    if hasattr(S, "TokenTree"):
-        add(kind, "TokenTree", "branching (0,)", lambda: S.TokenTree((0,)), "branching")
-        add(kind, "TokenTree", "children 'foo'", lambda: S.TokenTree((2,), children="foo"),
-            "children")
-        add(kind, "TokenTree", "branching as a jnp array",
-            lambda: S.TokenTree(jnp.asarray([2, 2])), "branching")
-        add(kind, "TokenTree", "parents[0] = 0",
-            lambda: S.TokenTree.from_parents((0, 0, 1)), "parents")
-        add(kind, "TokenTree", "parents[2] = 2",
-            lambda: S.TokenTree.from_parents((-1, 0, 2)), "parents")
-        add(kind, "exact", "TokenTree((2, 1)) (valid)",
-            lambda: S.exact(S.TokenTree((2, 1)), d(), t()), check=returned)
-        add(kind, "decode", "TokenTree((2,), children='top_k') (valid)",
-            lambda: S.decode(k(), S.TokenTree((2,), children="top_k"), d(), t(), C),
-            check=trace_right())
-    if hasattr(S, "DynamicTree"):
-        add(kind, "DynamicTree", "budget 1", lambda: S.DynamicTree(1, max_depth=2), "budget")
-        add(kind, "DynamicTree", "max_depth 0", lambda: S.DynamicTree(4, max_depth=0),
-            "max_depth")
-        add(kind, "DynamicTree", "rank 'oracle'",
-            lambda: S.DynamicTree(4, max_depth=2, rank="oracle"), "rank")
-        add(kind, "decode", "DynamicTree(4, max_depth=2) (valid)",
-            lambda: S.decode(k(), S.DynamicTree(4, max_depth=2), d(), t(), C),
-            check=trace_right())
-    if hasattr(S, "positional_acceptance"):
-        add(kind, "positional_acceptance", "num_children 0",
-            lambda: S.positional_acceptance(d(), t(), num_children=0), "num_children")
-        add(kind, "positional_acceptance", "children 'foo'",
-            lambda: S.positional_acceptance(d(), t(), num_children=2, children="foo"),
-            "children")
-    if hasattr(S, "best_token_tree"):
-        add(kind, "best_token_tree", "budget 11",
-            lambda: S.best_token_tree(d(), t(), budget=11, max_depth=2), "budget")
-        add(kind, "best_token_tree", "max_depth beyond the horizon",
-            lambda: S.best_token_tree(d(), t(), budget=3, max_depth=T + 1), "max_depth")
-    if hasattr(S, "sequoia_tree"):
-        add(kind, "sequoia_tree", "budget 0",
-            lambda: S.sequoia_tree(jnp.asarray([0.5, 0.3]), budget=0, max_depth=2), "budget")
-        add(kind, "sequoia_tree", "acceptance summing to 1.5",
-            lambda: S.sequoia_tree(jnp.asarray([0.9, 0.6]), budget=3, max_depth=2),
-            "acceptance")
-    if hasattr(S, "sequoia_hardware_tree"):
-        add(kind, "sequoia_hardware_tree", "target_cost table too short",
-            lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=0.1,
-                                            target_cost=jnp.ones(3), max_budget=8,
-                                            max_depth=3), "target_cost")
+    add(kind, "TokenTree", "branching (0,)", lambda: S.TokenTree((0,)), "branching")
+    add(kind, "TokenTree", "children 'foo'", lambda: S.TokenTree((2,), children="foo"),
+        "children")
+    add(kind, "TokenTree", "branching as a jnp array",
+        lambda: S.TokenTree(jnp.asarray([2, 2])), "branching")
+    add(kind, "TokenTree", "parents[0] = 0",
+        lambda: S.TokenTree.from_parents((0, 0, 1)), "parents")
+    add(kind, "TokenTree", "parents[2] = 2",
+        lambda: S.TokenTree.from_parents((-1, 0, 2)), "parents")
+    add(kind, "exact", "TokenTree((2, 1)) (valid)",
+        lambda: S.exact(S.TokenTree((2, 1)), d(), t()), check=returned)
+    add(kind, "decode", "TokenTree((2,), children='top_k') (valid)",
+        lambda: S.decode(k(), S.TokenTree((2,), children="top_k"), d(), t(), C),
+        check=trace_right())
+    add(kind, "DynamicTree", "budget 1", lambda: S.DynamicTree(1, max_depth=2), "budget")
+    add(kind, "DynamicTree", "max_depth 0", lambda: S.DynamicTree(4, max_depth=0),
+        "max_depth")
+    add(kind, "DynamicTree", "rank 'oracle'",
+        lambda: S.DynamicTree(4, max_depth=2, rank="oracle"), "rank")
+    add(kind, "decode", "DynamicTree(4, max_depth=2) (valid)",
+        lambda: S.decode(k(), S.DynamicTree(4, max_depth=2), d(), t(), C),
+        check=trace_right())
+    add(kind, "positional_acceptance", "num_children 0",
+        lambda: S.positional_acceptance(d(), t(), num_children=0), "num_children")
+    add(kind, "positional_acceptance", "children 'foo'",
+        lambda: S.positional_acceptance(d(), t(), num_children=2, children="foo"),
+        "children")
+    add(kind, "best_token_tree", "budget 11",
+        lambda: S.best_token_tree(d(), t(), budget=11, max_depth=2), "budget")
+    add(kind, "best_token_tree", "max_depth beyond the horizon",
+        lambda: S.best_token_tree(d(), t(), budget=3, max_depth=T + 1), "max_depth")
+    add(kind, "sequoia_tree", "budget 0",
+        lambda: S.sequoia_tree(jnp.asarray([0.5, 0.3]), budget=0, max_depth=2), "budget")
+    add(kind, "sequoia_tree", "acceptance summing to 1.5",
+        lambda: S.sequoia_tree(jnp.asarray([0.9, 0.6]), budget=3, max_depth=2),
+        "acceptance")
+    add(kind, "sequoia_hardware_tree", "target_cost table too short",
+        lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=0.1,
+                                        target_cost=jnp.ones(3), max_budget=8,
+                                        max_depth=3), "target_cost")
+    add(kind, "sequoia_hardware_tree", "draft_cost None",
+        lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=None,
+                                        target_cost=jnp.ones(9), max_budget=8,
+                                        max_depth=3), "draft_cost")
     if hasattr(S, "CostModel"):
         add(kind, "CostModel", "target_cost -1", lambda: S.CostModel(0.1, -1.0), "target_cost")
 

@@ -23,10 +23,16 @@ from specjax.theory.laws import sequence_kl
 from specjax.theory.recursion import ExactDecoding
 from specjax.theory.trees import best_token_tree
 from specjax.theory.trees import positional_acceptance
+from specjax.theory.tree_shapes import SequoiaChoice
+from specjax.theory.tree_shapes import sequoia_hardware_tree
+from specjax.theory.tree_shapes import sequoia_tree
 
 __all__ = [
     "best_token_tree",
     "positional_acceptance",
+    "SequoiaChoice",
+    "sequoia_hardware_tree",
+    "sequoia_tree",
     "ExactDecoding",
     "ParetoFront",
     "accepted_length",
