@@ -62,7 +62,7 @@ def broadcast_rows(p, q):
 MAX_DRAFTS = 2**20
 
 
-def _scale_sweep(p, q, num_drafts):
+def scale_sweep(p, q, num_drafts):
     """``S_1 = 1, S_{m+1} = S_m + sum [q - S_m p]_+``; returns ``S_M`` and ``S_1..S_{M-1}``."""
     cum = jnp.ones(q.shape[:-1] + (1,), q.dtype)
     if num_drafts - 1 <= _UNROLL_DRAFTS:  # unrolled: each pass is one fused reduction
@@ -103,13 +103,13 @@ def batch_scale(p: jax.Array, q: jax.Array, num_drafts: int) -> jax.Array:
     """
     if num_drafts == 1:
         return jnp.ones(q.shape[:-1] + (1,), q.dtype)
-    return _scale_sweep(p, q, num_drafts)[0]
+    return scale_sweep(p, q, num_drafts)[0]
 
 
 def _batch_scale_fwd(p, q, num_drafts):
     if num_drafts == 1:
         return batch_scale(p, q, 1), (p, q, None)
-    cum, cums = _scale_sweep(p, q, num_drafts)
+    cum, cums = scale_sweep(p, q, num_drafts)
     return cum, (p, q, cums)
 
 

@@ -283,21 +283,31 @@ class TokenTree(CallDecoder):
         return (self.lookahead + 1) * (2 * self.shape.max_children + 1)
 
     def prepare(self, draft, target):
-        thresholds = categorical_thresholds(draft.trans) if self.children == "iid" else None
-        return thresholds, draft.trans, target.trans
+        """The draft's thresholds and, for i.i.d. children, the residual scales ``(T, V, b +
+        1)``: child ``j`` is verified against ``w_j = [q - S_{j-1} p]_+`` (``S_0 = 0``), whose
+        mass is ``S_j - S_{j-1}`` (``multi_draft.batch_scale``), so a chain does scalar work per
+        child instead of updating a ``(V,)`` residual."""
+        if self.children != "iid":
+            return None, None, draft.trans, target.trans
+        p, q = draft.trans, target.trans
+        width = self.shape.max_children
+        zero = jnp.zeros(q.shape[:-1] + (1,), q.dtype)
+        if width == 0:
+            scales = zero
+        else:
+            _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
+            scales = jnp.concatenate([zero, cums], axis=-1)
+        return categorical_thresholds(p), scales, p, q
 
     def sample_call(self, tables, n, prev, u):
         """One call of one chain from position ``n`` after ``prev``; ``u``: ``num_uniforms``
         31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances, the last token)."""
-        p_thr, p_trans, q_trans = tables
+        if self.children == "iid":
+            return self._sample_iid_call(tables, n, prev, u)
+        _, _, p_trans, q_trans = tables
         horizon = p_trans.shape[0]
-        shape = self.shape
-        depth, width = shape.max_depth, shape.max_children
-        table = np.full((len(shape.parents), width), -1, np.int32)
-        for i, kids in enumerate(shape.children):
-            table[i, :len(kids)] = kids
-        table = jnp.asarray(table)
-        slots = jnp.arange(width)
+        depth, width = self.shape.max_depth, self.shape.max_children
+        table = self._child_table()
 
         def level(carry, inputs):
             node, x, done, kept, last_rejected, emitted = carry
@@ -307,8 +317,7 @@ class TokenTree(CallDecoder):
             p_row, q_row = p_trans[row, x], q_trans[row, x]
             kids = table[node]
             present = (kids >= 0) & in_horizon
-            tokens, present, hit, residual = self._draft_and_verify(
-                p_thr, p_row, q_row, row, x, u_d, present)
+            tokens, present, hit, residual = self._draft_and_verify(p_row, q_row, u_d, present)
             y = draw(categorical_thresholds(residual), u_d[2 * width])
             if self.children == "top_k":  # the lossless rule: descend into the child holding y
                 hit = present & (tokens == y)
@@ -328,11 +337,73 @@ class TokenTree(CallDecoder):
         (_, _, _, kept, last_rejected, emitted), _ = jax.lax.scan(level, carry, inputs)
         return emitted, kept, last_rejected
 
-    def _draft_and_verify(self, p_thr, p_row, q_row, row, x, u_d, present):
+    def _child_table(self):
+        """``(nodes, b)`` int32: the children of each node, ``-1``-padded."""
+        table = np.full((len(self.shape.parents), self.shape.max_children), -1, np.int32)
+        for i, kids in enumerate(self.shape.children):
+            table[i, :len(kids)] = kids
+        return jnp.asarray(table)
+
+    def _sample_iid_call(self, tables, n, prev, u):
+        """:meth:`sample_call` for i.i.d. children, with scalar work per child.
+
+        After ``j - 1`` rejected siblings the residual is ``w_j = [q - S_{j-1} p]_+`` of mass
+        ``W_j = S_j - S_{j-1}`` (``S_0 = 0``; ``scales`` holds ``S_0 .. S_b``), so child ``j``
+        (token ``t``) is accepted with ``min(1, w_j(t) / (W_j p(t)))``: a probability that
+        depends on ``j`` and ``t`` only, so the ``b`` tests run side by side and the first
+        accepted child is the one taken. The ``(V,)`` draw of the call's last token, from
+        ``w_{r+1}`` after ``r`` rejections, is made once, where the call ends.
+        """
+        p_thr, scales, p_trans, q_trans = tables
+        horizon = p_trans.shape[0]
+        depth, width = self.shape.max_depth, self.shape.max_children
+        table = self._child_table()
+
+        def level(carry, inputs):
+            node, x, done, kept, last_rejected, emitted, end = carry
+            d, u_d = inputs
+            row = jnp.clip(n - 1 + d, 0, horizon - 1)
+            kids = table[node]
+            present = (kids >= 0) & (n + d <= horizon)  # a prefix of the slots
+            if width:
+                tokens = jnp.stack([draw(p_thr[row, x], u_d[j]) for j in range(width)])
+                p_t, q_t = p_trans[row, x, tokens], q_trans[row, x, tokens]
+                scale = scales[row, x]
+                mass = jnp.maximum(q_t - scale[:-1] * p_t, 0)
+                ratio = jnp.minimum(_safe_ratio(mass, (scale[1:] - scale[:-1]) * p_t, 1), 1)
+                hit = present & bernoulli(ratio, u_d[width:2 * width])
+            else:
+                tokens, hit = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
+            accepted = jnp.any(hit)
+            choice = jnp.argmax(hit) if width else jnp.zeros((), jnp.int32)
+            rejected = jnp.where(accepted, choice, jnp.sum(present)).astype(jnp.int32)
+            live = ~done
+            descend = live & accepted
+            ends = live & ~accepted
+            token = tokens[choice] if width else prev
+            emitted = emitted.at[d].set(jnp.where(descend, token, emitted[d]))
+            end = tuple(jnp.where(ends, a, b) for a, b in zip((row, x, rejected, d), end))
+            return (jnp.where(descend, kids[choice], node), jnp.where(descend, token, x),
+                    done | ~descend, kept + descend.astype(jnp.int32),
+                    jnp.where(ends, jnp.any(present), last_rejected), emitted, end), None
+
+        zero = jnp.zeros((), jnp.int32)
+        carry = (zero, prev, jnp.zeros((), bool), zero, jnp.zeros((), bool),
+                 jnp.zeros((depth + 1,), jnp.int32), (zero, prev, zero, zero))
+        uniforms = u.reshape(depth + 1, 2 * width + 1)
+        (_, _, _, kept, last_rejected, emitted, end), _ = jax.lax.scan(
+            level, carry, (jnp.arange(depth + 1), uniforms))
+        row, x, rejected, d = end  # the call ends at depth d: its last token from w_{r+1}
+        residual = jnp.maximum(q_trans[row, x] - scales[row, x, rejected] * p_trans[row, x], 0)
+        y = draw(categorical_thresholds(residual), uniforms[d, 2 * width])
+        return emitted.at[d].set(y), kept, last_rejected
+
+    def _draft_and_verify(self, p_row, q_row, u_d, present):
         """Draft the children of one node and verify them in turn: ``(tokens (b,), present
         (b,), accepted (b,) bool, residual (V,))``, the last the law of the token that ends the
         call there (``q`` at a leaf). For ``top_k`` the drafts are deterministic and
-        ``accepted`` is decided by the caller's draw from ``q``."""
+        ``accepted`` is decided by the caller's draw from ``q``; without replacement, each
+        child is drawn from the draft without the siblings drawn before it."""
         width = self.shape.max_children
         if self.children == "top_k":
             chosen = min(width, p_row.shape[-1])
@@ -345,21 +416,16 @@ class TokenTree(CallDecoder):
         tokens, alive, hit = [], [], []
         found = jnp.zeros((), bool)
         for j in range(width):
-            if self.children == "iid":
-                t = draw(p_thr[row, x], u_d[j])
-                here = present[j]
-            else:  # the draft law without the siblings drawn so far
-                t = draw(categorical_thresholds(law), u_d[j])
-                here = present[j] & (jnp.sum(law) > 0)
+            t = draw(categorical_thresholds(law), u_d[j])
+            here = present[j] & (jnp.sum(law) > 0)
             trying = here & ~found
             ratio = jnp.minimum(_safe_ratio(residual[t], law[t], 1), 1)
             accept = trying & bernoulli(ratio, u_d[width + j])
             rejected = trying & ~accept
             residual = jnp.where(rejected, safe_normalize(jnp.maximum(residual - law, 0)),
                                  residual)
-            if self.children == "without_replacement":
-                others = jnp.arange(law.shape[-1]) != t
-                law = jnp.where(rejected, safe_normalize(law * others), law)
+            others = jnp.arange(law.shape[-1]) != t
+            law = jnp.where(rejected, safe_normalize(law * others), law)
             found = found | accept
             tokens.append(t)
             alive.append(here)
