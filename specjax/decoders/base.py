@@ -48,6 +48,11 @@ jointly; its outcome is a run of kept drafts and one last token. A call-level de
   outcome for every previous token (``p_rows``, ``q_rows``: ``(K', V, V)``, the rows of the
   positions the call may fill; ``bonus_row``: the target row after them), used by the exact
   forward recursion over call starts;
+* optionally ``call_law_from(start, p_rows, q_rows, bonus_row, with_bonus)``: the same law for
+  a previous token of (un-normalised) law ``start`` (``(V,)``; fields ``(K', V)``), which the
+  exact recursion calls once per position. The default contracts ``call_law``; a decoder that
+  can push ``start`` through its call directly (a token tree: ``O(nodes V^2)`` instead of
+  ``O(classes V^3)``) overrides it;
 * optionally ``check(num_states, num_rows)`` and ``check_exact(num_states, horizon)``.
 
 Block verification is call-level; token trees and optimal multi-draft verification fit the same
@@ -61,6 +66,7 @@ from typing import ClassVar
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from specjax import _checks
 from specjax.models.checks import model_kind
@@ -69,6 +75,8 @@ from specjax._pytree import array_field  # noqa: E402,F401 - re-exported for dec
 from specjax._pytree import pytree_dataclass  # noqa: E402
 
 decoder_dataclass = pytree_dataclass
+
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 # ---------------------------------------------------------------------------------------------
 # The two protocols.
@@ -178,6 +186,13 @@ class CallDecoder(Decoder):
 
     def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
         raise NotImplementedError
+
+    def call_law_from(self, start, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
+        """``call_law`` for a previous token of (un-normalised) law ``start`` (``(V,)``):
+        each field summed over ``a`` with weights ``start[a]``, shapes ``(K', V)`` and
+        ``(K' + 1, V)``. Override it where pushing ``start`` through the call is cheaper."""
+        law = self.call_law(p_rows, q_rows, bonus_row, with_bonus=with_bonus)
+        return CallLaw(*(jnp.einsum("a,iay->iy", start, x, precision=_HIGHEST) for x in law))
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         """Raise ``ValueError`` when the exact call law cannot be built for ``V`` tokens and

@@ -1,6 +1,6 @@
 """The exact forward recursion of call-level decoders over the states where calls start.
 
-A call-level decoder (block verification; token trees next) is a Markov chain over the states
+A call-level decoder (block verification, token trees) is a Markov chain over the states
 ``(position n, previous token a)`` at which target calls start. Its ``call_law`` gives, for every
 ``a``, the law of a call's outcome: which drafts it keeps and its last token, rejected or bonus
 (``specjax.decoders.base.CallLaw``). The recursion carries the mass of call starts for the next
@@ -10,9 +10,10 @@ A call-level decoder (block verification; token trees next) is a Markov chain ov
 * ``P(x_{n+i} = x, ...) += s_n @ law[i]`` for the kept drafts, the rejected and the bonus token;
 * ``s_{n+i+1} += s_n @ (rejected[i] + bonus[i])``.
 
-A call at ``n`` drafts ``K' = min(K, T - n + 1)`` tokens; its law is evaluated once per start
-position (``T`` evaluations, the full-length ones under ``lax.map``), so the cost is that of the
-decoder's law (``V**K'`` for block verification) times ``T``, plus ``O(T K V^2)``.
+A call at ``n`` drafts ``K' = min(K, T - n + 1)`` tokens. Its law is built inside the scan for
+the mass of calls starting there (``decoder.call_law_from``), once per position, so the cost is
+that of the decoder's law (``V**K'`` for block verification; ``O(nodes V^2)`` for a token tree,
+which pushes the start mass through its nodes) times ``T``, plus ``O(T K V)``.
 """
 
 from __future__ import annotations
@@ -25,37 +26,31 @@ import jax.numpy as jnp
 from specjax.decoders.base import CallLaw
 from specjax.theory.recursion import ExactDecoding
 
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def call_laws(decoder, draft, target, lookahead: int) -> CallLaw:
-    """The law of a call starting at each position ``n = 1..T``, padded to ``K``: fields
-    ``(T, K, V, V)`` (kept) and ``(T, K + 1, V, V)`` (rejected, bonus)."""
+def call_law_at(decoder, start, draft, target, n, *, lookahead: int) -> CallLaw:
+    """The law of a call at position ``n`` (1-based) whose previous token has the law ``start``,
+    fields padded to ``(K, V)`` and ``(K + 1, V)``. ``n`` may be traced for a full-length call
+    (``n <= T - K``); the last ``K`` positions are static (the call drafts fewer tokens)."""
     horizon = target.horizon
     k = lookahead
-    laws = []
-    num_full = horizon - k  # calls at n = 1 .. T - K draft K tokens and may emit a bonus
-    if num_full > 0:
-        rows = jnp.arange(num_full)[:, None] + jnp.arange(k)[None, :]
-        laws.append(jax.lax.map(
-            lambda args: decoder.call_law(*args, with_bonus=True),
-            (draft.trans[rows], target.trans[rows], target.trans[jnp.arange(num_full) + k])))
-    for n in range(max(num_full, 0) + 1, horizon + 1):  # the last calls: fewer drafts
-        law = decoder.call_law(draft.trans[n - 1:], target.trans[n - 1:], None,
-                               with_bonus=False)
+    if isinstance(n, int) and n > horizon - k:
+        law = decoder.call_law_from(start, draft.trans[n - 1:], target.trans[n - 1:], None,
+                                    with_bonus=False)
         pad = k - law.kept.shape[0]
-        law = CallLaw(*(jnp.pad(x, ((0, pad), (0, 0), (0, 0)))[None] for x in law))
-        laws.append(law)
-    return CallLaw(*(jnp.concatenate(parts) for parts in zip(*laws)))
-
-
-def _vecmat(x, a):
-    return jnp.einsum("a,iay->iy", x, a, precision=_HIGHEST)
+        return CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
+    p_rows = jax.lax.dynamic_slice_in_dim(draft.trans, n - 1, k)
+    q_rows = jax.lax.dynamic_slice_in_dim(target.trans, n - 1, k)
+    bonus_row = jax.lax.dynamic_index_in_dim(target.trans, n - 1 + k, keepdims=False)
+    return decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=True)
 
 
 @functools.partial(jax.jit, static_argnames=("lookahead",))
 def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
     """Exact per-position statistics of a call-level ``decoder`` on ``MarkovChain``s.
+
+    Each position's call law is built for the mass of calls starting there
+    (``decoder.call_law_from``) inside the scan, so nothing of size ``T x V x V`` per field is
+    stored and a decoder that pushes the start mass through its call (a token tree) does
+    ``O(V^2)`` work per node.
 
     Args:
       decoder: a call-level decoder.
@@ -67,29 +62,37 @@ def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
       ``verified`` one minus the mass of bonus tokens.
     """
     num_states = target.num_states
+    horizon = target.horizon
     k = lookahead
-    laws = call_laws(decoder, draft, target, k)
-    dtype = laws.rejected.dtype
+    dtype = jnp.result_type(draft.trans.dtype, target.trans.dtype)
 
-    def step(carry, law):
+    def step(carry, n):
         # starts[j]: mass of calls starting at n + j; filled[j]: (token, rejected, bonus) masses
         # already placed at position n + j by earlier calls.
         starts, filled = carry
         start = starts[0]
-        kept = jnp.pad(_vecmat(start, law.kept), ((0, 1), (0, 0)))  # positions n .. n + K
-        rejected = _vecmat(start, law.rejected)
-        bonus = _vecmat(start, law.bonus)
-        filled = filled + jnp.stack([kept + rejected + bonus, rejected, bonus], axis=1)
+        law = call_law_at(decoder, start, draft, target, n, lookahead=k)
+        kept = jnp.pad(law.kept, ((0, 1), (0, 0)))  # positions n .. n + K
+        filled = filled + jnp.stack([kept + law.rejected + law.bonus, law.rejected, law.bonus],
+                                    axis=1)
         zeros = jnp.zeros((1, num_states), dtype)
         # The last token at n + i starts a call at n + i + 1 (index i once shifted).
-        starts = jnp.concatenate([starts[1:], zeros]) + rejected + bonus
+        starts = jnp.concatenate([starts[1:], zeros]) + law.rejected + law.bonus
         done = filled[0]
         filled = jnp.concatenate([filled[1:], jnp.zeros((1, 3, num_states), dtype)])
         return (starts, filled), (done, jnp.sum(start))
 
-    starts = jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init)
-    filled = jnp.zeros((k + 1, 3, num_states), dtype)
-    _, (done, new_call) = jax.lax.scan(step, (starts, filled), laws)
+    carry = (jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init),
+             jnp.zeros((k + 1, 3, num_states), dtype))
+    num_full = max(horizon - k, 0)
+    outputs = []
+    if num_full:
+        carry, out = jax.lax.scan(step, carry, jnp.arange(1, num_full + 1))
+        outputs.append(out)
+    for n in range(num_full + 1, horizon + 1):  # the last calls: fewer drafts, static shapes
+        carry, out = step(carry, n)
+        outputs.append(jax.tree.map(lambda x: x[None], out))
+    done, new_call = (jnp.concatenate(parts) for parts in zip(*outputs))
     marginals = jnp.concatenate([target.init[None].astype(dtype), done[:, 0]])
     return ExactDecoding(rejected=done[:, 1], new_call=new_call, marginals=marginals,
                          verified=1 - jnp.sum(done[:, 2], axis=-1))
