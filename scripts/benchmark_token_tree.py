@@ -330,7 +330,9 @@ def print_tables(rows, args, dtype_name: str) -> None:
               f"{r['rejections_numpy_diff']:.2e} |")
     print("\nx NumPy: NumPy time / specjax time (above 1: specjax is faster). NumPy's E[calls] is "
           "a forward recursion over (position, node, token), every node on its own; specjax's "
-          "exact builds the call law of every start position (O(classes V^3) each).\n")
+          "exact pushes the mass of call starts through the tree's classes of nodes (nodes with the "
+          "same subtree shape at the same depth share one (V,) vector), O(classes b V^2) per "
+          "position.\n")
     print(f"Sampler ({args.num_chains:,} chains; chain-steps/s = C T / seconds)\n")
     print("| tree | specjax | compile | NumPy | specjax steps/s | NumPy steps/s | x NumPy "
           "| E[calls] exact | specjax mean (z) | NumPy mean (z) |")

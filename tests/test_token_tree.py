@@ -303,6 +303,21 @@ def test_decode_matches_literal_and_exact(tree_name, children):
     stats.assert_mean(calls, exact_calls, f"{what}: calls")
 
 
+@pytest.mark.parametrize("children", CHILDREN)
+def test_decode_in_float64(children):
+    """Under ``jax_enable_x64`` with float64 chains the sampler runs (its integer carries keep
+    their dtype) and its mean calls fit ``exact`` within ``stats.Z`` standard errors."""
+    draft, target = INSTANCES[SAMPLER_INSTANCE]()
+    tree = make_tree("irregular", children)
+    with jax.enable_x64(True):
+        draft64, target64 = to_chain(draft, np.float64), to_chain(target, np.float64)
+        trace = specjax.decode(jax.random.key(11), tree, draft64, target64, 20_000)
+        exact = specjax.exact(tree, draft64, target64)
+        assert trace.tokens.dtype == jnp.int32
+        stats.assert_mean(np.asarray(trace.num_calls), float(exact.expected_calls),
+                          f"{children}: calls in float64")
+
+
 # ----------------------------------------------------------------------------- edge cases
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("children", ["iid", "without_replacement"])

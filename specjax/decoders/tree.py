@@ -383,7 +383,8 @@ class TokenTree(CallDecoder):
             ends = live & ~accepted
             token = tokens[choice] if width else prev
             emitted = emitted.at[d].set(jnp.where(descend, token, emitted[d]))
-            end = tuple(jnp.where(ends, a, b) for a, b in zip((row, x, rejected, d), end))
+            end = tuple(jnp.where(ends, a, b).astype(jnp.int32)
+                        for a, b in zip((row, x, rejected, d), end))
             return (jnp.where(descend, kids[choice], node), jnp.where(descend, token, x),
                     done | ~descend, kept + descend.astype(jnp.int32),
                     jnp.where(ends, jnp.any(present), last_rejected), emitted, end), None
