@@ -55,6 +55,12 @@ from specjax.sampling import decode
 from specjax.sampling import decoding_statistics
 from specjax.sampling import rejection_decoding
 from specjax.sampling import speculative_decoding
+from specjax.theory import CostModel
+from specjax.theory import DecodingTime
+from specjax.theory import LookaheadChoice
+from specjax.theory import best_lookahead
+from specjax.theory import decoding_time
+from specjax.theory import expected_time
 from specjax.theory import best_token_tree
 from specjax.theory import positional_acceptance
 from specjax.theory import SequoiaChoice
@@ -104,6 +110,12 @@ from specjax.auditing import audit_exact
 __version__ = "0.2.0"
 
 __all__ = [
+    "CostModel",
+    "DecodingTime",
+    "LookaheadChoice",
+    "best_lookahead",
+    "decoding_time",
+    "expected_time",
     "best_token_tree",
     "positional_acceptance",
     "SequoiaChoice",

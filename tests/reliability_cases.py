@@ -1364,8 +1364,24 @@ def _cases() -> list[Case]:
         lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=None,
                                         target_cost=jnp.ones(9), max_budget=8,
                                         max_depth=3), "draft_cost")
-    if hasattr(S, "CostModel"):
-        add(kind, "CostModel", "target_cost -1", lambda: S.CostModel(0.1, -1.0), "target_cost")
+    add(kind, "CostModel", "target_cost -1", lambda: S.CostModel(0.1, -1.0), "target_cost")
+    add(kind, "CostModel", "draft_cost None", lambda: S.CostModel(None, 1.0), "draft_cost")
+    add(kind, "CostModel", "target_cost table of NaN",
+        lambda: S.CostModel(0.1, [0.0, math.nan]), "target_cost")
+    add(kind, "expected_time", "cost a tuple",
+        lambda: S.expected_time(S.Speculative(lookahead=2), d(), t(), (0.1, 1.0)), "cost")
+    add(kind, "expected_time", "target_cost table too short for K = 3",
+        lambda: S.expected_time(S.Speculative(lookahead=3), d(), t(),
+                                S.CostModel(0.1, [0.0, 1.0, 1.0])), "target_cost")
+    add(kind, "decoding_time", "TokenTree((2, 1)) (valid)",
+        lambda: S.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
+        check=returned)
+    add(kind, "best_lookahead", "max_lookahead 0",
+        lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
+        "max_lookahead")
+    add(kind, "best_lookahead", "max_lookahead 2.5",
+        lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2.5),
+        "max_lookahead")
 
     ids = [c.id for c in cases]
     duplicates = {i for i in ids if ids.count(i) > 1}

@@ -53,6 +53,9 @@ jointly; its outcome is a run of kept drafts and one last token. A call-level de
   exact recursion calls once per position. The default contracts ``call_law``; a decoder that
   can push ``start`` through its call directly (a token tree: ``O(nodes V^2)`` instead of
   ``O(classes V^3)``) overrides it;
+* optionally ``call_work(depth) -> (draft passes, tokens scored)``, what a call that drafts
+  ``depth`` levels costs under ``specjax.CostModel`` (default: one chain, ``depth`` and
+  ``depth + 1``);
 * optionally ``check(num_states, num_rows)`` and ``check_exact(num_states, horizon)``.
 
 Block verification is call-level; token trees and optimal multi-draft verification fit the same
@@ -62,6 +65,7 @@ protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 from typing import NamedTuple
 
@@ -146,6 +150,17 @@ class TokenwiseDecoder(Decoder):
         lookahead = getattr(self, "lookahead", None)
         return horizon if lookahead is None else min(lookahead, horizon)
 
+    def call_work(self, depth: int) -> tuple[int, int]:
+        """``(draft passes, tokens the target scores)`` of a call that drafts ``depth`` tokens
+        per sequence (``min(K, T - n + 1)`` at position ``n``), for ``specjax.CostModel``:
+        ``depth`` passes and ``M depth + 1`` tokens (the root and ``M`` drafted sequences; a
+        decoder with a ``num_drafts`` field drafts that many, the others one)."""
+        num_drafts = getattr(self, "num_drafts", 1)
+        if num_drafts == math.inf:
+            raise ValueError(f"{type(self).__name__} with num_drafts=math.inf drafts infinitely "
+                             "many sequences per call: its calls have no finite cost")
+        return depth, int(num_drafts) * depth + 1
+
 
 class CallLaw(NamedTuple):
     """The exact law of one call of a call-level decoder, for every previous token ``a``.
@@ -193,6 +208,13 @@ class CallDecoder(Decoder):
         ``(K' + 1, V)``. Override it where pushing ``start`` through the call is cheaper."""
         law = self.call_law(p_rows, q_rows, bonus_row, with_bonus=with_bonus)
         return CallLaw(*(jnp.einsum("a,iay->iy", start, x, precision=_HIGHEST) for x in law))
+
+    def call_work(self, depth: int) -> tuple[int, int]:
+        """``(draft passes, tokens the target scores)`` of a call that drafts at most ``depth``
+        levels (``min(K, T - n + 1)`` at position ``n``), for ``specjax.CostModel``. The
+        default is one chain: ``depth`` passes, ``depth + 1`` tokens (the root and the
+        drafts)."""
+        return depth, depth + 1
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         """Raise ``ValueError`` when the exact call law cannot be built for ``V`` tokens and

@@ -132,6 +132,12 @@ class DynamicTree(CallDecoder):
         who = "EAGLE-2 dynamic tree" if self.rank == "draft" else "speed of light"
         return f"{who}, {self.budget} nodes, depth <= {self.max_depth}"
 
+    def call_work(self, depth: int) -> tuple[int, int]:
+        """``min(depth, max_depth)`` draft passes (one per level of the beam) and ``budget``
+        tokens scored, for ``specjax.CostModel``: the call is provisioned for the budget even
+        where fewer prefixes have positive probability or fit in the horizon."""
+        return min(depth, self.max_depth), self.budget
+
     @property
     def num_uniforms(self) -> int:
         return self.max_depth + 1

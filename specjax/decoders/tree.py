@@ -279,6 +279,12 @@ class TokenTree(CallDecoder):
             multi_draft.check_without_replacement_size(self.shape.max_children, num_states,
                                                        num_states)
 
+    def call_work(self, depth: int) -> tuple[int, int]:
+        """One draft pass per level and the nodes of the tree cut at ``depth`` (root
+        included), for ``specjax.CostModel``."""
+        levels = min(depth, self.shape.max_depth)
+        return levels, sum(1 for d in self.shape.depth if d <= levels)
+
     @property
     def num_uniforms(self) -> int:
         return (self.lookahead + 1) * (2 * self.shape.max_children + 1)

@@ -2,6 +2,12 @@
 over a decoder's state), closed forms, output laws, sequence KL and the Pareto front."""
 
 from specjax.theory.block import exact_block_accepted_length
+from specjax.theory.cost import CostModel
+from specjax.theory.cost import DecodingTime
+from specjax.theory.cost import LookaheadChoice
+from specjax.theory.cost import best_lookahead
+from specjax.theory.cost import decoding_time
+from specjax.theory.cost import expected_time
 from specjax.theory.block import exact_block_expected_calls
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
@@ -28,6 +34,12 @@ from specjax.theory.tree_shapes import sequoia_hardware_tree
 from specjax.theory.tree_shapes import sequoia_tree
 
 __all__ = [
+    "CostModel",
+    "DecodingTime",
+    "LookaheadChoice",
+    "best_lookahead",
+    "decoding_time",
+    "expected_time",
     "best_token_tree",
     "positional_acceptance",
     "SequoiaChoice",

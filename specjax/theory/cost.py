@@ -1,0 +1,312 @@
+"""What decoding costs in time: a cost model, the expected time of any decoder, the best lookahead.
+
+A target call that scores ``n`` tokens takes ``target_cost(n)`` (a number, or a table as in
+Sequoia's configuration: verification is not free in the number of tokens), a draft forward pass
+takes ``draft_cost``, and every call may add a fixed ``call_overhead``. Times are in whatever unit
+the costs are given in; with ``target_cost = 1`` they count target calls.
+
+What a call does is the decoder's :meth:`~specjax.decoders.base.Decoder.call_work`: a call that
+drafts ``d`` levels (``d = min(K, T - n + 1)`` at position ``n``) makes ``d`` draft passes and
+one target call scoring the root and the drafted tokens: ``d + 1`` for one chain (SD, biased SD,
+``RejectionRule``, block verification), ``M d + 1`` for ``M`` draft sequences (batch SD and the
+multi-draft verifiers), the nodes of the truncated tree for a token tree, the budget for a dynamic
+tree; autoregressive decoding scores one token per call and drafts nothing.
+
+The expected time is then exact and linear in the probability that a call starts at each
+position (``ExactDecoding.new_call``)::
+
+    E[time] = sum_n P(a call starts at n) (d_n draft_cost + target_cost(s_n) + call_overhead),
+
+so it is differentiable in the draft and the target wherever ``exact`` is, and the same sum over
+a sampler's ``new_call`` flags is its Monte Carlo estimate. Autoregressive decoding of the same
+``T`` tokens takes ``T (target_cost(1) + call_overhead)``; the speed-up is its ratio to the
+expected time.
+
+Leviathan et al. (2023) give the speed-up of SD with lookahead ``K`` as
+``(1 - a^(K+1)) / ((1 - a)(K c + 1))`` for an i.i.d. acceptance ``a`` and a cost ratio ``c``: the
+ratio of a call's expected tokens to its time. On a chain whose every row has acceptance ``a``
+it is what ``decoding_time`` gives away from the end of the horizon (the tests check this).
+
+References:
+  Leviathan, Kalman & Matias 2023, "Fast inference from transformers via speculative decoding";
+  Chen et al. 2024, "Sequoia" (a target cost per number of tokens scored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import check_decoder
+from specjax.theory.values import _plan_exact
+from specjax.theory.values import exact
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """The time a decoder spends: draft passes, target calls by the tokens they score, overhead.
+
+    A static, hashable value (the costs are Python floats), so it can be closed over or passed
+    as a static argument under ``jit``.
+
+    Args:
+      draft_cost: Time of one draft forward pass (one drafted token of a chain, one level of a
+        tree), a finite number ``>= 0``.
+      target_cost: Time of one target call: a finite positive number (the same whatever it
+        scores), or a 1-D table with ``target_cost[n]`` the time of a call scoring ``n`` tokens
+        (entry 0 is unused; a longer table than needed is fine).
+      call_overhead: A fixed time added to every call (keyword only), finite ``>= 0``.
+
+    Raises:
+      ValueError: a cost that is not a finite number of the right sign, or a table that is not
+        1-D, is empty past entry 0, or holds a non-finite or non-positive entry at ``n >= 1``.
+
+    Example:
+      >>> import specjax
+      >>> cost = specjax.CostModel(0.1, [0.0, 1.0, 1.0, 1.1, 1.2, 1.3])
+      >>> cost.call_time(draft_passes=3, tokens_scored=4)
+      1.5
+    """
+
+    draft_cost: float
+    target_cost: float | tuple
+    _: dataclasses.KW_ONLY
+    call_overhead: float = 0.0
+
+    def __post_init__(self):
+        set_field = object.__setattr__  # frozen: store the validated, hashable values
+        set_field(self, "draft_cost", _checks.check_finite_non_negative("draft_cost",
+                                                                        self.draft_cost))
+        set_field(self, "call_overhead", _checks.check_finite_non_negative(
+            "call_overhead", self.call_overhead))
+        set_field(self, "target_cost", _check_target_cost(self.target_cost))
+
+    @property
+    def max_tokens(self) -> float:
+        """The most tokens a call may score under this model (``inf`` for a number)."""
+        if isinstance(self.target_cost, tuple):
+            return len(self.target_cost) - 1
+        return math.inf
+
+    def target_time(self, tokens_scored: int) -> float:
+        """``target_cost(n)`` for a call scoring ``n >= 1`` tokens."""
+        if not isinstance(self.target_cost, tuple):
+            return self.target_cost
+        if tokens_scored > self.max_tokens:
+            raise ValueError(
+                f"target_cost is a table of length {len(self.target_cost)}, but a call scores up "
+                f"to {tokens_scored} tokens: give target_cost[n] for n = 1..{tokens_scored} "
+                f"(length at least {tokens_scored + 1}; entry 0 is unused)")
+        return self.target_cost[tokens_scored]
+
+    def call_time(self, *, draft_passes: int, tokens_scored: int) -> float:
+        """The time of one call: ``draft_passes * draft_cost + target_cost(tokens_scored) +
+        call_overhead``."""
+        return (draft_passes * self.draft_cost + self.target_time(tokens_scored)
+                + self.call_overhead)
+
+
+def _check_target_cost(target_cost):
+    if isinstance(target_cost, jax.core.Tracer):
+        raise ValueError("target_cost is a static setting: pass a Python number or a list, not "
+                         "a traced value (do not pass it through jax.jit or jax.grad)")
+    if isinstance(target_cost, (bool, str)) or target_cost is None:
+        raise ValueError(f"target_cost must be a positive number or a 1-D table of them, got "
+                         f"{target_cost!r}")
+    if np.ndim(target_cost) == 0:
+        cost = _checks.check_finite_non_negative("target_cost", target_cost)
+        if cost <= 0:
+            raise ValueError(f"target_cost must be positive (a target call takes time), got "
+                             f"{target_cost!r}")
+        return cost
+    try:
+        table = np.asarray(target_cost, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"target_cost must be a positive number or a 1-D table of them, got "
+                         f"{target_cost!r}") from None
+    if table.ndim != 1:
+        raise ValueError(f"target_cost must be a number or a 1-D table (target_cost[n] for a "
+                         f"call scoring n tokens), got shape {table.shape}")
+    if table.shape[0] < 2:
+        raise ValueError(f"target_cost is a table of length {table.shape[0]}: it needs "
+                         "target_cost[n] for n >= 1 (entry 0 is unused)")
+    used = table[1:]
+    if not (np.isfinite(used).all() and (used > 0).all()):
+        bad = int(np.argmax(~(np.isfinite(used) & (used > 0)))) + 1
+        raise ValueError(f"target_cost must hold finite positive costs at n >= 1, got "
+                         f"target_cost[{bad}] = {table[bad]!r}")
+    return (0.0,) + tuple(float(x) for x in used)
+
+
+class DecodingTime(NamedTuple):
+    """The expected time of a decoder under a ``CostModel`` (exact; differentiable in the
+    models).
+
+    Attributes:
+      expected_time: ``E[time]`` to decode the ``T`` tokens.
+      autoregressive_time: ``T (target_cost(1) + call_overhead)``, the same ``T`` tokens by the
+        target alone.
+      speedup: ``autoregressive_time / expected_time``.
+      tokens_per_time: ``T / expected_time``.
+      expected_calls: ``E[target calls]``.
+      expected_draft_passes: ``E[draft forward passes]``.
+      expected_tokens_scored: ``E[tokens scored by the target]`` over all calls.
+      call_time: ``(T,)``, the time of a call that starts at position ``n = 1..T``.
+    """
+
+    expected_time: jax.Array
+    autoregressive_time: jax.Array
+    speedup: jax.Array
+    tokens_per_time: jax.Array
+    expected_calls: jax.Array
+    expected_draft_passes: jax.Array
+    expected_tokens_scored: jax.Array
+    call_time: jax.Array
+
+
+def call_works(decoder, horizon: int, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(draft passes, tokens scored)``, ``(T,)`` int arrays, of a call starting at each
+    position ``n = 1..T``: the decoder's ``call_work(min(K, T - n + 1))``."""
+    passes, scored = [], []
+    for n in range(1, horizon + 1):
+        d, s = decoder.call_work(min(lookahead, horizon - n + 1))
+        passes.append(d)
+        scored.append(s)
+    return np.asarray(passes, np.int64), np.asarray(scored, np.int64)
+
+
+def _check_cost(cost) -> None:
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a specjax.CostModel, got {type(cost).__name__} "
+                         f"{cost!r}"[:300])
+
+
+def decoding_time(decoder, draft, target, cost: CostModel, *,
+                  horizon: int | None = None) -> DecodingTime:
+    """The expected time, speed-up and work of ``decoder`` under the cost model ``cost``.
+
+    Args:
+      decoder: any decoder value (``specjax.Speculative(lookahead=4)``,
+        ``specjax.TokenTree((4, 2, 1))``, ...).
+      draft: the draft model ``p`` (``None`` for ``Autoregressive()``).
+      target: the target model ``q``.
+      cost: a ``CostModel``.
+      horizon: ``T`` for ``FiniteStateModel``s (as ``exact``).
+
+    Returns:
+      ``DecodingTime``.
+
+    Raises:
+      ValueError: what ``exact`` raises; ``cost`` not a ``CostModel``; a ``target_cost`` table
+        too short for the tokens a call of ``decoder`` scores; a decoder whose calls have no
+        finite work (``num_drafts=math.inf``).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.CostModel(draft_cost=0.1, target_cost=1.0)
+      >>> t = specjax.decoding_time(specjax.Speculative(lookahead=4), draft, target, cost)
+      >>> round(float(t.speedup), 3)
+      1.479
+    """
+    check_decoder(decoder)
+    _check_cost(cost)
+    decoder, _, _, num_positions, lookahead = _plan_exact(decoder, draft, target, horizon)
+    passes, scored = call_works(decoder, num_positions, lookahead)
+    times = np.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
+                        for d, s in zip(passes, scored)])
+    new_call = exact(decoder, draft, target, horizon=horizon).new_call
+    dtype = new_call.dtype
+    expected_time = jnp.sum(new_call * jnp.asarray(times, dtype), axis=-1)
+    ar_time = jnp.asarray(num_positions * (cost.target_time(1) + cost.call_overhead), dtype)
+    return DecodingTime(
+        expected_time=expected_time,
+        autoregressive_time=ar_time,
+        speedup=ar_time / expected_time,
+        tokens_per_time=num_positions / expected_time,
+        expected_calls=jnp.sum(new_call, axis=-1),
+        expected_draft_passes=jnp.sum(new_call * jnp.asarray(passes, dtype), axis=-1),
+        expected_tokens_scored=jnp.sum(new_call * jnp.asarray(scored, dtype), axis=-1),
+        call_time=jnp.asarray(times, dtype))
+
+
+def expected_time(decoder, draft, target, cost: CostModel, *, horizon: int | None = None):
+    """Expected wall-clock time to decode the ``T`` tokens: ``decoding_time(...).expected_time``
+    (in the cost model's unit; with ``target_cost = 1``, in target calls).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.CostModel(0.0, 1.0)  # free drafts: the time is the number of calls
+      >>> sd = specjax.Speculative(lookahead=4)
+      >>> bool(abs(specjax.expected_time(sd, draft, target, cost)
+      ...          - specjax.exact(sd, draft, target).expected_calls) < 1e-4)
+      True
+    """
+    return decoding_time(decoder, draft, target, cost, horizon=horizon).expected_time
+
+
+class LookaheadChoice(NamedTuple):
+    """The best fixed lookahead under a cost model.
+
+    Attributes:
+      lookahead: the ``K`` of least expected time (``0``: autoregressive decoding is fastest).
+      expected_time: its expected time.
+      times: ``(max_lookahead + 1,)``, the expected time of every ``K = 0..max_lookahead``.
+    """
+
+    lookahead: int
+    expected_time: float
+    times: np.ndarray
+
+
+def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decoder=None,
+                   horizon: int | None = None) -> LookaheadChoice:
+    """The fixed lookahead ``K`` of least expected time, by exact evaluation of every ``K``.
+
+    Args:
+      draft, target: the models.
+      cost: a ``CostModel``.
+      max_lookahead: the largest ``K`` tried, a positive int; ``K = 0`` is autoregressive
+        decoding.
+      decoder: the decoder whose ``lookahead`` field is varied (default
+        ``specjax.Speculative()``; any decoder with a ``lookahead`` field, e.g.
+        ``specjax.BatchSpeculative(4)``).
+      horizon: ``T`` for ``FiniteStateModel``s.
+
+    Returns:
+      ``LookaheadChoice(lookahead, expected_time, times)``; ties go to the smaller ``K``.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> choice = specjax.best_lookahead(draft, target, specjax.CostModel(0.1, 1.0),
+      ...                                 max_lookahead=6)
+      >>> choice.lookahead
+      3
+    """
+    from specjax.decoders.speculative import Speculative  # noqa: PLC0415 - avoids a cycle
+
+    _check_cost(cost)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    if max_lookahead < 1:
+        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
+    decoder = Speculative() if decoder is None else decoder
+    check_decoder(decoder)
+    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
+        raise ValueError(f"decoder must have a lookahead field to vary, got "
+                         f"{type(decoder).__name__}")
+    times = [float(expected_time(Autoregressive(), None, target, cost, horizon=horizon))]
+    for k in range(1, max_lookahead + 1):
+        candidate = dataclasses.replace(decoder, lookahead=k)
+        times.append(float(expected_time(candidate, draft, target, cost, horizon=horizon)))
+    times = np.asarray(times)
+    best = int(np.argmin(times))
+    return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)
