@@ -58,7 +58,9 @@ from specjax.sampling import speculative_decoding
 from specjax.theory import CostModel
 from specjax.theory import DecodingTime
 from specjax.theory import LookaheadChoice
+from specjax.theory import TreeBudgetChoice
 from specjax.theory import best_lookahead
+from specjax.theory import best_tree_budget
 from specjax.theory import decoding_time
 from specjax.theory import expected_time
 from specjax.theory import best_token_tree
@@ -113,7 +115,9 @@ __all__ = [
     "CostModel",
     "DecodingTime",
     "LookaheadChoice",
+    "TreeBudgetChoice",
     "best_lookahead",
+    "best_tree_budget",
     "decoding_time",
     "expected_time",
     "best_token_tree",

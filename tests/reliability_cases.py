@@ -1376,6 +1376,12 @@ def _cases() -> list[Case]:
     add(kind, "decoding_time", "TokenTree((2, 1)) (valid)",
         lambda: S.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
         check=returned)
+    add(kind, "best_tree_budget", "max_budget 1",
+        lambda: S.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1, max_depth=2),
+        "max_budget")
+    add(kind, "best_tree_budget", "children 'foo'",
+        lambda: S.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=3, max_depth=2,
+                                   children="foo"), "children")
     add(kind, "best_lookahead", "max_lookahead 0",
         lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
         "max_lookahead")

@@ -162,6 +162,37 @@ def test_expected_time_matches_monte_carlo(name):
     stats.assert_mean(np.asarray(trace.num_calls), float(got.expected_calls), f"{name}: calls")
 
 
+# ----------------------------------------------------------------------------- tree budgets
+def test_best_tree_budget_of_stars_is_batch_sd(x64):
+    """With depth 1 Sequoia's tree of ``n`` nodes is a star of ``n - 1`` i.i.d. children, which
+    is batch SD's root with lookahead 1 (``M = n - 1`` drafts, ``M + 1`` tokens scored): the
+    times agree with that decoder's, and the choice is their argmin."""
+    draft, target = (chain(m) for m in random_pair(23, 4, 6))
+    cost = specjax.CostModel(0.2, [0.0] + [1.0 + 0.15 * n for n in range(1, 8)])
+    choice = specjax.best_tree_budget(draft, target, cost, max_budget=5, max_depth=1)
+    assert choice.trees[3] == (-1, 0, 0, 0)
+    assert choice.times[0] == pytest.approx(6 * 1.15)
+    for n in range(2, 6):
+        batch = specjax.expected_time(specjax.BatchSpeculative(n - 1, lookahead=1), draft,
+                                      target, cost)
+        assert abs(choice.times[n - 1] - float(batch)) < 1e-10, n
+    assert choice.budget == int(np.argmin(choice.times)) + 1
+    assert choice.parents == choice.trees[choice.budget - 1]
+    assert choice.expected_time == choice.times.min()
+
+
+def test_best_tree_budget_times_are_the_trees_exact_times(x64):
+    draft, target = specjax.paper_instance()
+    cost = specjax.CostModel(0.1, 1.0)
+    choice = specjax.best_tree_budget(draft, target, cost, max_budget=4, max_depth=3,
+                                      children="without_replacement", num_children=3)
+    for n in range(2, 5):
+        tree = specjax.TokenTree.from_parents(choice.trees[n - 1], children="without_replacement")
+        assert len(choice.trees[n - 1]) == n
+        assert choice.times[n - 1] == pytest.approx(
+            float(specjax.expected_time(tree, draft, target, cost)), abs=1e-12)
+
+
 # ----------------------------------------------------------------------------- what a call does
 def test_call_work():
     assert specjax.Autoregressive().call_work(0) == (0, 1)
@@ -277,6 +308,12 @@ def test_entry_point_validation():
                                decoder=specjax.TokenTree((2,)))
     with pytest.raises(ValueError, match="static setting"):
         jax.jit(lambda c: specjax.CostModel(c, 1.0))(0.1)
+    with pytest.raises(ValueError, match="max_budget"):
+        specjax.best_tree_budget(draft, target, COSTS["flat"], max_budget=1, max_depth=2)
+    with pytest.raises(ValueError, match="max_depth"):
+        specjax.best_tree_budget(draft, target, COSTS["flat"], max_budget=4, max_depth=0)
+    with pytest.raises(ValueError, match="target_cost is a table of length 3"):
+        specjax.best_tree_budget(draft, target, short, max_budget=4, max_depth=2)
 
 
 def test_cost_model_is_hashable_and_tables_are_stored_as_tuples():

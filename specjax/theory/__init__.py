@@ -5,7 +5,9 @@ from specjax.theory.block import exact_block_accepted_length
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import DecodingTime
 from specjax.theory.cost import LookaheadChoice
+from specjax.theory.cost import TreeBudgetChoice
 from specjax.theory.cost import best_lookahead
+from specjax.theory.cost import best_tree_budget
 from specjax.theory.cost import decoding_time
 from specjax.theory.cost import expected_time
 from specjax.theory.block import exact_block_expected_calls
@@ -37,7 +39,9 @@ __all__ = [
     "CostModel",
     "DecodingTime",
     "LookaheadChoice",
+    "TreeBudgetChoice",
     "best_lookahead",
+    "best_tree_budget",
     "decoding_time",
     "expected_time",
     "best_token_tree",

@@ -310,3 +310,90 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
     times = np.asarray(times)
     best = int(np.argmin(times))
     return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)
+
+
+class TreeBudgetChoice(NamedTuple):
+    """The token-tree budget of least expected time under a cost model.
+
+    Attributes:
+      budget: the number of nodes (root included; ``1``: autoregressive decoding is fastest).
+      parents: the chosen tree's parent array (``(-1,)`` for ``budget = 1``).
+      expected_time: its exact expected time.
+      times: ``(max_budget,)``, the exact expected time of the tree of every budget
+        ``1..max_budget``.
+      trees: the parent array of every budget's tree.
+    """
+
+    budget: int
+    parents: tuple
+    expected_time: float
+    times: np.ndarray
+    trees: tuple
+
+
+def best_tree_budget(draft, target, cost: CostModel, *, max_budget: int, max_depth: int,
+                     children: str = "iid", num_children: int = 8) -> TreeBudgetChoice:
+    """The best token-tree budget for a cost model: Sequoia's tree of every budget, timed
+    exactly on the chains.
+
+    For each budget ``n = 2..max_budget``, the tree is Sequoia's (``sequoia_tree`` on the
+    chains' exact ``positional_acceptance`` with ``num_children`` ranks, depth at most
+    ``max_depth``); its expected time is ``expected_time(TokenTree.from_parents(parents,
+    children=children), ...)``, exact on the actual context-dependent chains (not Sequoia's
+    positional prediction, which ``sequoia_hardware_tree`` optimises). Budget 1 is
+    autoregressive decoding.
+
+    Args:
+      draft, target: ``MarkovChain``s (concrete).
+      cost: a ``CostModel``; a ``target_cost`` table needs entries up to ``max_budget``.
+      max_budget: the largest tree tried (nodes, root included), an int ``>= 2``.
+      max_depth: the most drafted tokens on a path, a positive int.
+      children: ``"iid"``, ``"without_replacement"`` or ``"top_k"``, as in ``TokenTree``.
+      num_children: the length of the positional acceptance vector (Sequoia estimates a few
+        ranks; children of later ranks are never accepted by the dynamic program's reckoning).
+
+    Returns:
+      ``TreeBudgetChoice``; ties go to the smaller budget.
+
+    Each budget's tree is a new static shape, so ``exact`` compiles once per budget (about 3 s
+    each on a 2-core CPU); keep ``max_budget`` to the range you need.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.CostModel(0.1, [0.0] + [1.0 + 0.05 * n for n in range(1, 7)])
+      >>> choice = specjax.best_tree_budget(draft, target, cost, max_budget=6, max_depth=3)
+      >>> choice.budget, choice.parents
+      (3, (-1, 0, 1))
+    """
+    from specjax.decoders.tree import TokenTree  # noqa: PLC0415 - avoids a cycle
+    from specjax.theory.tree_shapes import sequoia_tree  # noqa: PLC0415
+    from specjax.theory.trees import positional_acceptance  # noqa: PLC0415
+
+    _check_cost(cost)
+    _checks.check_static_int("max_budget", max_budget)
+    if max_budget < 2:
+        raise ValueError(f"max_budget must be an int >= 2 (the root and one draft), got "
+                         f"{max_budget}")
+    _checks.check_static_int("max_depth", max_depth)
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be a positive int, got {max_depth}")
+    _checks.check_static_int("num_children", num_children)
+    if num_children < 1:
+        raise ValueError(f"num_children must be a positive int, got {num_children}")
+    if cost.max_tokens < max_budget:
+        cost.target_time(max_budget)  # raises the table's ValueError
+    acceptance = np.asarray(positional_acceptance(draft, target, num_children=num_children,
+                                                  children=children), np.float64)
+    times = [float(expected_time(Autoregressive(), None, target, cost))]
+    trees = [(-1,)]
+    for budget in range(2, max_budget + 1):
+        _, parents = sequoia_tree(np.clip(acceptance, 0, 1), budget=budget,
+                                  max_depth=max_depth)
+        tree = TokenTree.from_parents(parents, children=children)
+        times.append(float(expected_time(tree, draft, target, cost)))
+        trees.append(tuple(int(x) for x in parents))
+    times = np.asarray(times)
+    best = int(np.argmin(times))
+    return TreeBudgetChoice(budget=best + 1, parents=trees[best],
+                            expected_time=float(times[best]), times=times, trees=tuple(trees))
