@@ -68,6 +68,8 @@ from specjax.theory import positional_acceptance
 from specjax.theory import SequoiaChoice
 from specjax.theory import sequoia_hardware_tree
 from specjax.theory import sequoia_tree
+from specjax.theory import EngineMetrics
+from specjax.theory import engine_metrics
 from specjax.theory import ExactDecoding
 from specjax.theory import ParetoFront
 from specjax.theory import accepted_length
@@ -138,6 +140,8 @@ __all__ = [
     "DecodingStatistics",
     "DecodingTrace",
     "DraftFamily",
+    "EngineMetrics",
+    "engine_metrics",
     "ExactDecoding",
     "FiniteStateModel",
     "FullDraft",

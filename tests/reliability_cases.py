@@ -1376,6 +1376,10 @@ def _cases() -> list[Case]:
     add(kind, "decoding_time", "TokenTree((2, 1)) (valid)",
         lambda: S.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
         check=returned)
+    add(kind, "engine_metrics", "target a dict",
+        lambda: S.engine_metrics(S.Speculative(lookahead=2), d(), {"trans": 1}), "MarkovChain")
+    add(kind, "engine_metrics", "TokenTree((2, 1)) (valid)",
+        lambda: S.engine_metrics(S.TokenTree((2, 1)), d(), t()), check=returned)
     add(kind, "best_tree_budget", "max_budget 1",
         lambda: S.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1, max_depth=2),
         "max_budget")

@@ -23,6 +23,8 @@ from specjax.theory.values import exact_speculative_decoding
 from specjax.theory.values import expected_calls
 from specjax.theory.values import expected_rejections
 from specjax.theory.laws import ParetoFront
+from specjax.theory.metrics import EngineMetrics
+from specjax.theory.metrics import engine_metrics
 from specjax.theory.laws import biased_output_chain
 from specjax.theory.laws import marginals
 from specjax.theory.laws import output_chain
@@ -49,6 +51,8 @@ __all__ = [
     "SequoiaChoice",
     "sequoia_hardware_tree",
     "sequoia_tree",
+    "EngineMetrics",
+    "engine_metrics",
     "ExactDecoding",
     "ParetoFront",
     "accepted_length",

@@ -43,8 +43,8 @@ def call_law_at(decoder, start, draft, target, n, *, lookahead: int) -> CallLaw:
     return decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=True)
 
 
-@functools.partial(jax.jit, static_argnames=("lookahead",))
-def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
+@functools.partial(jax.jit, static_argnames=("lookahead", "with_depths"))
+def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool = False):
     """Exact per-position statistics of a call-level ``decoder`` on ``MarkovChain``s.
 
     Each position's call law is built for the mass of calls starting there
@@ -57,9 +57,13 @@ def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
       draft, target: ``MarkovChain``s.
       lookahead: ``K = min(decoder.lookahead, T)`` (static).
 
+      with_depths: also return ``(T, K)``, ``[n - 1, i - 1]`` = P(a call starts at ``n`` and
+        keeps at least ``i`` drafts) (static).
+
     Returns:
       ``ExactDecoding``; ``rejected`` is the mass of last tokens drawn after a rejection,
-      ``verified`` one minus the mass of bonus tokens.
+      ``verified`` one minus the mass of bonus tokens. With ``with_depths``, the pair
+      ``(ExactDecoding, depths)``.
     """
     num_states = target.num_states
     horizon = target.horizon
@@ -80,7 +84,7 @@ def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
         starts = jnp.concatenate([starts[1:], zeros]) + law.rejected + law.bonus
         done = filled[0]
         filled = jnp.concatenate([filled[1:], jnp.zeros((1, 3, num_states), dtype)])
-        return (starts, filled), (done, jnp.sum(start))
+        return (starts, filled), (done, jnp.sum(start), jnp.sum(law.kept, axis=-1))
 
     carry = (jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init),
              jnp.zeros((k + 1, 3, num_states), dtype))
@@ -92,10 +96,11 @@ def forward_calls(decoder, draft, target, *, lookahead: int) -> ExactDecoding:
     for n in range(num_full + 1, horizon + 1):  # the last calls: fewer drafts, static shapes
         carry, out = step(carry, n)
         outputs.append(jax.tree.map(lambda x: x[None], out))
-    done, new_call = (jnp.concatenate(parts) for parts in zip(*outputs))
+    done, new_call, depths = (jnp.concatenate(parts) for parts in zip(*outputs))
     marginals = jnp.concatenate([target.init[None].astype(dtype), done[:, 0]])
-    return ExactDecoding(rejected=done[:, 1], new_call=new_call, marginals=marginals,
-                         verified=1 - jnp.sum(done[:, 2], axis=-1))
+    result = ExactDecoding(rejected=done[:, 1], new_call=new_call, marginals=marginals,
+                           verified=1 - jnp.sum(done[:, 2], axis=-1))
+    return (result, depths) if with_depths else result
 
 
 def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):

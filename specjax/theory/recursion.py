@@ -189,6 +189,43 @@ def _unbiased_forward(init, p, q, decoder) -> ExactDecoding:
     return _finish(init, rejected, marginals)
 
 
+def _phased_step(pi, root, verify, q_n, lookahead: int):
+    """One position of the phased recursion: ``pi`` ``(K + 1, V)`` holds the mass of the root
+    (phase 0), of ``i`` drafts accepted in the current call (phase ``i = 1..K - 1``) and of the
+    bonus (phase ``K``). Returns the next ``pi`` (phase ``i >= 1``: the ``i``-th draft of a call
+    was just accepted) and the rejected mass."""
+    inside = pi[1:lookahead]
+    rejected = _vecmat(pi[0], root.rejected) + _vecmat(jnp.sum(inside, 0), verify.rejected)
+    bonus = _vecmat(pi[lookahead], q_n)
+    new_pi = jnp.concatenate([
+        (rejected + bonus)[None],
+        _vecmat(pi[0], root.accepted)[None],
+        _vecmat(inside, verify.accepted),
+    ])
+    return new_pi, rejected
+
+
+@functools.partial(jax.jit, static_argnames=("lookahead",))
+def accepted_by_depth(init, p, q, decoder, lookahead: int) -> jax.Array:
+    """``(T, K)``: ``[n - 1, i - 1]`` = P(the ``i``-th draft of a call is accepted at position
+    ``n``), by the phased recursion with ``K`` phases (``K = min(lookahead, T)``; for
+    ``K = T`` no bonus is ever reached, as in the paper's setting). Summed over ``n`` it is the
+    expected number of calls whose ``i``-th draft is accepted."""
+    if lookahead == 0:  # autoregressive decoding drafts nothing
+        return jnp.zeros((p.shape[0], 0), q.dtype)
+    decoder = decoder.bind(p, q)
+
+    def step(pi, pq):
+        n, p_n, q_n = pq
+        root, verify = decoder.laws_at(n, p_n, q_n)
+        new_pi, _ = _phased_step(pi, root, verify, q_n, lookahead)
+        return new_pi, jnp.sum(new_pi[1:], axis=-1)
+
+    pi0 = jnp.zeros((lookahead + 1,) + init.shape, init.dtype).at[0].set(init)
+    _, depths = jax.lax.scan(step, pi0, (jnp.arange(p.shape[0]), p, q))
+    return depths
+
+
 def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     """Any rule and lookahead: the laws are evaluated per position and propagated by products."""
     horizon = p.shape[0]
@@ -210,15 +247,7 @@ def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
             rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
             accepted = _vecmat(pi[0], root.accepted) + _vecmat(pi[1], verify.accepted)
             return jnp.stack([rejected, accepted]), (rejected, rejected + accepted, pi[0], None)
-        # pi: (K + 1, V): root, K - 1 in-call phases, bonus.
-        inside = pi[1:lookahead]
-        rejected = _vecmat(pi[0], root.rejected) + _vecmat(jnp.sum(inside, 0), verify.rejected)
-        bonus = _vecmat(pi[lookahead], q_n)
-        new_pi = jnp.concatenate([
-            (rejected + bonus)[None],
-            _vecmat(pi[0], root.accepted)[None],
-            _vecmat(inside, verify.accepted),
-        ])
+        new_pi, rejected = _phased_step(pi, root, verify, q_n, lookahead)
         return new_pi, (rejected, jnp.sum(new_pi, 0), pi[0],
                         jnp.minimum(jnp.sum(pi[:lookahead]), 1))
 

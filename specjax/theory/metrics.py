@@ -1,0 +1,117 @@
+"""The acceptance metrics serving engines report, exactly.
+
+Engines count, over a run, the speculation rounds (target calls), the drafted tokens and, per
+draft position ``i``, the rounds whose ``i``-th draft was accepted. Their metrics are ratios of
+those counts; over many chains they converge to ratios of expectations, which
+``engine_metrics`` computes exactly:
+
+* ``acceptance_per_position[i - 1] = E[# calls whose i-th draft is accepted] / E[# calls]``:
+  vLLM's per-position acceptance rate (``num_accepted_tokens_per_pos[i] / num_drafts``), which
+  is unconditional;
+* ``conditional_acceptance[i - 1]``: the same count over the calls whose ``(i - 1)``-th draft was
+  accepted, the rate a per-token acceptance model (Leviathan's ``a``) describes;
+* ``mean_acceptance_length = 1 + E[accepted drafts] / E[# calls]``: vLLM's "mean acceptance
+  length", the bonus or correction token counted;
+* ``draft_acceptance_rate = E[accepted drafts] / E[drafted tokens]``: vLLM's "draft acceptance
+  rate" and llama.cpp's ``n_accept / n_draft``; a call drafts the tokens its target call scores
+  but the root (``call_work``), so ``M K`` for ``M`` draft sequences and the nodes of a tree.
+
+For a tree, the ``i``-th draft of a call is the node at depth ``i`` on the accepted path. Calls
+near the end of the horizon draft fewer tokens and are counted like the others (engines count
+rounds, whatever they drafted).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.decoders.verification import _safe_ratio
+from specjax.models.markov import MarkovChain
+from specjax.theory import calls
+from specjax.theory import recursion
+from specjax.theory.cost import call_works
+from specjax.theory.values import _plan_exact
+from specjax.theory.values import exact
+
+
+class EngineMetrics(NamedTuple):
+    """Engines' acceptance metrics as exact ratios of expectations (see the module docstring).
+
+    Attributes:
+      expected_calls: ``E[# calls]`` (speculation rounds).
+      expected_drafted: ``E[# drafted tokens]``.
+      accepted_at: ``(K,)``, ``E[# calls whose i-th draft is accepted]``, ``i = 1..K``.
+      acceptance_per_position: ``(K,)``, ``accepted_at / expected_calls``.
+      conditional_acceptance: ``(K,)``, ``accepted_at[i] / accepted_at[i - 1]`` (the first over
+        ``expected_calls``; 0 where nothing reaches draft ``i - 1``).
+      mean_acceptance_length: ``1 + sum(accepted_at) / expected_calls``.
+      draft_acceptance_rate: ``sum(accepted_at) / expected_drafted`` (0 without drafts).
+    """
+
+    expected_calls: jax.Array
+    expected_drafted: jax.Array
+    accepted_at: jax.Array
+    acceptance_per_position: jax.Array
+    conditional_acceptance: jax.Array
+    mean_acceptance_length: jax.Array
+    draft_acceptance_rate: jax.Array
+
+
+def engine_metrics(decoder, draft, target) -> EngineMetrics:
+    """The acceptance metrics serving engines report (vLLM, llama.cpp), exactly, for any decoder on
+    ``MarkovChain``s.
+
+    Args:
+      decoder: any decoder value.
+      draft: the draft ``MarkovChain`` (``None`` for ``Autoregressive()``).
+      target: the target ``MarkovChain``.
+
+    Returns:
+      ``EngineMetrics``; its arrays have ``K = min(lookahead, T)`` entries per draft position (a
+      tree's depth; none for autoregressive decoding). Differentiable in the models.
+
+    Raises:
+      ValueError: what ``exact`` raises, or models that are not ``MarkovChain``s.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> m = specjax.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
+      >>> [round(float(x), 3) for x in m.acceptance_per_position]
+      [0.546, 0.292, 0.156]
+      >>> round(float(m.mean_acceptance_length), 3)
+      1.994
+    """
+    check_decoder(decoder)
+    if not isinstance(target, MarkovChain) or not isinstance(draft, (MarkovChain, type(None))):
+        raise ValueError(f"engine_metrics needs MarkovChain models, got {type(draft).__name__} "
+                         f"and {type(target).__name__}")
+    decoder, draft, _, horizon, lookahead = _plan_exact(decoder, draft, target, None)
+    _, scored = call_works(decoder, horizon, lookahead)
+    if isinstance(decoder, CallDecoder):
+        result, depths = calls.forward_calls(decoder, draft, target, lookahead=lookahead,
+                                             with_depths=True)
+        new_call = result.new_call
+    else:
+        new_call = exact(decoder, draft, target).new_call
+        depths = recursion.accepted_by_depth(target.init, draft.trans, target.trans, decoder,
+                                             lookahead=lookahead)
+    dtype = new_call.dtype
+    accepted_at = jnp.sum(depths, axis=0).astype(dtype)
+    expected_calls = jnp.sum(new_call)
+    expected_drafted = jnp.sum(new_call * jnp.asarray(scored - 1, dtype))
+    accepted = jnp.sum(accepted_at)
+    reached = jnp.concatenate([expected_calls[None], accepted_at[:-1]])
+    return EngineMetrics(
+        expected_calls=expected_calls,
+        expected_drafted=expected_drafted,
+        accepted_at=accepted_at,
+        acceptance_per_position=accepted_at / expected_calls,
+        conditional_acceptance=_safe_ratio(accepted_at, reached, 0),
+        mean_acceptance_length=1 + accepted / expected_calls,
+        draft_acceptance_rate=_safe_ratio(accepted, expected_drafted, 0))

@@ -1,0 +1,193 @@
+"""Engines' acceptance metrics (``specjax.engine_metrics``), checked three ways.
+
+* against a literal SD that records, per call, how many drafts it drafted and kept, enumerated
+  exactly over every execution path;
+* against the counts an engine would make from ``decode``'s trace (calls, kept drafts per
+  position, drafted tokens), as ratios of sums over chains, within ``stats.Z`` standard errors
+  of the ratio (delta method);
+* across decoders: a chain-shaped tree has SD's metrics.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+import reference as ref
+import stats
+from conftest import chain
+from conftest import random_pair
+
+
+def sd_calls_literal(chooser, draft, target, lookahead):
+    """SD with lookahead ``K``; returns ``((drafted, kept), ...)`` for every call."""
+    _, p_trans = draft
+    q_init, q_trans = target
+    horizon = q_trans.shape[0]
+    x = [chooser.categorical(q_init)]
+    record = []
+    while len(x) <= horizon:
+        n = len(x)
+        last = min(n + lookahead - 1, horizon)
+        drafts, prev = [], x[-1]
+        for t in range(n, last + 1):
+            drafts.append(chooser.categorical(p_trans[t - 1, prev]))
+            prev = drafts[-1]
+        prev, kept = x[-1], 0
+        for t, tok in zip(range(n, last + 1), drafts):
+            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
+            if chooser.bernoulli(min(1.0, q_row[tok] / p_row[tok])):
+                x.append(tok)
+                prev = tok
+                kept += 1
+            else:
+                x.append(chooser.categorical(np.maximum(q_row - p_row, 0)))
+                break
+        if kept == len(drafts) and last < horizon:
+            x.append(chooser.categorical(q_trans[last, x[-1]]))
+        record.append((len(drafts), kept))
+    return tuple(record)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, None])
+def test_metrics_match_literal_sd(lookahead, x64):
+    draft, target = random_pair(9, 3, 4, zero_fraction=0.2)
+    law = ref.enumerate_law(lambda c: sd_calls_literal(c, draft, target, lookahead or 4))
+    k = lookahead or 4
+    calls = sum(prob * len(rec) for rec, prob in law.items())
+    drafted = sum(prob * sum(d for d, _ in rec) for rec, prob in law.items())
+    accepted_at = [sum(prob * sum(kept >= i for _, kept in rec) for rec, prob in law.items())
+                   for i in range(1, k + 1)]
+    got = specjax.engine_metrics(specjax.Speculative(lookahead=lookahead), chain(draft),
+                                 chain(target))
+    np.testing.assert_allclose(np.asarray(got.accepted_at), accepted_at, rtol=0, atol=1e-12)
+    assert abs(float(got.expected_calls) - calls) < 1e-12
+    assert abs(float(got.expected_drafted) - drafted) < 1e-12
+    np.testing.assert_allclose(np.asarray(got.acceptance_per_position),
+                               np.asarray(accepted_at) / calls, atol=1e-12)
+    reached = [calls] + accepted_at[:-1]
+    np.testing.assert_allclose(np.asarray(got.conditional_acceptance),
+                               np.asarray(accepted_at) / np.asarray(reached), atol=1e-12)
+    assert abs(float(got.mean_acceptance_length) - (1 + sum(accepted_at) / calls)) < 1e-12
+    assert abs(float(got.draft_acceptance_rate) - sum(accepted_at) / drafted) < 1e-12
+
+
+# ----------------------------------------------------------------------------- engine counts
+def trace_counts(trace, lookahead: int, drafted_of):
+    """Per chain, what an engine counts: ``(calls, kept (C, K) calls keeping >= i drafts,
+    drafted tokens)``, from the call starts and rejection flags. A call from ``n`` that drafts
+    ``K' = min(K, T - n + 1)`` levels emits ``L`` tokens; it kept ``L - 1`` drafts if its last
+    token was a rejection or the bonus after ``K'`` drafts (``L = K' + 1``), else all ``L`` (the
+    horizon ended it). Valid for chains and for trees whose leaves are all at depth ``K``."""
+    new_call = np.asarray(trace.new_call)
+    rejected = np.asarray(trace.rejected)
+    num_chains, horizon = new_call.shape
+    calls = new_call.sum(-1)
+    kept = np.zeros((num_chains, lookahead))
+    drafted = np.zeros(num_chains)
+    for c in range(num_chains):
+        starts = list(np.flatnonzero(new_call[c]) + 1) + [horizon + 1]
+        for n, nxt in zip(starts[:-1], starts[1:]):
+            length = nxt - n
+            depth = min(lookahead, horizon - n + 1)
+            last_rejected = rejected[c, nxt - 2]
+            accepted = length - 1 if (last_rejected or length == depth + 1) else length
+            kept[c, :accepted] += 1
+            drafted[c] += drafted_of(depth)
+    return calls, kept, drafted
+
+
+def assert_ratio(num, den, exact: float, what: str):
+    """``sum(num) / sum(den)`` against ``exact``: the centred ``num - exact * den`` has mean 0
+    when ``exact = E[num] / E[den]``; tested at ``stats.Z`` standard errors."""
+    stats.assert_mean(np.asarray(num, np.float64) - exact * np.asarray(den, np.float64), 0.0,
+                      what)
+
+
+MC_DECODERS = {
+    "SD K=3": (specjax.Speculative(lookahead=3), 3, lambda d: d),
+    "block K=2": (specjax.BlockVerification(2), 2, lambda d: d),
+    "batch M=2 K=2": (specjax.BatchSpeculative(2, lookahead=2), 2, lambda d: 2 * d),
+    "tree (2, 2)": (specjax.TokenTree((2, 2)), 2, lambda d: {1: 2, 2: 6}[d]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MC_DECODERS))
+def test_metrics_match_engine_counts_from_traces(name):
+    decoder, k, drafted_of = MC_DECODERS[name]
+    draft, target = (chain(m) for m in random_pair(31, 4, 9))
+    got = specjax.engine_metrics(decoder, draft, target)
+    trace = specjax.decode(jax.random.key(5), decoder, draft, target, 4000)
+    calls, kept, drafted = trace_counts(trace, k, drafted_of)
+    assert (calls == np.asarray(trace.num_calls)).all()
+    stats.assert_mean(calls, float(got.expected_calls), f"{name}: calls")
+    stats.assert_mean(drafted, float(got.expected_drafted), f"{name}: drafted")
+    for i in range(k):
+        assert_ratio(kept[:, i], calls, float(got.acceptance_per_position[i]),
+                     f"{name}: per-position acceptance {i + 1}")
+        reached = calls if i == 0 else kept[:, i - 1]
+        assert_ratio(kept[:, i], reached, float(got.conditional_acceptance[i]),
+                     f"{name}: conditional acceptance {i + 1}")
+    total = kept.sum(-1)
+    assert_ratio(total + calls, calls, float(got.mean_acceptance_length),
+                 f"{name}: mean acceptance length")
+    assert_ratio(total, drafted, float(got.draft_acceptance_rate), f"{name}: draft rate")
+
+
+# ----------------------------------------------------------------------------- across decoders
+def test_chain_tree_has_sds_metrics(x64):
+    draft, target = (chain(m) for m in random_pair(3, 4, 7, zero_fraction=0.2))
+    sd = specjax.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
+    tree = specjax.engine_metrics(specjax.TokenTree((1, 1, 1)), draft, target)
+    block_free = specjax.engine_metrics(specjax.BlockVerification(3), draft, target)
+    for a, b in zip(sd, tree):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-12)
+    # Block verification keeps at least as many drafts per call (Sun et al.'s optimality).
+    assert float(block_free.mean_acceptance_length) >= float(sd.mean_acceptance_length) - 1e-12
+
+
+def test_autoregressive_has_no_draft_positions():
+    draft, target = specjax.paper_instance()
+    got = specjax.engine_metrics(specjax.Autoregressive(), None, target)
+    assert got.accepted_at.shape == (0,) and got.acceptance_per_position.shape == (0,)
+    assert float(got.mean_acceptance_length) == 1.0
+    assert float(got.draft_acceptance_rate) == 0.0
+    assert float(got.expected_calls) == target.horizon
+
+
+@pytest.mark.parametrize("decoder", [specjax.Speculative(lookahead=2), specjax.TokenTree((2, 1))],
+                         ids=["sd", "tree"])
+def test_finite_values_and_gradients_at_edge_pairs(decoder, x64):
+    """p = q (all accepted), disjoint supports (none accepted) and zero rows."""
+    from conftest import edge_pair
+    draft, target = (chain(m) for m in edge_pair())
+
+    def f(trans):
+        m = specjax.engine_metrics(decoder, specjax.MarkovChain(draft.init, trans), target)
+        return m.mean_acceptance_length + jnp.sum(m.conditional_acceptance)
+
+    value, grad = jax.value_and_grad(f)(draft.trans)
+    assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
+    same = specjax.engine_metrics(decoder, target, target)
+    assert float(same.conditional_acceptance[0]) == pytest.approx(1.0)
+
+
+def test_validation():
+    from specjax.models import NGramModel
+    rng = np.random.default_rng(0)
+    model = NGramModel(jnp.asarray(rng.dirichlet(np.ones(3), size=3), jnp.float32),
+                       2).as_finite_state(2)
+    with pytest.raises(ValueError, match="MarkovChain"):
+        specjax.engine_metrics(specjax.Speculative(lookahead=2), model, model)
+    with pytest.raises(ValueError, match="decoder"):
+        specjax.engine_metrics("sd", *specjax.paper_instance())
+
+
+def test_docstring_examples_run():
+    import doctest
+    from specjax.theory import metrics
+    result = doctest.testmod(metrics)
+    assert result.attempted >= 3 and result.failed == 0
