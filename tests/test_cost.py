@@ -1,7 +1,7 @@
 """The cost model: expected time of a decoder, checked three ways.
 
-* against a literal SD with a clock (draft the block, verify, charge the call), enumerated exactly
-  over every execution path on small chains;
+* against a literal SD (``reference.sd_rounds_literal``) with a clock (each round charged its
+  draft passes and target call), enumerated exactly over every execution path on small chains;
 * against Leviathan et al.'s closed form on chains whose every row has the same acceptance
   ``a``, through an independent renewal recursion over the tokens left (exact at every ``T``)
   and per call (tokens per call over time per call);
@@ -32,39 +32,15 @@ COSTS = {
 
 
 # ----------------------------------------------------------------------------- literal SD
-def timed_sd_literal(chooser, draft, target, lookahead, cost):
-    """Speculative decoding with a clock: each call drafts ``K' = min(K, T - n + 1)`` tokens one
-    by one (``K'`` draft passes), the target scores the root and the drafts (``K' + 1`` tokens),
-    then the drafts are verified in order. Returns the total time."""
-    _, p_trans = draft
-    q_init, q_trans = target
-    horizon = q_trans.shape[0]
-    x = [chooser.categorical(q_init)]
-    time = 0.0
-    while len(x) <= horizon:
-        n = len(x)
-        last = min(n + lookahead - 1, horizon)
-        drafts, prev = [], x[-1]
-        for t in range(n, last + 1):
-            drafts.append(chooser.categorical(p_trans[t - 1, prev]))
-            prev = drafts[-1]
-        num = len(drafts)
+def literal_time(rounds, cost):
+    """The clock of a literal SD run: each round drafts ``K'`` tokens (``K'`` draft passes) and
+    the target scores the root and the drafts (``K' + 1`` tokens)."""
+    total = 0.0
+    for drafted, _ in rounds:
         table = cost.target_cost
-        target_time = table[num + 1] if isinstance(table, tuple) else table
-        time += num * cost.draft_cost + target_time + cost.call_overhead
-        prev, all_accepted = x[-1], True
-        for t, tok in zip(range(n, last + 1), drafts):
-            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
-            if chooser.bernoulli(min(1.0, q_row[tok] / p_row[tok])):
-                x.append(tok)
-                prev = tok
-            else:
-                x.append(chooser.categorical(np.maximum(q_row - p_row, 0)))
-                all_accepted = False
-                break
-        if all_accepted and last < horizon:
-            x.append(chooser.categorical(q_trans[last, x[-1]]))
-    return round(time, 12)
+        target_time = table[drafted + 1] if isinstance(table, tuple) else table
+        total += drafted * cost.draft_cost + target_time + cost.call_overhead
+    return total
 
 
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
@@ -72,8 +48,8 @@ def timed_sd_literal(chooser, draft, target, lookahead, cost):
 def test_expected_time_matches_literal_sd(lookahead, cost_name, x64):
     cost = COSTS[cost_name]
     draft, target = random_pair(5, 3, 4, zero_fraction=0.2)
-    law = ref.enumerate_law(lambda c: timed_sd_literal(c, draft, target, lookahead, cost))
-    literal = sum(t * prob for t, prob in law.items())
+    law = ref.enumerate_law(lambda c: ref.sd_rounds_literal(c, draft, target, lookahead))
+    literal = sum(literal_time(rounds, cost) * prob for rounds, prob in law.items())
     got = specjax.decoding_time(specjax.Speculative(lookahead=lookahead), chain(draft),
                                 chain(target), cost)
     assert abs(float(got.expected_time) - literal) < 1e-12

@@ -1,7 +1,7 @@
 """Engines' acceptance metrics (``specjax.engine_metrics``), checked three ways.
 
-* against a literal SD that records, per call, how many drafts it drafted and kept, enumerated
-  exactly over every execution path;
+* against a literal SD that records, per call, how many drafts it drafted and kept
+  (``reference.sd_rounds_literal``), enumerated exactly over every execution path;
 * against the counts an engine would make from ``decode``'s trace (calls, kept drafts per
   position, drafted tokens), as ratios of sums over chains, within ``stats.Z`` standard errors
   of the ratio (delta method);
@@ -22,40 +22,10 @@ from conftest import chain
 from conftest import random_pair
 
 
-def sd_calls_literal(chooser, draft, target, lookahead):
-    """SD with lookahead ``K``; returns ``((drafted, kept), ...)`` for every call."""
-    _, p_trans = draft
-    q_init, q_trans = target
-    horizon = q_trans.shape[0]
-    x = [chooser.categorical(q_init)]
-    record = []
-    while len(x) <= horizon:
-        n = len(x)
-        last = min(n + lookahead - 1, horizon)
-        drafts, prev = [], x[-1]
-        for t in range(n, last + 1):
-            drafts.append(chooser.categorical(p_trans[t - 1, prev]))
-            prev = drafts[-1]
-        prev, kept = x[-1], 0
-        for t, tok in zip(range(n, last + 1), drafts):
-            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
-            if chooser.bernoulli(min(1.0, q_row[tok] / p_row[tok])):
-                x.append(tok)
-                prev = tok
-                kept += 1
-            else:
-                x.append(chooser.categorical(np.maximum(q_row - p_row, 0)))
-                break
-        if kept == len(drafts) and last < horizon:
-            x.append(chooser.categorical(q_trans[last, x[-1]]))
-        record.append((len(drafts), kept))
-    return tuple(record)
-
-
 @pytest.mark.parametrize("lookahead", [1, 2, 3, None])
 def test_metrics_match_literal_sd(lookahead, x64):
     draft, target = random_pair(9, 3, 4, zero_fraction=0.2)
-    law = ref.enumerate_law(lambda c: sd_calls_literal(c, draft, target, lookahead or 4))
+    law = ref.enumerate_law(lambda c: ref.sd_rounds_literal(c, draft, target, lookahead or 4))
     k = lookahead or 4
     calls = sum(prob * len(rec) for rec, prob in law.items())
     drafted = sum(prob * sum(d for d, _ in rec) for rec, prob in law.items())
