@@ -14,7 +14,10 @@ def pytest_configure(config):
     again by the next ones (every module frees its compiled programs, see below), and XLA:CPU
     then loads them from disk instead (measured 6x faster than compiling). The cache lives in
     pytest's cache folder (``.pytest_cache``), so a second local run reuses it; JAX keys entries
-    by the program, the JAX version and the backend, and writes each entry atomically."""
+    by the program, the JAX version and the backend. The xdist workers share it, and JAX does not
+    write an entry atomically: a worker can read one that another is still writing (or that a
+    killed run left half-written). JAX then warns and compiles the program itself, so
+    ``pyproject.toml`` ignores that warning (the suite's other warnings are errors)."""
     cache = getattr(config, "cache", None)
     folder = cache.mkdir("jax-compilation-cache") if cache is not None else None
     if folder is not None:
