@@ -13,7 +13,16 @@ from specjax.models import FiniteStateModel
 from specjax.models import GreedyModel
 from specjax.models import NGramModel
 from specjax.models import greedy_draft
+from specjax.decoders import AdaptiveSpeculative
 from specjax.decoders import Autoregressive
+from specjax.decoders import ConfidenceThreshold
+from specjax.decoders import DraftState
+from specjax.decoders import EntropyThreshold
+from specjax.decoders import FixedLength
+from specjax.decoders import RejectionThreshold
+from specjax.decoders import StoppingPolicy
+from specjax.decoders import StoppingRule
+from specjax.decoders import ThresholdTable
 from specjax.decoders import BatchSpeculative
 from specjax.decoders import BiasedSpeculative
 from specjax.decoders import BlockVerification
@@ -56,6 +65,8 @@ from specjax.sampling import decoding_statistics
 from specjax.sampling import rejection_decoding
 from specjax.sampling import speculative_decoding
 from specjax.theory import CostModel
+from specjax.theory import OptimalStopping
+from specjax.theory import optimal_stopping
 from specjax.theory import DecodingTime
 from specjax.theory import LookaheadChoice
 from specjax.theory import TreeBudgetChoice
@@ -115,6 +126,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "CostModel",
+    "OptimalStopping",
+    "optimal_stopping",
     "DecodingTime",
     "LookaheadChoice",
     "TreeBudgetChoice",
@@ -127,8 +140,17 @@ __all__ = [
     "SequoiaChoice",
     "sequoia_hardware_tree",
     "sequoia_tree",
+    "AdaptiveSpeculative",
     "AuditReport",
     "Autoregressive",
+    "ConfidenceThreshold",
+    "DraftState",
+    "EntropyThreshold",
+    "FixedLength",
+    "RejectionThreshold",
+    "StoppingPolicy",
+    "StoppingRule",
+    "ThresholdTable",
     "AutoregressiveModel",
     "BatchSpeculative",
     "BiasedSpeculative",

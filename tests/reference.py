@@ -183,6 +183,51 @@ def sd_rounds_literal(chooser, draft, target, lookahead):
     return tuple(rounds)
 
 
+def adaptive_literal(chooser, draft, target, max_lookahead, stop):
+    """SD whose draft length a stopping policy chooses, literally: before each draft of a call
+    from position ``n``, ``stop(position, depth, token, token_prob, all_accepted, next_row)``
+    (plain floats and the draft's next row) decides whether to call the target; at ``K`` drafts
+    or the horizon the call stops. The drafts are verified in order; a rejection draws from
+    ``[q - p]_+``; all kept, the target's bonus token follows (if a position is left). Returns
+    ``(tokens, rejected flags, calls, rounds)``, ``rounds`` the ``(drafted, kept)`` of each call."""
+    _, p_trans = draft
+    q_init, q_trans = target
+    horizon = q_trans.shape[0]
+    x = [chooser.categorical(q_init)]
+    flags, rounds = [], []
+    while len(x) <= horizon:
+        n = len(x)
+        drafts, prev, prob, all_accepted = [], x[-1], 1.0, 1.0
+        while len(drafts) < min(max_lookahead, horizon - n + 1):
+            t = n + len(drafts)  # the position of the next draft
+            row = p_trans[t - 1, prev]
+            if stop(t, len(drafts), prev, prob, all_accepted, row):
+                break
+            tok = chooser.categorical(row)
+            prob = row[tok]
+            all_accepted *= min(1.0, q_trans[t - 1, prev][tok] / row[tok])
+            drafts.append(tok)
+            prev = tok
+        prev, kept = x[-1], 0
+        for t, tok in zip(range(n, n + len(drafts)), drafts):
+            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
+            if chooser.bernoulli(min(1.0, q_row[tok] / p_row[tok])):
+                x.append(tok)
+                flags.append(False)
+                prev = tok
+                kept += 1
+            else:
+                x.append(chooser.categorical(np.maximum(q_row - p_row, 0)))
+                flags.append(True)
+                break
+        last = n + len(drafts) - 1
+        if kept == len(drafts) and last < horizon:
+            x.append(chooser.categorical(q_trans[last, x[-1]]))  # the bonus token
+            flags.append(False)
+        rounds.append((len(drafts), kept))
+    return tuple(x), tuple(flags), len(rounds), tuple(rounds)
+
+
 def draw_drafts(chooser, p_trans, root, start, num_drafts, replacement=True):
     """The ``M`` whole draft sequences of a multi-draft call from position ``start`` to ``T``
     after token ``root``, and the law each first token was drawn from: ``p`` for i.i.d. drafts;

@@ -1,6 +1,15 @@
 """Decoders: the verification rule written once (``verification``), the decoder protocol
 (``base``) and one file per decoder."""
 
+from specjax.decoders.adaptive import AdaptiveSpeculative
+from specjax.decoders.adaptive import ConfidenceThreshold
+from specjax.decoders.adaptive import DraftState
+from specjax.decoders.adaptive import EntropyThreshold
+from specjax.decoders.adaptive import FixedLength
+from specjax.decoders.adaptive import RejectionThreshold
+from specjax.decoders.adaptive import StoppingPolicy
+from specjax.decoders.adaptive import StoppingRule
+from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
@@ -22,7 +31,16 @@ from specjax.decoders.speculative import Speculative
 from specjax.decoders.tree import TokenTree
 
 __all__ = [
+    "AdaptiveSpeculative",
     "Autoregressive",
+    "ConfidenceThreshold",
+    "DraftState",
+    "EntropyThreshold",
+    "FixedLength",
+    "RejectionThreshold",
+    "StoppingPolicy",
+    "StoppingRule",
+    "ThresholdTable",
     "BatchSpeculative",
     "BiasedSpeculative",
     "BlockVerification",

@@ -1,6 +1,8 @@
 """Exact quantities: ``exact`` and ``accepted_length`` for any decoder (the forward recursions
 over a decoder's state), closed forms, output laws, sequence KL and the Pareto front."""
 
+from specjax.theory.adaptive import OptimalStopping
+from specjax.theory.adaptive import optimal_stopping
 from specjax.theory.block import exact_block_accepted_length
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import DecodingTime
@@ -38,6 +40,8 @@ from specjax.theory.tree_shapes import sequoia_hardware_tree
 from specjax.theory.tree_shapes import sequoia_tree
 
 __all__ = [
+    "OptimalStopping",
+    "optimal_stopping",
     "CostModel",
     "DecodingTime",
     "LookaheadChoice",

@@ -30,21 +30,41 @@ def call_law_at(decoder, start, draft, target, n, *, lookahead: int) -> CallLaw:
     """The law of a call at position ``n`` (1-based) whose previous token has the law ``start``,
     fields padded to ``(K, V)`` and ``(K + 1, V)``. ``n`` may be traced for a full-length call
     (``n <= T - K``); the last ``K`` positions are static (the call drafts fewer tokens)."""
+    p_rows, q_rows, bonus_row, pad = _call_rows(draft, target, n, lookahead)
+    law = decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None,
+                                **_position(decoder, n))
+    return CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law)) if pad else law
+
+
+def _position(decoder, n) -> dict:
+    """The call's position for a decoder whose law depends on it (``uses_position``)."""
+    return {"position": n} if getattr(decoder, "uses_position", False) else {}
+
+
+def _call_rows(draft, target, n, lookahead: int):
+    """``(p_rows, q_rows, bonus_row, pad)`` of a call at ``n``: ``K' = min(K, T - n + 1)`` rows,
+    the bonus row (``None`` past the horizon) and ``K - K'``."""
     horizon = target.horizon
     k = lookahead
     if isinstance(n, int) and n > horizon - k:
-        law = decoder.call_law_from(start, draft.trans[n - 1:], target.trans[n - 1:], None,
-                                    with_bonus=False)
-        pad = k - law.kept.shape[0]
-        return CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
+        return draft.trans[n - 1:], target.trans[n - 1:], None, k - (horizon - n + 1)
     p_rows = jax.lax.dynamic_slice_in_dim(draft.trans, n - 1, k)
     q_rows = jax.lax.dynamic_slice_in_dim(target.trans, n - 1, k)
     bonus_row = jax.lax.dynamic_index_in_dim(target.trans, n - 1 + k, keepdims=False)
-    return decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=True)
+    return p_rows, q_rows, bonus_row, 0
 
 
-@functools.partial(jax.jit, static_argnames=("lookahead", "with_depths"))
-def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool = False):
+def drafted_at(decoder, start, draft, target, n, *, lookahead: int):
+    """``(K + 1,)``: the mass of calls at ``n`` (previous token of law ``start``) drafting
+    exactly ``d`` tokens, for a decoder whose draft length is random (``drafted_from``)."""
+    p_rows, q_rows, _, pad = _call_rows(draft, target, n, lookahead)
+    drafted = decoder.drafted_from(start, p_rows, q_rows, **_position(decoder, n))
+    return jnp.pad(drafted, (0, pad)) if pad else drafted
+
+
+@functools.partial(jax.jit, static_argnames=("lookahead", "with_depths", "with_drafted"))
+def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool = False,
+                  with_drafted: bool = False):
     """Exact per-position statistics of a call-level ``decoder`` on ``MarkovChain``s.
 
     Each position's call law is built for the mass of calls starting there
@@ -59,11 +79,13 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
 
       with_depths: also return ``(T, K)``, ``[n - 1, i - 1]`` = P(a call starts at ``n`` and
         keeps at least ``i`` drafts) (static).
+      with_drafted: also return ``(T, K + 1)``, ``[n - 1, d]`` = P(a call starts at ``n`` and
+        drafts exactly ``d`` tokens), for a decoder with ``drafted_from`` (static).
 
     Returns:
       ``ExactDecoding``; ``rejected`` is the mass of last tokens drawn after a rejection,
-      ``verified`` one minus the mass of bonus tokens. With ``with_depths``, the pair
-      ``(ExactDecoding, depths)``.
+      ``verified`` one minus the mass of bonus tokens. With ``with_depths`` or
+      ``with_drafted``, a tuple ``(ExactDecoding, depths?, drafted?)`` of those requested.
     """
     num_states = target.num_states
     horizon = target.horizon
@@ -84,7 +106,9 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
         starts = jnp.concatenate([starts[1:], zeros]) + law.rejected + law.bonus
         done = filled[0]
         filled = jnp.concatenate([filled[1:], jnp.zeros((1, 3, num_states), dtype)])
-        return (starts, filled), (done, jnp.sum(start), jnp.sum(law.kept, axis=-1))
+        drafted = (drafted_at(decoder, start, draft, target, n, lookahead=k) if with_drafted
+                   else jnp.zeros((0,), dtype))
+        return (starts, filled), (done, jnp.sum(start), jnp.sum(law.kept, axis=-1), drafted)
 
     carry = (jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init),
              jnp.zeros((k + 1, 3, num_states), dtype))
@@ -96,11 +120,12 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
     for n in range(num_full + 1, horizon + 1):  # the last calls: fewer drafts, static shapes
         carry, out = step(carry, n)
         outputs.append(jax.tree.map(lambda x: x[None], out))
-    done, new_call, depths = (jnp.concatenate(parts) for parts in zip(*outputs))
+    done, new_call, depths, drafted = (jnp.concatenate(parts) for parts in zip(*outputs))
     marginals = jnp.concatenate([target.init[None].astype(dtype), done[:, 0]])
     result = ExactDecoding(rejected=done[:, 1], new_call=new_call, marginals=marginals,
                            verified=1 - jnp.sum(done[:, 2], axis=-1))
-    return (result, depths) if with_depths else result
+    extra = (depths,) * with_depths + (drafted,) * with_drafted
+    return (result,) + extra if extra else result
 
 
 def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):
@@ -111,5 +136,5 @@ def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: i
     bonus_row = target.trans[position - 1 + k] if with_bonus else None
     law = decoder.call_law(draft.trans[position - 1: position - 1 + k],
                            target.trans[position - 1: position - 1 + k], bonus_row,
-                           with_bonus=with_bonus)
+                           with_bonus=with_bonus, **_position(decoder, position))
     return jnp.sum(law.kept, axis=(0, 2))

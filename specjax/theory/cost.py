@@ -45,6 +45,7 @@ import numpy as np
 from specjax import _checks
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import check_decoder
+from specjax.decoders.verification import _safe_ratio
 from specjax.theory.values import _plan_exact
 from specjax.theory.values import exact
 
@@ -158,7 +159,9 @@ class DecodingTime(NamedTuple):
       expected_calls: ``E[target calls]``.
       expected_draft_passes: ``E[draft forward passes]``.
       expected_tokens_scored: ``E[tokens scored by the target]`` over all calls.
-      call_time: ``(T,)``, the time of a call that starts at position ``n = 1..T``.
+      call_time: ``(T,)``, the time of a call that starts at position ``n = 1..T`` (its
+        expected time given that a call starts there when the draft length is random; 0 where
+        no call can start).
     """
 
     expected_time: jax.Array
@@ -218,23 +221,51 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
     """
     check_decoder(decoder)
     _check_cost(cost)
-    decoder, _, _, num_positions, lookahead = _plan_exact(decoder, draft, target, horizon)
-    passes, scored = call_works(decoder, num_positions, lookahead)
+    decoder, draft, _, num_positions, lookahead = _plan_exact(decoder, draft, target, horizon)
+    if hasattr(decoder, "drafted_from"):  # the draft length is random: its law per position
+        weights, new_call = drafted_law(decoder, draft, target, lookahead)
+        passes, scored = (np.asarray(x, np.int64) for x in zip(
+            *(decoder.call_work(d) for d in range(lookahead + 1))))
+    else:  # a call at n does call_work(min(K, T - n + 1))
+        passes, scored = call_works(decoder, num_positions, lookahead)
+        new_call = exact(decoder, draft, target, horizon=horizon).new_call
+        weights = None
     times = np.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
                         for d, s in zip(passes, scored)])
-    new_call = exact(decoder, draft, target, horizon=horizon).new_call
     dtype = new_call.dtype
-    expected_time = jnp.sum(new_call * jnp.asarray(times, dtype), axis=-1)
+
+    def total(per_call):
+        per_call = jnp.asarray(per_call, dtype)
+        return jnp.sum(new_call * per_call if weights is None else weights @ per_call, axis=-1)
+
+    expected_time = total(times)
     ar_time = jnp.asarray(num_positions * (cost.target_time(1) + cost.call_overhead), dtype)
+    call_time = (jnp.asarray(times, dtype) if weights is None else
+                 _safe_ratio(weights @ jnp.asarray(times, dtype), new_call, 0))
     return DecodingTime(
         expected_time=expected_time,
         autoregressive_time=ar_time,
         speedup=ar_time / expected_time,
         tokens_per_time=num_positions / expected_time,
         expected_calls=jnp.sum(new_call, axis=-1),
-        expected_draft_passes=jnp.sum(new_call * jnp.asarray(passes, dtype), axis=-1),
-        expected_tokens_scored=jnp.sum(new_call * jnp.asarray(scored, dtype), axis=-1),
-        call_time=jnp.asarray(times, dtype))
+        expected_draft_passes=total(passes),
+        expected_tokens_scored=total(scored),
+        call_time=call_time)
+
+
+def drafted_law(decoder, draft, target, lookahead: int):
+    """``(drafted (T, K + 1), new_call (T,))`` of a decoder whose calls draft a random number of
+    tokens (``drafted_from``): ``drafted[n - 1, d]`` = P(a call starts at ``n`` and drafts
+    exactly ``d``)."""
+    from specjax.models.markov import MarkovChain  # noqa: PLC0415 - avoids a cycle
+    from specjax.theory import calls  # noqa: PLC0415
+
+    if not isinstance(target, MarkovChain):
+        raise ValueError(f"{type(decoder).__name__} has exact values on MarkovChain models only, "
+                         f"got {type(target).__name__}")
+    result, drafted = calls.forward_calls(decoder, draft, target, lookahead=lookahead,
+                                          with_drafted=True)
+    return drafted, result.new_call
 
 
 def expected_time(decoder, draft, target, cost: CostModel, *, horizon: int | None = None):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
@@ -93,9 +94,12 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
                          f"and {type(target).__name__}")
     decoder, draft, _, horizon, lookahead = _plan_exact(decoder, draft, target, None)
     _, scored = call_works(decoder, horizon, lookahead)
+    drafted_law = None
     if isinstance(decoder, CallDecoder):
-        result, depths = calls.forward_calls(decoder, draft, target, lookahead=lookahead,
-                                             with_depths=True)
+        random_length = hasattr(decoder, "drafted_from")  # adaptive: the draft length is random
+        result, depths, *drafted_law = calls.forward_calls(
+            decoder, draft, target, lookahead=lookahead, with_depths=True,
+            with_drafted=random_length)
         new_call = result.new_call
     else:
         new_call = exact(decoder, draft, target).new_call
@@ -104,7 +108,11 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
     dtype = new_call.dtype
     accepted_at = jnp.sum(depths, axis=0).astype(dtype)
     expected_calls = jnp.sum(new_call)
-    expected_drafted = jnp.sum(new_call * jnp.asarray(scored - 1, dtype))
+    if drafted_law:  # (T, K + 1): the number drafted by each call, at each position
+        drafts = np.asarray([decoder.call_work(d)[1] - 1 for d in range(lookahead + 1)])
+        expected_drafted = jnp.sum(drafted_law[0] @ jnp.asarray(drafts, dtype))
+    else:
+        expected_drafted = jnp.sum(new_call * jnp.asarray(scored - 1, dtype))
     accepted = jnp.sum(accepted_at)
     reached = jnp.concatenate([expected_calls[None], accepted_at[:-1]])
     return EngineMetrics(

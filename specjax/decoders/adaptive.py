@@ -1,0 +1,464 @@
+"""Adaptive draft lengths: a stopping policy decides, before each draft, whether to call the target.
+
+A call of ``AdaptiveSpeculative(policy, max_lookahead=K)`` from position ``n`` after token
+``x_{n-1}`` drafts ``x_n, x_{n+1}, ...`` one at a time from the draft ``p``. Before drafting the
+``(i + 1)``-th token it asks the policy whether to stop, from what is known at that moment
+(``DraftState``): the call's position, the number ``i`` of drafts so far, the last drafted token
+and its draft probability, the draft's next row (its entropy and largest probability) and, for
+analysis, the exact probability ``A_i = prod_{j <= i} min(1, q_j / p_j)`` that every draft so
+far will be accepted. At ``i = K`` or at the end of the horizon it stops. The ``d`` drafts are then
+verified by speculative sampling, token by token: draft ``j`` is kept with probability
+``min(1, q / p)``; the first rejection draws from ``[q - p]_+``; when all ``d`` are kept the target
+adds its bonus token. So the output law is the target's whatever the policy, and a policy that
+always drafts ``K`` tokens is SD with lookahead ``K`` (``FixedLength(K)``).
+
+The policies of the field:
+
+* ``RejectionThreshold(threshold)``: SpecDec++ (Huang, Guo & Wang 2024): stop once the probability
+  that at least one draft so far is rejected exceeds the threshold, ``1 - A_i > threshold``
+  (SpecDec++ predicts ``A_i`` with a trained head; here it is exact). Its released code keeps
+  ``cum_acc_prob *= acc_prob`` and stops when ``1 - cum_acc_prob > stop_threshold``, default 0.3.
+* ``EntropyThreshold(threshold)``: stop when the draft is unsure of the next token, the entropy
+  (nats) of its next row above the threshold (the idea behind AdaEDL and SVIP, which bound the
+  acceptance by the draft's entropy).
+* ``ConfidenceThreshold(threshold)``: stop when the last drafted token's draft probability is below
+  the threshold (HuggingFace's ``assistant_confidence_threshold`` stops drafting on the draft's
+  low confidence).
+* ``StoppingRule(fn)``: any function of the ``DraftState`` returning the stop flags.
+* ``ThresholdTable(thresholds)``: stop iff ``A_i <= thresholds[n - 1, i, x]`` for a call started at
+  ``n`` whose last drafted token is ``x``: the form of the optimal policy
+  (``specjax.optimal_stopping``).
+
+The heuristics draft at least one token (they never stop at ``i = 0``); a user rule and a
+threshold table may stop there, which makes the call autoregressive (one target token).
+
+Exact values: the call law enumerates the drafted paths, ``V**(K' + 1)`` entries for ``K'``
+drafts (refused beyond ``MAX_PATHS``): the mass of calls that reach depth ``i`` with a given path
+is all that verification needs, because whether draft ``j`` is kept depends only on the path up to
+``j``. ``drafted_from`` gives the law of the number drafted, from which ``specjax.decoding_time``
+takes the expected time of a call. Sampler: the call-level engine; a call uses ``2K + 1`` uniforms
+(the drafts, their acceptances, the last token).
+
+References:
+  Huang, Guo & Wang 2024, "SpecDec++: Boosting speculative decoding via adaptive candidate
+  lengths"; Leviathan, Kalman & Matias 2023 (the bonus token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+from typing import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import CallLaw
+from specjax.decoders.base import array_field
+from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.draws import bernoulli
+from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import draw
+from specjax.decoders.verification import _safe_ratio
+from specjax.decoders.verification import safe_normalize
+
+MAX_PATHS = 2**22  # largest number of (previous token, drafted path) entries the exact law holds
+
+
+class DraftState(NamedTuple):
+    """What a stopping policy sees before it decides whether to draft the next token.
+
+    Every field broadcasts against the others (the exact law evaluates a policy on every drafted
+    path at once, the sampler on one chain's scalars).
+
+    Attributes:
+      position: ``n + i``, the position the next draft would fill (1-based) for a call that
+        started at ``n``.
+      depth: ``i``, the tokens drafted so far in this call (0 before the first).
+      token: the last drafted token (the call's previous token at depth 0).
+      token_prob: its draft probability ``p(x | previous)`` (1 at depth 0).
+      all_accepted: ``A_i``, the probability that every draft so far will be accepted
+        (``prod min(1, q / p)``; 1 at depth 0).
+      next_entropy: the entropy (nats) of the draft's row for the next token.
+      next_max_prob: the largest probability in that row.
+    """
+
+    position: Any
+    depth: Any
+    token: Any
+    token_prob: Any
+    all_accepted: Any
+    next_entropy: Any
+    next_max_prob: Any
+
+
+def entropy(rows: jax.Array) -> jax.Array:
+    """Entropy in nats over the last axis; ``0 log 0 = 0`` with finite gradients."""
+    positive = rows > 0
+    logs = jnp.log(jnp.where(positive, rows, jnp.ones_like(rows)))
+    return -jnp.sum(jnp.where(positive, rows * logs, 0), axis=-1)
+
+
+class StoppingPolicy:
+    """Base class of stopping policies: ``stop(state) -> bool array`` (``True``: call the target
+    now, with the drafts so far)."""
+
+    def stop(self, state: DraftState):
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on bad numeric settings (checked before any work when
+        concrete)."""
+
+    @property
+    def label(self) -> str:
+        return repr(self)
+
+
+def _check_threshold(name: str, value, low: float, high: float | None) -> None:
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, jax.core.Tracer):
+        return
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if array.shape != ():
+        raise ValueError(f"{name} must be a scalar, got shape {array.shape}")
+    number = float(array)
+    if not (np.isfinite(number) and number >= low and (high is None or number <= high)):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a finite number in {bound}, got {value!r}")
+
+
+def _number_label(value) -> str:
+    return f"{float(value):g}" if _checks.is_concrete(value) else "traced"
+
+
+@pytree_dataclass
+class FixedLength(StoppingPolicy):
+    """Draft ``length`` tokens (fewer at ``max_lookahead`` or the horizon): SD with lookahead
+    ``length``."""
+
+    length: int
+
+    def __post_init__(self):
+        _checks.check_static_int("length", self.length)
+
+    def stop(self, state):
+        return state.depth >= self.length
+
+    @property
+    def label(self) -> str:
+        return f"fixed K = {self.length}"
+
+
+@pytree_dataclass
+class RejectionThreshold(StoppingPolicy):
+    """SpecDec++: stop once ``1 - A_i`` (the probability that some draft so far is rejected)
+    exceeds ``threshold`` (a leaf in ``[0, 1]``: sweep it under ``jax.vmap`` or reuse one
+    compilation for many values)."""
+
+    threshold: Any = array_field()
+
+    def validate(self):
+        _check_threshold("threshold", self.threshold, 0.0, 1.0)
+
+    def stop(self, state):
+        return (state.depth > 0) & (1 - state.all_accepted > self.threshold)
+
+    @property
+    def label(self) -> str:
+        return f"SpecDec++ (1 - A > {_number_label(self.threshold)})"
+
+
+@pytree_dataclass
+class EntropyThreshold(StoppingPolicy):
+    """Stop when the entropy (nats) of the draft's next row exceeds ``threshold`` (a leaf
+    ``>= 0``), after at least one draft."""
+
+    threshold: Any = array_field()
+
+    def validate(self):
+        _check_threshold("threshold", self.threshold, 0.0, None)
+
+    def stop(self, state):
+        return (state.depth > 0) & (state.next_entropy > self.threshold)
+
+    @property
+    def label(self) -> str:
+        return f"entropy > {_number_label(self.threshold)}"
+
+
+@pytree_dataclass
+class ConfidenceThreshold(StoppingPolicy):
+    """Stop when the last drafted token's draft probability is below ``threshold`` (a leaf in
+    ``[0, 1]``), after at least one draft."""
+
+    threshold: Any = array_field()
+
+    def validate(self):
+        _check_threshold("threshold", self.threshold, 0.0, 1.0)
+
+    def stop(self, state):
+        return (state.depth > 0) & (state.token_prob < self.threshold)
+
+    @property
+    def label(self) -> str:
+        return f"confidence < {_number_label(self.threshold)}"
+
+
+@pytree_dataclass
+class StoppingRule(StoppingPolicy):
+    """A user's policy: ``fn(state: DraftState) -> bool array`` broadcasting against the
+    state's fields (``True``: stop). ``fn`` is static (hashed by identity: define it once)."""
+
+    fn: Callable
+    name: str = "user rule"
+
+    def __post_init__(self):
+        if not callable(self.fn):
+            raise ValueError(f"fn must be a function of a DraftState, got {self.fn!r}")
+
+    def stop(self, state):
+        return jnp.asarray(self.fn(state), bool)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+@pytree_dataclass
+class ThresholdTable(StoppingPolicy):
+    """Stop iff ``A_i <= thresholds[n - 1, i, x]`` for a call started at position ``n`` after
+    ``i`` drafts whose last token is ``x``: ``thresholds`` ``(T, K + 1, V)``, a leaf (the optimal
+    policy of ``specjax.optimal_stopping`` has this form)."""
+
+    thresholds: Any = array_field()
+
+    def validate(self):
+        if np.ndim(self.thresholds) != 3:
+            raise ValueError(f"thresholds must have shape (T, K + 1, V), got shape "
+                             f"{np.shape(self.thresholds)}")
+
+    def stop(self, state):
+        table = jnp.asarray(self.thresholds)
+        start = jnp.clip(state.position - state.depth - 1, 0, table.shape[0] - 1)
+        depth = jnp.clip(state.depth, 0, table.shape[1] - 1)
+        return state.all_accepted <= table[start, depth, state.token]
+
+    @property
+    def label(self) -> str:
+        return "threshold table"
+
+
+POLICIES = (FixedLength, RejectionThreshold, EntropyThreshold, ConfidenceThreshold,
+            StoppingRule, ThresholdTable)
+
+
+def _refuse_policy(policy):
+    hint = " (wrap a function in specjax.StoppingRule(fn))" if callable(policy) else ""
+    raise ValueError(f"policy must be a stopping policy such as specjax.RejectionThreshold(0.3)"
+                     f"{hint}, got {policy!r}")
+
+
+def _lift(row: jax.Array, rank: int) -> jax.Array:
+    """A ``(V, V)`` row over (last drafted token, next token) broadcast against paths of rank
+    ``rank + 1`` (previous token, x_1, .., x_rank, next)."""
+    return row.reshape((1,) * (rank - 1) + row.shape)
+
+
+@pytree_dataclass
+class AdaptiveSpeculative(CallDecoder):
+    """Speculative decoding whose draft length a stopping policy chooses call by call.
+
+    Attributes:
+      policy: a ``StoppingPolicy`` value (``RejectionThreshold(0.3)``, ``EntropyThreshold(1.0)``,
+        ``StoppingRule(fn)``, ...).
+      max_lookahead: ``K``, the most drafts of a call (values above ``T`` act as ``T``). The exact
+        values enumerate ``V**(K' + 1)`` (previous token, drafted path) entries per call and
+        refuse more than ``2**22``.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> spec = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=4)
+      >>> round(float(specjax.exact(spec, draft, target).expected_calls), 3)
+      30.141
+
+    References:
+      Huang, Guo & Wang 2024 (SpecDec++); Leviathan et al. 2023.
+    """
+
+    policy: Any = array_field()  # a subtree: its numeric settings are traced, not static
+    _: dataclasses.KW_ONLY
+    max_lookahead: int
+    uses_position = True
+
+    def __post_init__(self):
+        # Unflattening may pass placeholders for the policy subtree; refuse only what is
+        # plainly not a policy here, the rest in validate (before any work).
+        if isinstance(self.policy, (numbers.Number, str, bytes)) or (
+                callable(self.policy) and not isinstance(self.policy, StoppingPolicy)):
+            _refuse_policy(self.policy)
+        _checks.check_static_int("max_lookahead", self.max_lookahead)
+
+    def validate(self) -> None:
+        if not isinstance(self.policy, StoppingPolicy):
+            _refuse_policy(self.policy)
+        self.policy.validate()
+
+    @property
+    def lookahead(self) -> int:
+        return self.max_lookahead
+
+    def truncate(self, lookahead: int) -> "AdaptiveSpeculative":
+        del lookahead  # sample_call stops at the horizon by itself
+        return self
+
+    @property
+    def label(self) -> str:
+        return f"adaptive SD ({self.policy.label}, K <= {self.max_lookahead})"
+
+    @property
+    def num_uniforms(self) -> int:
+        return 2 * self.max_lookahead + 1
+
+    def check_exact(self, num_states: int, horizon: int) -> None:
+        """The exact law holds ``V**(K' + 1)`` entries, ``K' = min(K, T)``."""
+        depth = min(self.max_lookahead, horizon)
+        if num_states ** (depth + 1) > MAX_PATHS:
+            raise ValueError(
+                f"max_lookahead: the exact law of an adaptive call enumerates V**(K + 1) = "
+                f"{num_states}**{depth + 1} drafted paths, beyond the bound {MAX_PATHS} (2**22); "
+                "use a smaller max_lookahead or Monte Carlo (specjax.decode)")
+
+    def prepare(self, draft, target):
+        p, q = draft.trans, target.trans
+        return (categorical_thresholds(p), p, q, entropy(p), jnp.max(p, axis=-1))
+
+    def sample_call(self, tables, n, prev, u):
+        """One call of one chain from position ``n`` after ``prev``: ``u`` holds ``2K + 1``
+        uniforms (drafts, acceptances, the last token)."""
+        p_thr, p_trans, q_trans, ent, top = tables
+        horizon = p_trans.shape[0]
+        k = self.max_lookahead
+        fits = jnp.clip(horizon - n + 1, 0, k)  # drafts that fit before the horizon
+        dtype = p_trans.dtype
+        x, prob, all_acc = prev, jnp.ones((), dtype), jnp.ones((), dtype)
+        live, depth = jnp.ones((), bool), jnp.zeros((), jnp.int32)
+        drafts, accept = [], []
+        for i in range(k):
+            row = jnp.clip(n - 1 + i, 0, horizon - 1)
+            state = DraftState(position=n + i, depth=i, token=x, token_prob=prob,
+                               all_accepted=all_acc, next_entropy=ent[row, x],
+                               next_max_prob=top[row, x])
+            go = live & (i < fits) & ~self.policy.stop(state)
+            nxt = draw(p_thr[row, x], u[i])
+            p_x, q_x = p_trans[row, x, nxt], q_trans[row, x, nxt]
+            alpha = jnp.minimum(1, _safe_ratio(q_x, p_x, 1))
+            drafts.append(nxt)
+            accept.append(alpha)
+            all_acc = jnp.where(go, all_acc * alpha, all_acc)
+            prob = jnp.where(go, p_x, prob)
+            x = jnp.where(go, nxt, x)
+            depth = depth + go.astype(jnp.int32)
+            live = go
+        drafts, alphas = jnp.stack(drafts), jnp.stack(accept)
+        steps = jnp.arange(k, dtype=jnp.int32)
+        kept_each = bernoulli(alphas, u[k:2 * k]) | (steps >= depth)
+        tau = jnp.min(jnp.where(kept_each, k, steps))  # the first rejection, k if none
+        rejected = tau < depth
+        tau = jnp.minimum(tau, depth)
+        parents = jnp.concatenate([prev[None], drafts[:-1]])
+        parent = parents[jnp.minimum(tau, k - 1)]
+        row = jnp.clip(n - 1 + tau, 0, horizon - 1)
+        residual = jnp.maximum(q_trans[row, parent] - p_trans[row, parent], 0)
+        last_token = jnp.where(tau > 0, drafts[jnp.maximum(tau - 1, 0)], prev)
+        law = jnp.where(rejected, residual, q_trans[row, last_token])
+        y = draw(categorical_thresholds(law), u[2 * k])
+        emitted = jnp.concatenate([drafts, y[None]]).at[tau].set(y)
+        return emitted, tau, rejected
+
+    def _enumerate(self, start, p_rows, q_rows, bonus_row, with_bonus, position, keep_start):
+        """The call's law from the drafted paths: ``(CallLaw, drafted)``, ``drafted[d]`` the mass
+        of calls drafting exactly ``d`` tokens. Fields keep the previous token's axis when
+        ``keep_start``."""
+        k, num_states, _ = p_rows.shape
+        dtype = jnp.result_type(p_rows.dtype, q_rows.dtype)
+        alpha = jnp.minimum(1, _safe_ratio(q_rows, p_rows, 1))
+        residual = safe_normalize(jnp.maximum(q_rows - p_rows, 0))
+        ent, top = entropy(p_rows), jnp.max(p_rows, axis=-1)
+        tokens = jnp.arange(num_states)
+
+        def group(mass, rank):  # sum by the last drafted token (and the start when kept)
+            if rank == 0:
+                return jnp.diag(mass) if keep_start else mass
+            axes = tuple(range(1, rank)) if keep_start else tuple(range(rank))
+            return jnp.sum(mass, axis=axes) if axes else mass
+
+        reach = jnp.asarray(start, dtype)  # mass of calls reaching depth i with each path
+        all_acc = jnp.ones_like(reach)
+        prob = jnp.ones_like(reach)
+        zeros = jnp.zeros(((num_states,) if keep_start else ()) + (num_states,), dtype)
+        kept, rejected, bonus, drafted = [], [zeros] * (k + 1), [zeros] * (k + 1), []
+        for i in range(k + 1):
+            if i < k:
+                token = jnp.broadcast_to(tokens, reach.shape)  # x_i: the last axis
+                state = DraftState(position=position + i, depth=i, token=token, token_prob=prob,
+                                   all_accepted=all_acc, next_entropy=ent[i][token],
+                                   next_max_prob=top[i][token])
+                stop = jnp.broadcast_to(self.policy.stop(state), reach.shape)
+            else:
+                stop = jnp.ones(reach.shape, bool)
+            stopped = jnp.where(stop, reach, 0)
+            drafted.append(jnp.sum(stopped))
+            row = q_rows[i] if i < k else (bonus_row if with_bonus else None)
+            if row is not None:  # every draft kept: the target's bonus token
+                bonus[i] = group(stopped * all_acc, i) @ row
+            if i == k:
+                break
+            going = jnp.where(stop, 0, reach)
+            lifted = _lift(p_rows[i], i + 1)
+            # Draft i + 1 rejected: the first rejection, y from the residual after token x_i.
+            lost = jnp.sum(lifted * _lift(1 - alpha[i], i + 1), axis=-1)
+            rejected[i] = group(going * all_acc * lost, i) @ residual[i]
+            reach = going[..., None] * lifted
+            all_acc = all_acc[..., None] * _lift(alpha[i], i + 1)
+            prob = jnp.broadcast_to(lifted, reach.shape)
+            kept.append(group(reach * all_acc, i + 1))
+        law = CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected),
+                      bonus=jnp.stack(bonus))
+        return law, jnp.stack(drafted)
+
+    def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool,
+                 position=1) -> CallLaw:
+        """The law of one call for every previous token, by enumeration of the drafted paths.
+
+        Args:
+          p_rows: ``(K', V, V)`` draft rows of the call's positions.
+          q_rows: ``(K', V, V)`` target rows of the same positions.
+          bonus_row: ``(V, V)`` target row after them (unused without bonus).
+          with_bonus: whether that position exists (static).
+          position: ``n``, the position of the call's first draft (1-based; may be traced).
+        """
+        start = jnp.ones((p_rows.shape[1],), p_rows.dtype)
+        return self._enumerate(start, p_rows, q_rows, bonus_row, with_bonus, position,
+                               keep_start=True)[0]
+
+    def call_law_from(self, start, p_rows, q_rows, bonus_row, *, with_bonus: bool,
+                      position=1) -> CallLaw:
+        return self._enumerate(start, p_rows, q_rows, bonus_row, with_bonus, position,
+                               keep_start=False)[0]
+
+    def drafted_from(self, start, p_rows, q_rows, *, position=1) -> jax.Array:
+        """``(K' + 1,)``: the mass of calls (previous token of law ``start``) that draft
+        exactly ``d = 0..K'`` tokens."""
+        return self._enumerate(start, p_rows, q_rows, None, False, position,
+                               keep_start=False)[1]
