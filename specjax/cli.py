@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 
@@ -81,6 +82,7 @@ def main(argv=None) -> None:
         args = rep.parse_args([])
         args.command = "reproduce"
     command = rep if args.command == "reproduce" else sim
+    interrupts = catch_lost_interrupts() if _is_program() else []
     try:
         if args.command == "reproduce":
             check_reproduce_args(rep, args)
@@ -88,6 +90,8 @@ def main(argv=None) -> None:
         else:
             check_simulate_args(sim, args)
             simulate(args)
+        if interrupts:  # a Ctrl-C that a callback swallowed: the run is still interrupted
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         where = ""
         if args.command == "reproduce" and os.path.isdir(args.out):
@@ -108,6 +112,35 @@ def main(argv=None) -> None:
             raise  # a bug, not a user's mistake: its traceback is wanted
         sys.stdout.flush()
         command.exit(2, f"{command.prog}: error: {err}\n")
+
+
+def catch_lost_interrupts() -> list:
+    """Records every Ctrl-C of the program, also those Python loses; returns the record.
+
+    Python raises ``KeyboardInterrupt`` wherever the main thread is when SIGINT arrives. Inside
+    a callback whose exceptions are ignored (JAX's garbage-collection callback, a ``__del__``)
+    it is printed as "Exception ignored" and lost, and the run would go on and end with status
+    0. This handler raises as Python's does and also appends to the returned list, which
+    ``main`` checks when the work returns; a lost ``KeyboardInterrupt`` is not printed. Nothing
+    is installed when SIGINT is not Python's default handler (ignored, or a caller's own)."""
+    record: list = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return record
+
+    def on_sigint(signum, frame):
+        record.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    previous_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and record:
+            return  # recorded: main reports it as one line when the work returns
+        previous_hook(unraisable)
+
+    sys.unraisablehook = hook
+    return record
 
 
 def _is_program() -> bool:
