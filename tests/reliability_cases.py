@@ -1393,6 +1393,41 @@ def _cases() -> list[Case]:
         lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2.5),
         "max_lookahead")
 
+    # Adaptive draft lengths: stopping policies and the optimal one.
+    adaptive = S.AdaptiveSpeculative
+    add(kind, "AdaptiveSpeculative", "policy a lambda",
+        lambda: adaptive(lambda s: s.depth > 1, max_lookahead=2), "policy")
+    add(kind, "AdaptiveSpeculative", "max_lookahead 0",
+        lambda: adaptive(S.FixedLength(2), max_lookahead=0), "max_lookahead")
+    add(kind, "FixedLength", "length 2.5", lambda: S.FixedLength(2.5), "length")
+    add(kind, "RejectionThreshold", "threshold 1.5",
+        lambda: S.exact(adaptive(S.RejectionThreshold(1.5), max_lookahead=2), d(), t()),
+        "threshold")
+    add(kind, "EntropyThreshold", "threshold -1",
+        lambda: S.decode(k(), adaptive(S.EntropyThreshold(-1.0), max_lookahead=2), d(), t(), C),
+        "threshold")
+    add(kind, "ConfidenceThreshold", "threshold NaN",
+        lambda: S.exact(adaptive(S.ConfidenceThreshold(math.nan), max_lookahead=2), d(), t()),
+        "threshold")
+    add(kind, "StoppingRule", "fn 3", lambda: S.StoppingRule(3), "fn")
+    add(kind, "StoppingRule", "fn returning floats",
+        lambda: S.exact(adaptive(S.StoppingRule(lambda s: 0.5 + 0 * s.depth), max_lookahead=2),
+                        d(), t()), "fn")
+    add(kind, "ThresholdTable", "table for another horizon",
+        lambda: S.exact(adaptive(S.ThresholdTable(jnp.zeros((T + 1, 3, V))), max_lookahead=2),
+                        d(), t()), "thresholds")
+    add(kind, "decode", "AdaptiveSpeculative(RejectionThreshold(0.3)) (valid)",
+        lambda: S.decode(k(), adaptive(S.RejectionThreshold(0.3), max_lookahead=2), d(), t(), C),
+        check=trace_right())
+    add(kind, "optimal_stopping", "max_lookahead 0",
+        lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
+        "max_lookahead")
+    add(kind, "optimal_stopping", "cost a tuple",
+        lambda: S.optimal_stopping(d(), t(), (0.1, 1.0), max_lookahead=2), "cost")
+    add(kind, "optimal_stopping", "(valid)",
+        lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2),
+        check=returned)
+
     ids = [c.id for c in cases]
     duplicates = {i for i in ids if ids.count(i) > 1}
     assert not duplicates, duplicates

@@ -326,7 +326,7 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
     t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
     for policy in (specjax.RejectionThreshold(0.3), specjax.EntropyThreshold(0.5),
                    specjax.FixedLength(3)):
-        decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=3)
+        decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=2)
 
         def value(dd, tt, decoder=decoder):
             return specjax.expected_time(decoder, dd, tt, COST)
@@ -336,9 +336,9 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
         leaves = jax.tree_util.tree_leaves(grads)
         assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves), policy
     same = specjax.exact(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
-                                                     max_lookahead=3), t, t)
+                                                     max_lookahead=2), t, t)
     assert abs(float(same.expected_rejections)) < 1e-6  # p = q: nothing is rejected
-    solved = specjax.optimal_stopping(d, t, COST, max_lookahead=3)
+    solved = specjax.optimal_stopping(d, t, COST, max_lookahead=2)
     assert np.isfinite(np.asarray(solved.values)).all()
     assert abs(float(specjax.expected_time(solved.decoder, d, t, COST))
                - float(solved.expected_time)) < (1e-9 if dtype == np.float64 else 1e-4)
@@ -372,7 +372,7 @@ def test_validation_errors():
         specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=jnp.asarray(2))
     with pytest.raises(ValueError, match="length"):
         specjax.FixedLength(2.5)
-    with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0.0, 1.0\]"):
+    with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
         specjax.exact(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(1.5),
                                                   max_lookahead=2), draft, target)
     with pytest.raises(ValueError, match="threshold must be a number"):
@@ -383,6 +383,27 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="thresholds must have shape"):
         specjax.exact(specjax.AdaptiveSpeculative(specjax.ThresholdTable(jnp.zeros(3)),
                                                   max_lookahead=2), draft, target)
+    with pytest.raises(ValueError, match=r"threshold must be a finite number >= 0"):
+        specjax.decode(jax.random.key(0), specjax.AdaptiveSpeculative(
+            specjax.EntropyThreshold(-1.0), max_lookahead=2), draft, target, 10)
+    # A table that does not fit the models (here T = 2 rows for T = 50) is refused by every
+    # entry point while tracing, instead of being clipped silently.
+    short = specjax.AdaptiveSpeculative(specjax.ThresholdTable(jnp.zeros((2, 3, 7))),
+                                        max_lookahead=2)
+    cost = specjax.CostModel(0.1, 1.0)
+    for run in (lambda: specjax.exact(short, draft, target),
+                lambda: specjax.decode(jax.random.key(0), short, draft, target, 10),
+                lambda: specjax.expected_time(short, draft, target, cost),
+                lambda: specjax.engine_metrics(short, draft, target)):
+        with pytest.raises(ValueError, match=r"thresholds must have shape .* \(50, 3, 7\)"):
+            run()
+    # A user rule must return boolean flags (0.5 would be cast to True silently).
+    half = specjax.AdaptiveSpeculative(specjax.StoppingRule(lambda s: 0.5 + 0 * s.depth),
+                                       max_lookahead=2)
+    for run in (lambda: specjax.exact(half, draft, target),
+                lambda: specjax.decode(jax.random.key(0), half, draft, target, 10)):
+        with pytest.raises(ValueError, match="must return boolean stop flags"):
+            run()
     with pytest.raises(ValueError, match=r"max_lookahead: the exact law .*2\*\*22"):
         specjax.exact(specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=20),
                       draft, target)

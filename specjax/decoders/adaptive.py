@@ -115,6 +115,12 @@ class StoppingPolicy:
         """Raise ``ValueError`` on bad numeric settings (checked before any work when
         concrete)."""
 
+    def check_shapes(self, horizon: int, lookahead: int, num_states: int) -> None:
+        """Raise ``ValueError`` when the policy does not fit ``T`` positions, calls of at most
+        ``lookahead`` (``min(K, T)``) drafts and ``V`` tokens (static shapes: checked while
+        tracing, before any work)."""
+        del horizon, lookahead, num_states
+
     @property
     def label(self) -> str:
         return repr(self)
@@ -133,8 +139,8 @@ def _check_threshold(name: str, value, low: float, high: float | None) -> None:
         raise ValueError(f"{name} must be a scalar, got shape {array.shape}")
     number = float(array)
     if not (np.isfinite(number) and number >= low and (high is None or number <= high)):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be a finite number in {bound}, got {value!r}")
+        bound = f"in [{low:g}, {high:g}]" if high is not None else f">= {low:g}"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
 def _number_label(value) -> str:
@@ -227,7 +233,11 @@ class StoppingRule(StoppingPolicy):
             raise ValueError(f"fn must be a function of a DraftState, got {self.fn!r}")
 
     def stop(self, state):
-        return jnp.asarray(self.fn(state), bool)
+        flags = jnp.asarray(self.fn(state))
+        if flags.dtype != jnp.bool_:  # a dtype is static: refused while tracing
+            raise ValueError(f"fn ({self.name}) must return boolean stop flags (True: stop), "
+                             f"got dtype {flags.dtype}; compare, e.g. state.token_prob < 0.3")
+        return flags
 
     @property
     def label(self) -> str:
@@ -246,6 +256,13 @@ class ThresholdTable(StoppingPolicy):
         if np.ndim(self.thresholds) != 3:
             raise ValueError(f"thresholds must have shape (T, K + 1, V), got shape "
                              f"{np.shape(self.thresholds)}")
+
+    def check_shapes(self, horizon, lookahead, num_states):
+        expected = (horizon, lookahead + 1, num_states)
+        if tuple(np.shape(self.thresholds)) != expected:
+            raise ValueError(f"thresholds must have shape (T, K + 1, V) = {expected} for these "
+                             f"models (K = min(max_lookahead, T)), got shape "
+                             f"{tuple(np.shape(self.thresholds))}")
 
     def stop(self, state):
         table = jnp.asarray(self.thresholds)
@@ -332,6 +349,7 @@ class AdaptiveSpeculative(CallDecoder):
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         """The exact law holds ``V**(K' + 1)`` entries, ``K' = min(K, T)``."""
+        self.policy.check_shapes(horizon, min(self.max_lookahead, horizon), num_states)
         depth = min(self.max_lookahead, horizon)
         if num_states ** (depth + 1) > MAX_PATHS:
             raise ValueError(
@@ -341,6 +359,9 @@ class AdaptiveSpeculative(CallDecoder):
 
     def prepare(self, draft, target):
         p, q = draft.trans, target.trans
+        # Shapes are static: a table that does not fit the models raises here, while tracing.
+        horizon, num_states = q.shape[0], q.shape[-1]
+        self.policy.check_shapes(horizon, min(self.max_lookahead, horizon), num_states)
         return (categorical_thresholds(p), p, q, entropy(p), jnp.max(p, axis=-1))
 
     def sample_call(self, tables, n, prev, u):
