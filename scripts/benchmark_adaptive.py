@@ -1,0 +1,151 @@
+"""The optimal adaptive draft length: time to solve it, specjax vs plain NumPy, in one run.
+
+On random chains (``specjax.random_markov_chain``, V = 16, T = 64 by default) with a draft pass at
+``--draft-cost`` of a target call, ``specjax.optimal_stopping(draft, target, cost,
+max_lookahead=K)`` (K = 6 by default) solves the stopping policy of least expected time by
+backward induction over positions, previous tokens and the ``V**K`` drafted paths of a call.
+
+NumPy (written here, independently): the same backward induction with the drafted paths of one
+call flattened (a path of ``i`` drafts is an index in ``0..V**i - 1``, its children
+``index * V + x``), one previous token at a time: forward over depths the probability ``A`` that
+every draft is kept and the expected time-to-go ``R`` committed by the first rejection, then
+backward ``value_i = min(stop_i, draft_cost + sum_x p(x | last) value_{i+1})``. It runs in
+float64 (the reference) and is timed once (it takes minutes at the default size); specjax is
+timed as the best of ``--repeats`` after a first call that includes compilation.
+
+The table gives both times, their ratio, the expected times and their difference, whether the
+thresholds reproduce every decision (``threshold_form``), and the time of the best fixed
+lookahead for scale.
+
+Usage: python scripts/benchmark_adaptive.py [--states 16] [--horizon 64] [--max-lookahead 6]
+       [--draft-cost 0.1] [--repeats 2] [--x64] [--no-numpy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+import specjax
+from _timing import best_time
+from _timing import timed
+
+
+def numpy_optimal_stopping(draft_trans, target_trans, init, *, lookahead, draft_cost,
+                           stop_costs):
+    """Least expected time to decode ``T`` tokens, and ``W`` (``(T + 1, V)``), in float64.
+
+    ``stop_costs[d]``: the time of a call that drafted ``d`` tokens, excluding the draft passes
+    (the target scoring ``d + 1`` tokens plus the overhead)."""
+    p_all = np.asarray(draft_trans, np.float64)
+    q_all = np.asarray(target_trans, np.float64)
+    horizon, num_states, _ = q_all.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha_all = np.where(p_all > 0, np.minimum(1.0, q_all / p_all), 1.0)
+    excess = np.maximum(q_all - p_all, 0.0)
+    total = excess.sum(-1, keepdims=True)
+    resid_all = np.divide(excess, total, out=np.zeros_like(excess), where=total > 0)
+    values = np.zeros((horizon + 2, num_states))  # values[m]: W(m, .), m = 1..T + 1
+    for n in range(horizon, 0, -1):
+        depth = min(lookahead, horizon - n + 1)
+        for a in range(num_states):
+            last = [np.array([a])]
+            all_acc = [np.ones(1)]
+            committed = [np.zeros(1)]
+            for i in range(depth):
+                row = n + i - 1  # 0-based row of position n + i
+                l = last[-1]
+                lost = resid_all[row] @ values[n + i + 1]  # (V,) by the rejected draft's row
+                alpha = alpha_all[row][l]  # (paths, V)
+                all_acc.append((all_acc[-1][:, None] * alpha).ravel())
+                committed.append((committed[-1][:, None]
+                                  + all_acc[-2][:, None] * (1 - alpha) * lost[l][:, None]).ravel())
+                last.append(np.tile(np.arange(num_states), len(l)))
+
+            def stop(i):
+                row = n + i - 1
+                bonus = (q_all[row] @ values[n + i + 1] if n + i <= horizon
+                         else np.zeros(num_states))
+                return stop_costs[i] + committed[i] + all_acc[i] * bonus[last[i]]
+
+            value = stop(depth)
+            for i in range(depth - 1, -1, -1):
+                p = p_all[n + i - 1][last[i]]  # (paths, V)
+                go = draft_cost + np.sum(p * value.reshape(-1, num_states), axis=-1)
+                value = np.minimum(stop(i), go)
+            values[n, a] = value[0]
+    return float(np.asarray(init, np.float64) @ values[1]), values[1:]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.1f} ms"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--states", type=int, default=16)
+    parser.add_argument("--horizon", type=int, default=64)
+    parser.add_argument("--max-lookahead", type=int, default=6)
+    parser.add_argument("--draft-cost", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--x64", action="store_true")
+    parser.add_argument("--no-numpy", action="store_true")
+    args = parser.parse_args(argv)
+    with jax.enable_x64(args.x64):  # restored on return: a test may call main twice
+        return _run(args)
+
+
+def _run(args) -> dict:
+    k, horizon = args.max_lookahead, args.horizon
+    draft = specjax.random_markov_chain(jax.random.key(1), args.states, horizon)
+    target = specjax.random_markov_chain(jax.random.key(2), args.states, horizon)
+    cost = specjax.CostModel(draft_cost=args.draft_cost, target_cost=1.0)
+    dtype = str(target.trans.dtype)
+
+    results = {}
+
+    def solve(_):
+        results["best"] = specjax.optimal_stopping(draft, target, cost, max_lookahead=k)
+        return results["best"].values
+
+    first = timed(lambda: jax.block_until_ready(solve(0)))
+    seconds = best_time(solve, args.repeats)
+    best = results["best"]
+    fixed = specjax.best_lookahead(draft, target, cost, max_lookahead=min(k, horizon))
+    row = {"states": args.states, "horizon": horizon, "max_lookahead": k, "dtype": dtype,
+           "first_s": first, "specjax_s": seconds, "expected_time": float(best.expected_time),
+           "threshold_form": bool(best.threshold_form),
+           "best_fixed_time": float(fixed.expected_time), "best_fixed_k": int(fixed.lookahead)}
+    if not args.no_numpy:
+        stop_costs = [cost.call_time(draft_passes=0, tokens_scored=d + 1) for d in range(k + 1)]
+        start = time.perf_counter()
+        numpy_time, numpy_values = numpy_optimal_stopping(
+            draft.trans, target.trans, target.init, lookahead=k, draft_cost=cost.draft_cost,
+            stop_costs=stop_costs)
+        row["numpy_s"] = time.perf_counter() - start
+        row["numpy_expected_time"] = numpy_time
+        row["diff"] = abs(numpy_time - row["expected_time"])
+        row["values_diff"] = float(np.max(np.abs(numpy_values - np.asarray(best.values))))
+
+    print(f"Optimal stopping on random chains, V = {args.states}, T = {horizon}, K <= {k}, "
+          f"draft cost {args.draft_cost} (specjax {dtype}, NumPy float64)")
+    print("| quantity | specjax | compile+first | NumPy | NumPy / specjax |")
+    print("| --- | --- | --- | --- | --- |")
+    numpy_s = row.get("numpy_s")
+    ratio = f"{numpy_s / seconds:.1f}x" if numpy_s else "-"
+    print(f"| solve | {_seconds(seconds)} | {_seconds(first)} | "
+          f"{_seconds(numpy_s) if numpy_s else '-'} | {ratio} |")
+    print(f"| expected time | {row['expected_time']:.6f} | | "
+          f"{row.get('numpy_expected_time', float('nan')):.6f} | diff {row.get('diff', 0):.1e}, "
+          f"max |W diff| {row.get('values_diff', 0):.1e} |")
+    print(f"threshold form: {row['threshold_form']}; best fixed K = {row['best_fixed_k']}: "
+          f"{row['best_fixed_time']:.4f} ({row['best_fixed_time'] / row['expected_time'] - 1:+.2%}"
+          " vs optimal)")
+    return row
+
+
+if __name__ == "__main__":
+    main()
