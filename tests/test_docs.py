@@ -150,7 +150,8 @@ def test_site_builds_strictly(tmp_path):
         if not found:
             pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
     site = tmp_path / "site"
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    # No --quiet: it hides the warnings, and --strict then has nothing to fail on.
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
