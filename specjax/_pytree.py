@@ -40,8 +40,8 @@ def pytree_dataclass(cls=None, *, init_on_unflatten: bool = True):
     hashing compare values (leaves by content when concrete), so two equal decoders are one
     static setting.
 
-    ``init_on_unflatten=True`` (the default) registers with ``register_dataclass``, whose
-    unflattening calls the constructor: ``__post_init__`` then also sees tracers, abstract values,
+    ``init_on_unflatten=True`` (the default) unflattens by calling the constructor (as
+    ``jax.tree_util.register_dataclass`` would): ``__post_init__`` then also sees tracers, abstract values,
     placeholders (``None``, ``object()``) and gradients as leaves, so it may check static fields
     only. With ``init_on_unflatten=False`` (``@pytree_dataclass(init_on_unflatten=False)``)
     unflattening sets the fields directly and only a call of the class runs ``__init__`` and
@@ -56,8 +56,12 @@ def pytree_dataclass(cls=None, *, init_on_unflatten: bool = True):
     cls.__eq__ = lambda self, other: type(other) is type(self) and \
         _value_key(self) == _value_key(other)
     cls.__hash__ = lambda self: hash(_value_key(self))
-    if init_on_unflatten:
-        return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    # Registered by hand rather than with jax.tree_util.register_dataclass: in jaxlib 0.10.2 the
+    # PyTreeDefs of two register_dataclass classes with the same fields compare equal (their
+    # hashes differ), so jit's caches could hand one decoder's compiled program to another of
+    # the same layout (RejectionThreshold and ConfidenceThreshold, KSequential(2) and
+    # ImportanceWeighted(2)) when a hash table matched them by chance; a study saw it happen.
+    # A custom node's PyTreeDef compares its class. tests/test_api.py checks both.
     keys = [jax.tree_util.GetAttrKey(name) for name in data]
 
     def flatten(obj):
@@ -69,6 +73,8 @@ def pytree_dataclass(cls=None, *, init_on_unflatten: bool = True):
         return tuple(zip(keys, children)), aux
 
     def unflatten(aux, children):
+        if init_on_unflatten:  # as register_dataclass: the constructor sees the leaves
+            return cls(**dict(zip(meta, aux)), **dict(zip(data, children)))
         obj = object.__new__(cls)
         for name, value in zip(meta, aux):
             object.__setattr__(obj, name, value)

@@ -200,6 +200,30 @@ def test_disjoint_supports_always_reject():
         assert (trace.tokens[:, 1:] >= 2).all()
 
 
+def test_values_of_different_classes_never_share_a_structure():
+    """Decoders, policies and models of different classes with the same field layout have
+    different PyTreeDefs and compare unequal, so jit's caches never hand one's compiled program
+    to the other. (jaxlib 0.10.2's register_dataclass nodes compare equal across classes; a
+    threshold sweep of ConfidenceThreshold once ran RejectionThreshold's program.)"""
+    same_layout = [
+        (specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.ConfidenceThreshold(0.3), max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.EntropyThreshold(0.3), max_lookahead=3)),
+        (specjax.KSequential(2), specjax.ImportanceWeighted(2), specjax.GumbelList(2)),
+        (specjax.RejectionThreshold(0.3), specjax.ConfidenceThreshold(0.3)),
+    ]
+    for group in same_layout:
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                assert jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b), (a, b)
+                assert a != b, (a, b)
+    # Every public dataclass value still round-trips through flatten / unflatten.
+    for value in [group[0] for group in same_layout] + [specjax.Speculative(lookahead=2),
+                                                        specjax.paper_instance()[0]]:
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+        assert jax.tree_util.tree_unflatten(treedef, leaves) == value
+
+
 def test_no_recompilation_for_new_values():
     d, t = small_pair()
     d2, t2 = small_pair(seed=5)
