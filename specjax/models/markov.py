@@ -342,6 +342,10 @@ def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0) -
     memory stays a small multiple of the result (``markov_chain_bytes``) instead of the 31
     times the result that ``jax.random.dirichlet`` holds.
 
+    The draw depends on the working dtype: JAX's Dirichlet sampler draws in float64 when
+    ``jax_enable_x64`` is on, so the same key gives another chain there (and
+    ``paper_instance()`` another instance) than in float32.
+
     Args:
       key: a JAX PRNG key.
       num_states: ``V``.
