@@ -304,8 +304,9 @@ def test_a_ctrl_c_that_a_callback_swallows_is_still_an_interruption():
 
 
 def test_lost_interrupt_handler_leaves_an_ignored_sigint_alone():
-    script = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); from specjax import cli; "
-              "cli.catch_lost_interrupts(); print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
+    script = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "from specjax import cli; cli.catch_lost_interrupts(); "
+              "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr
