@@ -35,9 +35,9 @@ threshold table may stop there, which makes the call autoregressive (one target 
 Exact values: the call law enumerates the drafted paths, ``V**(K' + 1)`` entries for ``K'``
 drafts (refused beyond ``MAX_PATHS``): the mass of calls that reach depth ``i`` with a given path
 is all that verification needs, because whether draft ``j`` is kept depends only on the path up to
-``j``. ``drafted_from`` gives the law of the number drafted, from which ``specjax.decoding_time``
-takes the expected time of a call. Sampler: the call-level engine; a call uses ``2K + 1`` uniforms
-(the drafts, their acceptances, the last token).
+``j``. ``drafted_call_law_from`` gives, from the same enumeration, the law of the number drafted,
+from which ``specjax.decoding_time`` takes the expected time of a call. Sampler: the call-level
+engine; a call uses ``2K + 1`` uniforms (the drafts, their acceptances, the last token).
 
 References:
   Huang, Guo & Wang 2024, "SpecDec++: Boosting speculative decoding via adaptive candidate
@@ -478,8 +478,10 @@ class AdaptiveSpeculative(CallDecoder):
         return self._enumerate(start, p_rows, q_rows, bonus_row, with_bonus, position,
                                keep_start=False)[0]
 
-    def drafted_from(self, start, p_rows, q_rows, *, position=1) -> jax.Array:
-        """``(K' + 1,)``: the mass of calls (previous token of law ``start``) that draft
-        exactly ``d = 0..K'`` tokens."""
-        return self._enumerate(start, p_rows, q_rows, None, False, position,
-                               keep_start=False)[1]
+    def drafted_call_law_from(self, start, p_rows, q_rows, bonus_row, *, with_bonus: bool,
+                              position=1) -> tuple[CallLaw, jax.Array]:
+        """``(call_law_from(...), drafted)`` from one enumeration: ``drafted`` ``(K' + 1,)`` is
+        the mass of calls (previous token of law ``start``) that draft exactly ``d = 0..K'``
+        tokens."""
+        return self._enumerate(start, p_rows, q_rows, bonus_row, with_bonus, position,
+                               keep_start=False)

@@ -188,12 +188,15 @@ class CallDecoder(Decoder):
     Two optional hooks, for decoders whose call depends on more than the previous token:
 
     * ``uses_position = True``: ``call_law`` and ``call_law_from`` also receive the call's
-      1-based start ``position=n`` (a keyword, a Python int; e.g. a stopping policy whose
-      thresholds depend on the position, ``specjax.AdaptiveSpeculative``).
-    * ``drafted_from(start, p_rows, q_rows, *, position)``: for a decoder whose number of drafts
-      is random, the mass of calls from previous-token law ``start`` that draft exactly ``d``
-      tokens, ``(K' + 1,)``. ``specjax.decoding_time`` and ``specjax.engine_metrics`` then
-      price and count the drafts from it instead of ``call_work``'s fixed depth.
+      1-based start ``position=n`` (a keyword; an int, traced inside the exact recursion's scan;
+      e.g. a stopping policy whose thresholds depend on the position,
+      ``specjax.AdaptiveSpeculative``).
+    * ``drafted_call_law_from(start, p_rows, q_rows, bonus_row, *, with_bonus, position)``: for
+      a decoder whose number of drafts is random, ``(call_law_from(...), drafted)`` from one
+      pass over the call, ``drafted`` ``(K' + 1,)`` the mass of calls from previous-token law
+      ``start`` that draft exactly ``d`` tokens. ``specjax.decoding_time`` and
+      ``specjax.engine_metrics`` then price and count the drafts from it instead of
+      ``call_work``'s fixed depth.
     """
 
     kind: ClassVar[str] = "call"

@@ -26,14 +26,24 @@ import jax.numpy as jnp
 from specjax.decoders.base import CallLaw
 from specjax.theory.recursion import ExactDecoding
 
-def call_law_at(decoder, start, draft, target, n, *, lookahead: int) -> CallLaw:
+def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
+                with_drafted: bool = False):
     """The law of a call at position ``n`` (1-based) whose previous token has the law ``start``,
     fields padded to ``(K, V)`` and ``(K + 1, V)``. ``n`` may be traced for a full-length call
-    (``n <= T - K``); the last ``K`` positions are static (the call drafts fewer tokens)."""
+    (``n <= T - K``); the last ``K`` positions are static (the call drafts fewer tokens).
+
+    With ``with_drafted`` (a decoder whose draft length is random: ``drafted_call_law_from``),
+    the pair ``(law, drafted)``, ``drafted`` ``(K + 1,)`` the mass of calls drafting exactly ``d``
+    tokens, both from one enumeration of the call."""
     p_rows, q_rows, bonus_row, pad = _call_rows(draft, target, n, lookahead)
-    law = decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None,
-                                **_position(decoder, n))
-    return CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law)) if pad else law
+    law_from = decoder.drafted_call_law_from if with_drafted else decoder.call_law_from
+    out = law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None,
+                   **_position(decoder, n))
+    law, drafted = out if with_drafted else (out, None)
+    if pad:
+        law = CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
+        drafted = None if drafted is None else jnp.pad(drafted, (0, pad))
+    return (law, drafted) if with_drafted else law
 
 
 def _position(decoder, n) -> dict:
@@ -54,14 +64,6 @@ def _call_rows(draft, target, n, lookahead: int):
     return p_rows, q_rows, bonus_row, 0
 
 
-def drafted_at(decoder, start, draft, target, n, *, lookahead: int):
-    """``(K + 1,)``: the mass of calls at ``n`` (previous token of law ``start``) drafting
-    exactly ``d`` tokens, for a decoder whose draft length is random (``drafted_from``)."""
-    p_rows, q_rows, _, pad = _call_rows(draft, target, n, lookahead)
-    drafted = decoder.drafted_from(start, p_rows, q_rows, **_position(decoder, n))
-    return jnp.pad(drafted, (0, pad)) if pad else drafted
-
-
 @functools.partial(jax.jit, static_argnames=("lookahead", "with_depths", "with_drafted"))
 def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool = False,
                   with_drafted: bool = False):
@@ -80,7 +82,7 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
       with_depths: also return ``(T, K)``, ``[n - 1, i - 1]`` = P(a call starts at ``n`` and
         keeps at least ``i`` drafts) (static).
       with_drafted: also return ``(T, K + 1)``, ``[n - 1, d]`` = P(a call starts at ``n`` and
-        drafts exactly ``d`` tokens), for a decoder with ``drafted_from`` (static).
+        drafts exactly ``d`` tokens), for a decoder with ``drafted_call_law_from`` (static).
 
     Returns:
       ``ExactDecoding``; ``rejected`` is the mass of last tokens drawn after a rejection,
@@ -97,7 +99,9 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
         # already placed at position n + j by earlier calls.
         starts, filled = carry
         start = starts[0]
-        law = call_law_at(decoder, start, draft, target, n, lookahead=k)
+        out = call_law_at(decoder, start, draft, target, n, lookahead=k,
+                          with_drafted=with_drafted)
+        law, drafted = out if with_drafted else (out, jnp.zeros((0,), dtype))
         kept = jnp.pad(law.kept, ((0, 1), (0, 0)))  # positions n .. n + K
         filled = filled + jnp.stack([kept + law.rejected + law.bonus, law.rejected, law.bonus],
                                     axis=1)
@@ -106,8 +110,6 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
         starts = jnp.concatenate([starts[1:], zeros]) + law.rejected + law.bonus
         done = filled[0]
         filled = jnp.concatenate([filled[1:], jnp.zeros((1, 3, num_states), dtype)])
-        drafted = (drafted_at(decoder, start, draft, target, n, lookahead=k) if with_drafted
-                   else jnp.zeros((0,), dtype))
         return (starts, filled), (done, jnp.sum(start), jnp.sum(law.kept, axis=-1), drafted)
 
     carry = (jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init),

@@ -174,15 +174,19 @@ class DecodingTime(NamedTuple):
     call_time: jax.Array
 
 
+def depth_works(decoder, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(draft passes, tokens scored)``, ``(K + 1,)`` int arrays: the decoder's
+    ``call_work(d)`` for a call drafting ``d = 0..K`` levels."""
+    passes, scored = zip(*(decoder.call_work(d) for d in range(lookahead + 1)))
+    return np.asarray(passes, np.int64), np.asarray(scored, np.int64)
+
+
 def call_works(decoder, horizon: int, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
     """``(draft passes, tokens scored)``, ``(T,)`` int arrays, of a call starting at each
     position ``n = 1..T``: the decoder's ``call_work(min(K, T - n + 1))``."""
-    passes, scored = [], []
-    for n in range(1, horizon + 1):
-        d, s = decoder.call_work(min(lookahead, horizon - n + 1))
-        passes.append(d)
-        scored.append(s)
-    return np.asarray(passes, np.int64), np.asarray(scored, np.int64)
+    passes, scored = depth_works(decoder, lookahead)
+    depth = np.minimum(lookahead, horizon - np.arange(horizon))  # min(K, T - n + 1)
+    return passes[depth], scored[depth]
 
 
 def _check_cost(cost) -> None:
@@ -222,10 +226,9 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
     check_decoder(decoder)
     _check_cost(cost)
     decoder, draft, _, num_positions, lookahead = _plan_exact(decoder, draft, target, horizon)
-    if hasattr(decoder, "drafted_from"):  # the draft length is random: its law per position
+    if hasattr(decoder, "drafted_call_law_from"):  # a random draft length: its law by position
         weights, new_call = drafted_law(decoder, draft, target, lookahead)
-        passes, scored = (np.asarray(x, np.int64) for x in zip(
-            *(decoder.call_work(d) for d in range(lookahead + 1))))
+        passes, scored = depth_works(decoder, lookahead)
     else:  # a call at n does call_work(min(K, T - n + 1))
         passes, scored = call_works(decoder, num_positions, lookahead)
         new_call = exact(decoder, draft, target, horizon=horizon).new_call
@@ -255,7 +258,7 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
 
 def drafted_law(decoder, draft, target, lookahead: int):
     """``(drafted (T, K + 1), new_call (T,))`` of a decoder whose calls draft a random number of
-    tokens (``drafted_from``): ``drafted[n - 1, d]`` = P(a call starts at ``n`` and drafts
+    tokens (``drafted_call_law_from``): ``drafted[n - 1, d]`` = P(a call starts at ``n`` and drafts
     exactly ``d``)."""
     from specjax.models.markov import MarkovChain  # noqa: PLC0415 - avoids a cycle
     from specjax.theory import calls  # noqa: PLC0415

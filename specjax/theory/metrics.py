@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
@@ -36,6 +35,7 @@ from specjax.models.markov import MarkovChain
 from specjax.theory import calls
 from specjax.theory import recursion
 from specjax.theory.cost import call_works
+from specjax.theory.cost import depth_works
 from specjax.theory.values import _plan_exact
 from specjax.theory.values import exact
 
@@ -94,12 +94,11 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
                          f"and {type(target).__name__}")
     decoder, draft, _, horizon, lookahead = _plan_exact(decoder, draft, target, None)
     _, scored = call_works(decoder, horizon, lookahead)
-    drafted_law = None
+    drafted = []  # for a random draft length (adaptive): [(T, K + 1)], the number drafted
     if isinstance(decoder, CallDecoder):
-        random_length = hasattr(decoder, "drafted_from")  # adaptive: the draft length is random
-        result, depths, *drafted_law = calls.forward_calls(
+        result, depths, *drafted = calls.forward_calls(
             decoder, draft, target, lookahead=lookahead, with_depths=True,
-            with_drafted=random_length)
+            with_drafted=hasattr(decoder, "drafted_call_law_from"))
         new_call = result.new_call
     else:
         new_call = exact(decoder, draft, target).new_call
@@ -108,9 +107,9 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
     dtype = new_call.dtype
     accepted_at = jnp.sum(depths, axis=0).astype(dtype)
     expected_calls = jnp.sum(new_call)
-    if drafted_law:  # (T, K + 1): the number drafted by each call, at each position
-        drafts = np.asarray([decoder.call_work(d)[1] - 1 for d in range(lookahead + 1)])
-        expected_drafted = jnp.sum(drafted_law[0] @ jnp.asarray(drafts, dtype))
+    if drafted:
+        drafts = depth_works(decoder, lookahead)[1] - 1  # tokens scored but the root
+        expected_drafted = jnp.sum(drafted[0] @ jnp.asarray(drafts, dtype))
     else:
         expected_drafted = jnp.sum(new_call * jnp.asarray(scored - 1, dtype))
     accepted = jnp.sum(accepted_at)
