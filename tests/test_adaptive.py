@@ -91,6 +91,16 @@ def optimal_literal_stop(thresholds):
     return lambda t, d, x, pr, a, row: a <= table[t - d - 1, d, x]
 
 
+def decoder_and_stop(name, draft, target):
+    """``(decoder, literal stop rule, solved)`` for a name of ``POLICIES`` or ``"optimal"``
+    (``solved``: the ``OptimalStopping``, else ``None``)."""
+    if name == "optimal":
+        solved = specjax.optimal_stopping(draft, target, COST, max_lookahead=LOOKAHEAD)
+        return solved.decoder, optimal_literal_stop(solved.thresholds), solved
+    policy, stop = POLICIES[name]
+    return specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD), stop, None
+
+
 # ----------------------------------------------------------------------------- special cases
 @pytest.mark.parametrize("lookahead", [1, 2, 3])
 def test_fixed_length_is_speculative_decoding(lookahead, x64):
@@ -111,12 +121,7 @@ def test_fixed_length_is_speculative_decoding(lookahead, x64):
 def test_exact_matches_literal(name, x64):
     pair = random_pair(11, 3, 4, zero_fraction=0.2)
     draft, target = (chain(x) for x in pair)
-    if name == "optimal":
-        solved = specjax.optimal_stopping(draft, target, COST, max_lookahead=LOOKAHEAD)
-        decoder, stop = solved.decoder, optimal_literal_stop(solved.thresholds)
-    else:
-        policy, stop = POLICIES[name]
-        decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD)
+    decoder, stop, solved = decoder_and_stop(name, draft, target)
     tokens, joint, means = literal_summary(pair, stop)
     target_law = ref.target_sequence_law(pair[1])
     assert set(tokens) <= set(target_law)
@@ -132,7 +137,7 @@ def test_exact_matches_literal(name, x64):
     metrics = specjax.engine_metrics(decoder, draft, target)
     assert abs(float(metrics.expected_drafted) - means["drafted"]) < 1e-12
     assert abs(float(jnp.sum(metrics.accepted_at)) - means["kept"]) < 1e-12
-    if name == "optimal":
+    if solved is not None:
         assert solved.threshold_form
         assert abs(float(solved.expected_time) - means["time"]) < 1e-12
 
@@ -182,12 +187,7 @@ def test_literal_simulation_of_time_fits_exact(name):
     pair = random_pair(8, 4, 8)
     with jax.enable_x64(True):
         draft, target = (chain(x) for x in pair)
-        if name == "optimal":
-            solved = specjax.optimal_stopping(draft, target, COST, max_lookahead=LOOKAHEAD)
-            decoder, stop = solved.decoder, optimal_literal_stop(solved.thresholds)
-        else:
-            policy, stop = POLICIES[name]
-            decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD)
+        decoder, stop, _ = decoder_and_stop(name, draft, target)
         exact = float(specjax.expected_time(decoder, draft, target, COST))
     chooser = ref.RandomChooser(np.random.default_rng(2024))
     times = [literal_clock(ref.adaptive_literal(chooser, pair[0], pair[1], LOOKAHEAD, stop)[3],
