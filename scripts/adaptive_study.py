@@ -44,7 +44,6 @@ import argparse
 import math
 import pathlib
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -215,33 +214,12 @@ def main(argv=None):
 
 
 def _run(args):
-    start = time.perf_counter()
-    key = jax.random.key(args.seed)
-    instances = [("paper's instance (V = 7, T = 50)", specjax.paper_instance)]
-    if not args.skip_ngram:
-        sys.path.insert(0, str(ROOT / "scripts"))
-        try:
-            import token_tree_study  # noqa: PLC0415 - the same n-gram instance as its study
-        finally:
-            sys.path.pop(0)
-
-        def ngram():
-            return token_tree_study.ngram_instance(args.max_bytes, args.horizon)
-
-        instances.append(("n-gram", ngram))
-    results = []
-    for name, make in instances:
-        made = make()
-        draft, target = made[:2]
-        if len(made) > 2:
-            print(made[2])
-            name = made[3]
-        key, sub = jax.random.split(key)
-        results.append(study(name, draft, target, args, sub))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    plot(results, args.out)
-    print(f"\nwrote {args.out} ({time.perf_counter() - start:.1f} s)")
-    return results
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import token_tree_study  # noqa: PLC0415 - the same instances as its study
+    finally:
+        sys.path.pop(0)
+    return token_tree_study.run_instances(args, study, plot)
 
 
 if __name__ == "__main__":

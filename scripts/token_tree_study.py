@@ -368,12 +368,19 @@ def main(argv=None):
 
 
 def _run(args):
+    return run_instances(args, study, plot, num_classes=args.classes)
+
+
+def run_instances(args, study, plot, *, num_classes: int = 4):
+    """Runs ``study(name, draft, target, args, key)`` on the paper's instance and, unless
+    ``args.skip_ngram``, on the n-gram instance (``args.max_bytes``, ``args.horizon``), then
+    ``plot(results, args.out)``; returns the results. Shared with ``adaptive_study.py``."""
     start = time.perf_counter()
     key = jax.random.key(args.seed)
     instances = [("paper's instance (V = 7, T = 50)", specjax.paper_instance)]
     if not args.skip_ngram:
         instances.append(("n-gram", lambda: ngram_instance(args.max_bytes, args.horizon,
-                                                           args.classes)))
+                                                           num_classes)))
     results = []
     for name, make in instances:
         made = make()
