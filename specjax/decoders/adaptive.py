@@ -65,7 +65,8 @@ from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
 from specjax.decoders.verification import _safe_ratio
-from specjax.decoders.verification import safe_normalize
+from specjax.decoders.verification import acceptance_probability
+from specjax.decoders.verification import speculative_residual
 
 MAX_PATHS = 2**22  # largest number of (previous token, drafted path) entries the exact law holds
 
@@ -413,8 +414,8 @@ class AdaptiveSpeculative(CallDecoder):
         ``keep_start``."""
         k, num_states, _ = p_rows.shape
         dtype = jnp.result_type(p_rows.dtype, q_rows.dtype)
-        alpha = jnp.minimum(1, _safe_ratio(q_rows, p_rows, 1))
-        residual = safe_normalize(jnp.maximum(q_rows - p_rows, 0))
+        alpha = acceptance_probability(p_rows, q_rows, epsilon=0)  # SD's min(1, q / p)
+        residual = speculative_residual(p_rows, q_rows)
         ent, top = entropy(p_rows), jnp.max(p_rows, axis=-1)
         tokens = jnp.arange(num_states)
 

@@ -50,8 +50,8 @@ from specjax import _checks
 from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import MAX_PATHS
 from specjax.decoders.adaptive import ThresholdTable
-from specjax.decoders.verification import _safe_ratio
-from specjax.decoders.verification import safe_normalize
+from specjax.decoders.verification import acceptance_probability
+from specjax.decoders.verification import speculative_residual
 from specjax.models.markov import MarkovChain
 
 _BATCH_ELEMENTS = 2**22  # previous tokens solved at once: at most this many path entries
@@ -88,8 +88,8 @@ def _solve_call(a, p_rows, q_rows, bonus_row, after, costs):
     draft_cost, stop_costs = costs
     k, num_states, _ = p_rows.shape
     dtype = p_rows.dtype
-    alpha = jnp.minimum(1, _safe_ratio(q_rows, p_rows, 1))
-    resid = safe_normalize(jnp.maximum(q_rows - p_rows, 0))
+    alpha = acceptance_probability(p_rows, q_rows, epsilon=0)  # SD's min(1, q / p)
+    resid = speculative_residual(p_rows, q_rows)
     rejected_value = jnp.einsum("jxy,jy->jx", resid, after[:k])  # draft j + 1 rejected
     rows = [q_rows[i] for i in range(k)] + ([bonus_row] if bonus_row is not None else [])
     bonus_value = [row @ after[i] for i, row in enumerate(rows)]
