@@ -154,33 +154,9 @@ def sd_literal(chooser, draft, target, lookahead=None):
 def sd_rounds_literal(chooser, draft, target, lookahead):
     """SD with lookahead ``K`` (Leviathan et al.), recording its rounds: each call drafts
     ``K' = min(K, T - n + 1)`` tokens one by one, then verifies them in order. Returns
-    ``((drafted, kept), ...)``, one pair per call."""
-    _, p_trans = draft
-    q_init, q_trans = target
-    horizon = q_trans.shape[0]
-    x = [chooser.categorical(q_init)]
-    rounds = []
-    while len(x) <= horizon:
-        n = len(x)
-        last = min(n + lookahead - 1, horizon)
-        drafts, prev = [], x[-1]
-        for t in range(n, last + 1):
-            drafts.append(chooser.categorical(p_trans[t - 1, prev]))
-            prev = drafts[-1]
-        prev, kept = x[-1], 0
-        for t, tok in zip(range(n, last + 1), drafts):
-            p_row, q_row = p_trans[t - 1, prev], q_trans[t - 1, prev]
-            if chooser.bernoulli(min(1.0, q_row[tok] / p_row[tok])):
-                x.append(tok)
-                prev = tok
-                kept += 1
-            else:
-                x.append(chooser.categorical(np.maximum(q_row - p_row, 0)))
-                break
-        if kept == len(drafts) and last < horizon:
-            x.append(chooser.categorical(q_trans[last, x[-1]]))  # the bonus token
-        rounds.append((len(drafts), kept))
-    return tuple(rounds)
+    ``((drafted, kept), ...)``, one pair per call: ``adaptive_literal`` with a policy that never
+    stops early (the same draws in the same order)."""
+    return adaptive_literal(chooser, draft, target, lookahead, lambda *state: False)[3]
 
 
 def adaptive_literal(chooser, draft, target, max_lookahead, stop):
