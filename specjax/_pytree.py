@@ -43,10 +43,11 @@ def pytree_dataclass(cls=None, *, init_on_unflatten: bool = True):
     ``init_on_unflatten=True`` (the default) unflattens by calling the constructor (as
     ``jax.tree_util.register_dataclass`` would): ``__post_init__`` then also sees tracers,
     abstract values, placeholders (``None``, ``object()``) and gradients as leaves, so it may
-    check static fields only. With ``init_on_unflatten=False`` (``@pytree_dataclass(init_on_unflatten=False)``)
-    unflattening sets the fields directly and only a call of the class runs ``__init__`` and
-    ``__post_init__``: for classes whose constructor validates the leaves' values (models: rows
-    summing to one), which a gradient or a placeholder need not satisfy.
+    check static fields only. With ``init_on_unflatten=False``
+    (``@pytree_dataclass(init_on_unflatten=False)``) unflattening sets the fields directly and
+    only a call of the class runs ``__init__`` and ``__post_init__``: for classes whose
+    constructor validates the leaves' values (models: rows summing to one), which a gradient or
+    a placeholder need not satisfy.
     """
     if cls is None:
         return functools.partial(pytree_dataclass, init_on_unflatten=init_on_unflatten)
