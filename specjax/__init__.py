@@ -67,6 +67,10 @@ from specjax.sampling import speculative_decoding
 from specjax.theory import CostModel
 from specjax.theory import OptimalStopping
 from specjax.theory import optimal_stopping
+from specjax.theory import OptimalRate
+from specjax.theory import StationaryRate
+from specjax.theory import optimal_rate
+from specjax.theory import stationary_rate
 from specjax.theory import DecodingTime
 from specjax.theory import LookaheadChoice
 from specjax.theory import TreeBudgetChoice
@@ -128,6 +132,10 @@ __all__ = [
     "CostModel",
     "OptimalStopping",
     "optimal_stopping",
+    "OptimalRate",
+    "StationaryRate",
+    "optimal_rate",
+    "stationary_rate",
     "DecodingTime",
     "LookaheadChoice",
     "TreeBudgetChoice",

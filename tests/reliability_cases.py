@@ -1427,6 +1427,20 @@ def _cases() -> list[Case]:
     add(kind, "optimal_stopping", "(valid)",
         lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2),
         check=returned)
+    add(kind, "optimal_rate", "a non-stationary draft",
+        lambda: S.optimal_rate(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2), "draft")
+    add(kind, "optimal_rate", "max_iterations 0",
+        lambda: S.optimal_rate(*_stationary(), S.CostModel(0.1, 1.0), max_lookahead=2,
+                               max_iterations=0), "max_iterations")
+    add(kind, "optimal_rate", "(valid)",
+        lambda: S.optimal_rate(*_stationary(), S.CostModel(0.1, 1.0), max_lookahead=2),
+        check=returned)
+    add(kind, "stationary_rate", "a token-wise decoder",
+        lambda: S.stationary_rate(S.Speculative(lookahead=2), *_stationary(),
+                                  S.CostModel(0.1, 1.0)), "decoder")
+    add(kind, "stationary_rate", "TokenTree((2, 1)) (valid)",
+        lambda: S.stationary_rate(S.TokenTree((2, 1)), *_stationary(), S.CostModel(0.1, 1.0)),
+        check=returned)
 
     ids = [c.id for c in cases]
     duplicates = {i for i in ids if ids.count(i) > 1}
@@ -1435,6 +1449,13 @@ def _cases() -> list[Case]:
 
 
 # helpers used by the cases above
+
+def _stationary():
+    """A stationary pair: the first position's rows of the battery's chains at every position."""
+    draft, target = (specjax.MarkovChain(m.init, jnp.broadcast_to(m.trans[0], m.trans.shape))
+                     for m in pair())
+    return draft, target
+
 
 def _half_sd(dtype_name):
     _, (init, p, q) = half_pair(dtype_name)

@@ -87,6 +87,7 @@ def test_battery_covers_every_public_entry_point():
     entries = {c.entry.split(" ")[0].split(".")[0] for c in CASES}
     data_only = {"AuditReport", "AutoregressiveModel", "CallDecoder", "CallLaw", "Decoder",
                  "DecodingStatistics", "DecodingTime", "DecodingTrace", "DraftState", "OptimalStopping",
+                 "OptimalRate", "StationaryRate",
                  "StoppingPolicy", "EngineMetrics", "DraftFamily", "ExactDecoding",
                  "LookaheadChoice", "Objective", "ParetoFront", "SequoiaChoice", "TokenwiseDecoder", "TreeBudgetChoice", "TuneResult",
                  "VerificationLaw", "array_field", "decoder_dataclass", "Autoregressive",

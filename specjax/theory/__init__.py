@@ -3,6 +3,10 @@ over a decoder's state), closed forms, output laws, sequence KL and the Pareto f
 
 from specjax.theory.adaptive import OptimalStopping
 from specjax.theory.adaptive import optimal_stopping
+from specjax.theory.stationary import OptimalRate
+from specjax.theory.stationary import StationaryRate
+from specjax.theory.stationary import optimal_rate
+from specjax.theory.stationary import stationary_rate
 from specjax.theory.block import exact_block_accepted_length
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import DecodingTime

@@ -189,6 +189,41 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
     return values, stop_max, go_min  # position n = 1..T first
 
 
+def _read_thresholds(stop_max, go_min):
+    """``(thresholds (..., K + 1, V), threshold_form)`` from the largest ``A`` the induction
+    stopped at and the smallest it went on from (``(..., K, V)``, over every reachable path):
+    midway between them; ``-1`` (always go on) or ``1`` (always stop) where only one happened;
+    depth ``K`` always stops."""
+    both = np.isfinite(np.asarray(stop_max)) & np.isfinite(np.asarray(go_min))
+    separated = bool(np.all(np.asarray(stop_max)[both] < np.asarray(go_min)[both]))
+    thresholds = jnp.where(
+        jnp.isfinite(stop_max) & jnp.isfinite(go_min),
+        jnp.where(stop_max < go_min, (stop_max + go_min) / 2, stop_max),
+        jnp.where(jnp.isfinite(go_min), -1.0, 1.0)).astype(stop_max.dtype)
+    last = jnp.ones(thresholds.shape[:-2] + (1, thresholds.shape[-1]), thresholds.dtype)
+    return jnp.concatenate([thresholds, last], axis=-2), separated
+
+
+def _check_models(draft, target, cost, max_lookahead) -> None:
+    from specjax.theory.cost import _check_cost  # noqa: PLC0415 - avoids a cycle
+
+    _check_cost(cost)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    if max_lookahead < 1:
+        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
+    for name, model in (("draft", draft), ("target", target)):
+        if not isinstance(model, MarkovChain):
+            raise ValueError(f"{name} must be a MarkovChain, got {type(model).__name__}")
+    _checks.check_same_shape(draft, target)
+
+
+def _check_paths(num_states: int, k: int) -> None:
+    if num_states**k > MAX_PATHS * 4:
+        raise ValueError(f"max_lookahead: the backward induction enumerates V**K = "
+                         f"{num_states}**{k} drafted paths per previous token, beyond "
+                         f"{MAX_PATHS * 4} (2**24); use a smaller max_lookahead")
+
+
 def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopping:
     """The adaptive draft length of least expected time, solved exactly by backward induction.
 
@@ -217,32 +252,14 @@ def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopp
       >>> bool(best.expected_time <= fixed.expected_time), best.threshold_form
       (True, True)
     """
-    from specjax.theory.cost import _check_cost  # noqa: PLC0415 - avoids a cycle
-
-    _check_cost(cost)
-    _checks.check_static_int("max_lookahead", max_lookahead)
-    if max_lookahead < 1:
-        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
-    for name, model in (("draft", draft), ("target", target)):
-        if not isinstance(model, MarkovChain):
-            raise ValueError(f"{name} must be a MarkovChain, got {type(model).__name__}")
-    _checks.check_same_shape(draft, target)
+    _check_models(draft, target, cost, max_lookahead)
     horizon, num_states = target.horizon, target.num_states
     k = min(max_lookahead, horizon)
     cost.target_time(k + 1)  # a table too short raises here, before any work
-    if num_states**k > MAX_PATHS * 4:
-        raise ValueError(f"max_lookahead: the backward induction enumerates V**K = "
-                         f"{num_states}**{k} drafted paths per previous token, beyond "
-                         f"{MAX_PATHS * 4} (2**24); use a smaller max_lookahead")
+    _check_paths(num_states, k)
     values, stop_max, go_min = _backward(draft.trans, target.trans, lookahead=k, cost=cost)
     dtype = values.dtype
-    both = np.isfinite(np.asarray(stop_max)) & np.isfinite(np.asarray(go_min))
-    separated = bool(np.all(np.asarray(stop_max)[both] < np.asarray(go_min)[both]))
-    thresholds = jnp.where(
-        jnp.isfinite(stop_max) & jnp.isfinite(go_min),
-        jnp.where(stop_max < go_min, (stop_max + go_min) / 2, stop_max),
-        jnp.where(jnp.isfinite(go_min), -1.0, 1.0)).astype(dtype)
-    thresholds = jnp.concatenate([thresholds, jnp.ones((horizon, 1, num_states), dtype)], axis=1)
+    thresholds, separated = _read_thresholds(stop_max, go_min)
     decoder = AdaptiveSpeculative(ThresholdTable(thresholds), max_lookahead=k)
     values = jnp.concatenate([values, jnp.zeros((1, num_states), dtype)])
     return OptimalStopping(expected_time=target.init.astype(dtype) @ values[0],

@@ -1,0 +1,300 @@
+"""The long run on a stationary chain: tokens per unit time of a decoder, and the best possible.
+
+On a *stationary* chain (the same transition rows at every position, ``p`` and ``q`` of shape
+``(V, V)``) and far from the end of the horizon, a call-level decoder is a Markov chain over the
+token a call starts after: a call from ``a`` takes time ``tau(a)``, emits ``R(a)`` tokens in
+expectation and ends on token ``y`` with probability ``P(a, y)``. By the renewal-reward theorem
+the long-run time per token is ``lambda = mu . tau / mu . R``, ``mu`` the stationary law of ``P``
+(``stationary_rate``); decoding ``T`` tokens takes ``lambda T + O(1)``.
+
+The draft length that minimises ``lambda`` is an average-cost semi-Markov decision problem: each
+call is one decision epoch, lasting ``R`` tokens and costing ``tau``. Its optimality equation is
+
+    h(a) = min over stopping policies E[tau - lambda R + h(y)],
+
+solved here by policy iteration (Howard; Puterman 1994, section 11.4): evaluate a policy exactly
+(``lambda`` and the relative values ``h`` from two ``V x V`` linear systems), improve it by the
+backward induction of ``specjax.optimal_stopping`` with the value after a call that emits ``j``
+tokens and ends on ``y`` set to ``h(y) - lambda j``, and repeat until ``lambda`` stops decreasing.
+The improved policy has, as in the finite-horizon problem, a threshold form (stop iff
+``A_i <= tau(i, x_i)``): it is a ``ThresholdTable`` that does not depend on the position. At the
+optimum the optimality equation holds (``OptimalRate.bellman_residual`` is its largest violation).
+
+Assumptions: the policies' call chains are unichain (one recurrent class), e.g. when every target
+row is positive; a chain with more than one recurrent class is refused.
+
+References:
+  Howard 1960, "Dynamic programming and Markov processes"; Puterman 1994, "Markov decision
+  processes", chapter 11 (semi-Markov decision processes, average reward); Huang, Guo & Wang
+  2024, "SpecDec++" (adaptive draft lengths, the threshold form).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.adaptive import AdaptiveSpeculative
+from specjax.decoders.adaptive import ThresholdTable
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.models.markov import MarkovChain
+from specjax.theory import adaptive as _adaptive
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class StationaryRate(NamedTuple):
+    """The long-run behaviour of a call-level decoder on a stationary chain
+    (``specjax.stationary_rate``).
+
+    Attributes:
+      tokens_per_time: ``1 / lambda``, tokens per unit time.
+      time_per_token: ``lambda = mu . tau / mu . R``.
+      tokens_per_call: ``mu . R``, the mean tokens a call emits (the bonus counted).
+      time_per_call: ``mu . tau``.
+      start_law: ``mu`` ``(V,)``, the stationary law of the token a call starts after.
+      relative_values: ``h`` ``(V,)``, with ``mu . h = 0``: decoding ``T`` tokens from a call
+        after ``a`` takes ``lambda T + h(a) + O(1)`` (up to a constant for the end).
+    """
+
+    tokens_per_time: jax.Array
+    time_per_token: jax.Array
+    tokens_per_call: jax.Array
+    time_per_call: jax.Array
+    start_law: jax.Array
+    relative_values: jax.Array
+
+
+class OptimalRate(NamedTuple):
+    """The stopping policy of the most tokens per unit time on a stationary chain
+    (``specjax.optimal_rate``).
+
+    Attributes:
+      tokens_per_time, time_per_token: its long-run rate and its inverse.
+      relative_values: ``h`` ``(V,)`` (``StationaryRate.relative_values`` of the optimum).
+      thresholds: ``(K + 1, V)``: stop iff ``A_i <= thresholds[i, x_i]`` (``-1``: always go on;
+        ``1``: always stop), the same at every position.
+      threshold_form: whether the thresholds reproduce every decision of the last improvement
+        step on every reachable path.
+      decoder: ``AdaptiveSpeculative(ThresholdTable(...), max_lookahead=K)``, the thresholds
+        repeated over the target's ``T`` positions, to run with ``specjax.decode``,
+        ``specjax.exact`` or ``specjax.decoding_time`` on the given chains.
+      iterations: policy-iteration steps taken.
+      bellman_residual: ``max_a |min E[tau - lambda R + h(y)] - h(a)|`` at the optimum (0 up to
+        rounding when it is optimal).
+    """
+
+    tokens_per_time: jax.Array
+    time_per_token: jax.Array
+    relative_values: jax.Array
+    thresholds: jax.Array
+    threshold_form: bool
+    decoder: AdaptiveSpeculative
+    iterations: int
+    bellman_residual: jax.Array
+
+
+def _stationary_rows(name: str, model: MarkovChain) -> jax.Array:
+    trans = np.asarray(model.trans)
+    if not np.array_equal(trans, np.broadcast_to(trans[:1], trans.shape)):
+        raise ValueError(f"{name} must be a stationary MarkovChain (the same transition rows at "
+                         "every position) for the long-run rate; use decoding_time or "
+                         "optimal_stopping for a non-stationary chain")
+    return model.trans[0]
+
+
+def _call_rows(p, q, depth: int):
+    return (jnp.broadcast_to(p, (depth,) + p.shape), jnp.broadcast_to(q, (depth,) + q.shape))
+
+
+@functools.partial(jax.jit, static_argnames=("depth",))
+def _call_kernel(decoder, p, q, times, *, depth: int):
+    """``(P (V, V), R (V,), tau (V,))`` of one call of ``decoder`` from each previous token, on
+    stationary rows; ``times`` ``(K + 1,)`` the time of a call drafting ``d`` levels."""
+    num_states = q.shape[-1]
+    p_rows, q_rows = _call_rows(p, q, depth)
+    extra = {"position": 1} if decoder.uses_position else {}
+
+    def one(a):
+        start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
+        if hasattr(decoder, "drafted_call_law_from"):
+            law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
+                                                         with_bonus=True, **extra)
+            time = jnp.dot(drafted, times, precision=_HIGHEST)
+        else:
+            law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
+            time = times[depth]
+        ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
+        tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
+        return jnp.sum(ends, axis=0), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
+
+    return jax.lax.map(one, jnp.arange(num_states))
+
+
+def _solve_rate(kernel, tokens, times):
+    """``(lambda, mu, h)`` of a unichain call chain: ``mu`` stationary, ``mu . h = 0``,
+    ``(I - P) h = tau - lambda R``."""
+    num_states = kernel.shape[0]
+    eye = jnp.eye(num_states, dtype=kernel.dtype)
+    ones = jnp.ones((num_states,), kernel.dtype)
+    system = (eye - kernel).T.at[-1].set(ones)
+    mu = jnp.linalg.solve(system, eye[-1])
+    residual = float(jnp.max(jnp.abs(mu @ kernel - mu)))
+    if not np.isfinite(residual) or residual > 1e-3 or float(jnp.min(mu)) < -1e-3:
+        raise ValueError("target: the calls' chain over start tokens has more than one "
+                         "recurrent class (no unique stationary law); the long-run rate depends "
+                         "on the first token")
+    mu = jnp.clip(mu, 0, None) / jnp.sum(jnp.clip(mu, 0, None))
+    lam = (mu @ times) / (mu @ tokens)
+    h = jnp.linalg.solve(eye - kernel + jnp.outer(ones, mu), times - lam * tokens)
+    return lam, mu, h
+
+
+def _work_times(decoder, depth: int, cost, dtype) -> jax.Array:
+    from specjax.theory.cost import depth_works  # noqa: PLC0415 - avoids a cycle
+
+    passes, scored = depth_works(decoder, depth)
+    return jnp.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
+                        for d, s in zip(passes, scored)], dtype)
+
+
+def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
+    """Tokens per unit time of a call-level decoder in the long run on a stationary chain.
+
+    Args:
+      decoder: a call-level decoder (``AdaptiveSpeculative``, ``TokenTree``, ``DynamicTree``,
+        block verification, the multi-draft verifiers): its call law from each previous token
+        is evaluated once on the stationary rows, with ``K = decoder.lookahead`` drafts (no
+        horizon). For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
+        max_lookahead=K)``.
+      draft, target: stationary ``MarkovChain``s (the same rows at every position; the horizon
+        and the prompt's law are not used).
+      cost: a ``specjax.CostModel``.
+
+    Returns:
+      ``StationaryRate``.
+
+    Raises:
+      ValueError: a decoder that is not call-level, chains that are not stationary
+        ``MarkovChain``s, a bad ``cost`` or a table too short, a call chain with more than one
+        recurrent class.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import specjax
+      >>> rows = jnp.asarray([[0.6, 0.4], [0.3, 0.7]])
+      >>> q = specjax.MarkovChain(jnp.asarray([0.5, 0.5]), jnp.broadcast_to(rows, (8, 2, 2)))
+      >>> p = specjax.MarkovChain(q.init, jnp.full((8, 2, 2), 0.5))
+      >>> sd = specjax.AdaptiveSpeculative(specjax.FixedLength(3), max_lookahead=3)
+      >>> rate = specjax.stationary_rate(sd, p, q, specjax.CostModel(0.1, 1.0))
+      >>> round(float(rate.tokens_per_call), 4)
+      3.1421
+    """
+    check_decoder(decoder)
+    if not isinstance(decoder, CallDecoder):
+        raise ValueError(f"decoder must be a call-level decoder for stationary_rate, got "
+                         f"{type(decoder).__name__} (for SD with lookahead K use "
+                         f"AdaptiveSpeculative(FixedLength(K), max_lookahead=K))")
+    _adaptive._check_models(draft, target, cost, 1)
+    p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
+    depth = decoder.lookahead
+    if hasattr(decoder, "check_exact"):
+        decoder.check_exact(q.shape[-1], target.horizon)
+    dtype = q.dtype
+    times = _work_times(decoder, depth, cost, dtype)
+    kernel, tokens, call_times = _call_kernel(decoder, p, q, times, depth=depth)
+    lam, mu, h = _solve_rate(kernel, tokens, call_times)
+    return StationaryRate(tokens_per_time=1 / lam, time_per_token=lam,
+                          tokens_per_call=mu @ tokens, time_per_call=mu @ call_times,
+                          start_law=mu, relative_values=h)
+
+
+@functools.partial(jax.jit, static_argnames=("depth", "cost"))
+def _improve(p, q, h, lam, *, depth: int, cost):
+    """One improvement step: the backward induction of one call with the value after a call
+    that emits ``j + 1`` tokens and ends on ``y`` set to ``h(y) - lambda (j + 1)``."""
+    dtype = q.dtype
+    p_rows, q_rows = _call_rows(p, q, depth)
+    after = h[None] - lam * jnp.arange(1, depth + 2, dtype=dtype)[:, None]
+    stop = jnp.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
+                        for d in range(depth + 1)], dtype)
+    costs = (jnp.asarray(cost.draft_cost, dtype), stop)
+    return _adaptive._solve_position(p_rows, q_rows, q, after, costs)
+
+
+def _policy(thresholds, horizon: int, depth: int) -> AdaptiveSpeculative:
+    table = jnp.broadcast_to(thresholds, (horizon,) + thresholds.shape)
+    return AdaptiveSpeculative(ThresholdTable(table), max_lookahead=depth)
+
+
+def optimal_rate(draft, target, cost, *, max_lookahead: int,
+                 max_iterations: int = 100) -> OptimalRate:
+    """The adaptive draft length of the most tokens per unit time on a stationary chain.
+
+    Policy iteration on the average-cost semi-Markov decision problem whose epochs are the target
+    calls (module docstring): it starts from drafting ``K`` tokens every call and stops when the
+    time per token no longer decreases.
+
+    Args:
+      draft, target: stationary ``MarkovChain``s (concrete; the same rows at every position).
+      cost: a ``specjax.CostModel``; a ``target_cost`` table needs entries up to
+        ``max_lookahead + 1`` tokens.
+      max_lookahead: ``K``, the most drafts of a call (no horizon: it may exceed ``T``). Each
+        step enumerates ``V**K`` drafted paths per previous token, as ``optimal_stopping``.
+      max_iterations: a bound on the policy-iteration steps (it converges in a handful).
+
+    Returns:
+      ``OptimalRate``.
+
+    Raises:
+      ValueError: chains that are not stationary ``MarkovChain``s, a bad ``cost``,
+        ``max_lookahead`` or ``max_iterations``, a table too short, a call chain with more than
+        one recurrent class.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import specjax
+      >>> rows = jnp.asarray([[0.6, 0.4], [0.3, 0.7]])
+      >>> q = specjax.MarkovChain(jnp.asarray([0.5, 0.5]), jnp.broadcast_to(rows, (8, 2, 2)))
+      >>> p = specjax.MarkovChain(q.init, jnp.full((8, 2, 2), 0.5))
+      >>> cost = specjax.CostModel(0.1, 1.0)
+      >>> best = specjax.optimal_rate(p, q, cost, max_lookahead=4)
+      >>> sd = specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=2)
+      >>> fixed = specjax.stationary_rate(sd, p, q, cost)
+      >>> bool(best.tokens_per_time >= fixed.tokens_per_time)
+      True
+    """
+    _adaptive._check_models(draft, target, cost, max_lookahead)
+    _checks.check_static_int("max_iterations", max_iterations)
+    p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
+    num_states, depth = q.shape[-1], max_lookahead
+    cost.target_time(depth + 1)  # a table too short raises here, before any work
+    _adaptive._check_paths(num_states, depth)
+    dtype = q.dtype
+    times = _work_times(AdaptiveSpeculative(ThresholdTable(jnp.zeros((1, depth + 1, 1))),
+                                            max_lookahead=depth), depth, cost, dtype)
+    # Start from SD with lookahead K: go on before depth K, stop there.
+    thresholds = jnp.full((depth + 1, num_states), -1.0, dtype).at[depth].set(1.0)
+    separated = True
+    best = None
+    iterations = 0
+    for iterations in range(1, max_iterations + 1):
+        policy = _policy(thresholds, target.horizon, depth)
+        lam, _, h = _solve_rate(*_call_kernel(policy, p, q, times, depth=depth))
+        tolerance = 64 * float(jnp.finfo(dtype).eps) * float(lam)
+        if best is not None and float(lam) >= float(best[0]) - tolerance:
+            break
+        best = (lam, h, thresholds, separated, policy)
+        _, stop_max, go_min = _improve(p, q, h, lam, depth=depth, cost=cost)
+        thresholds, separated = _adaptive._read_thresholds(stop_max, go_min)
+    lam, h, thresholds, separated, policy = best
+    values, _, _ = _improve(p, q, h, lam, depth=depth, cost=cost)
+    return OptimalRate(tokens_per_time=1 / lam, time_per_token=lam, relative_values=h,
+                       thresholds=thresholds, threshold_form=separated, decoder=policy,
+                       iterations=iterations, bellman_residual=jnp.max(jnp.abs(values - h)))
