@@ -14,6 +14,7 @@ from specjax.models import GreedyModel
 from specjax.models import NGramModel
 from specjax.models import greedy_draft
 from specjax.decoders import AdaptiveSpeculative
+from specjax.decoders import HeuristicSchedule
 from specjax.decoders import Autoregressive
 from specjax.decoders import ConfidenceThreshold
 from specjax.decoders import DraftState
@@ -149,6 +150,7 @@ __all__ = [
     "sequoia_hardware_tree",
     "sequoia_tree",
     "AdaptiveSpeculative",
+    "HeuristicSchedule",
     "AuditReport",
     "Autoregressive",
     "ConfidenceThreshold",

@@ -85,6 +85,13 @@ def check_static_int(name: str, value, *, allow_none: bool = False) -> None:
     check_positive_int(name, value, allow_none=allow_none)
 
 
+def check_static_non_negative_int(name: str, value) -> None:
+    """Like ``check_static_int``, allowing 0."""
+    _refuse_array(name, value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
 def _refuse_array(name: str, value) -> None:
     if isinstance(value, (jax.Array, np.ndarray, jax.core.Tracer)):
         raise ValueError(

@@ -159,22 +159,27 @@ def sd_rounds_literal(chooser, draft, target, lookahead):
     return adaptive_literal(chooser, draft, target, lookahead, lambda *state: False)[3]
 
 
-def adaptive_literal(chooser, draft, target, max_lookahead, stop):
+def adaptive_literal(chooser, draft, target, max_lookahead, stop, schedule=None):
     """SD whose draft length a stopping policy chooses, literally: before each draft of a call
     from position ``n``, ``stop(position, depth, token, token_prob, all_accepted, next_row)``
     (plain floats and the draft's next row) decides whether to call the target; at ``K`` drafts
     or the horizon the call stops. The drafts are verified in order; a rejection draws from
     ``[q - p]_+``; all kept, the target's bonus token follows (if a position is left). Returns
-    ``(tokens, rejected flags, calls, rounds)``, ``rounds`` the ``(drafted, kept)`` of each call."""
+    ``(tokens, rejected flags, calls, rounds)``, ``rounds`` the ``(drafted, kept)`` of each call.
+
+    ``schedule = (initial, update)``: a draft length carried from call to call, as HuggingFace's
+    assisted generation does: the first call drafts at most ``initial`` tokens, and after a call
+    that drafted at most ``k`` and kept ``kept`` the next drafts at most ``update(k, kept)``."""
     _, p_trans = draft
     q_init, q_trans = target
     horizon = q_trans.shape[0]
     x = [chooser.categorical(q_init)]
     flags, rounds = [], []
+    k = max_lookahead if schedule is None else schedule[0]
     while len(x) <= horizon:
         n = len(x)
         drafts, prev, prob, all_accepted = [], x[-1], 1.0, 1.0
-        while len(drafts) < min(max_lookahead, horizon - n + 1):
+        while len(drafts) < min(k, horizon - n + 1):
             t = n + len(drafts)  # the position of the next draft
             row = p_trans[t - 1, prev]
             if stop(t, len(drafts), prev, prob, all_accepted, row):
@@ -201,7 +206,15 @@ def adaptive_literal(chooser, draft, target, max_lookahead, stop):
             x.append(chooser.categorical(q_trans[last, x[-1]]))  # the bonus token
             flags.append(False)
         rounds.append((len(drafts), kept))
+        if schedule is not None:
+            k = schedule[1](k, kept)
     return tuple(x), tuple(flags), len(rounds), tuple(rounds)
+
+
+def literal_clock(rounds, cost):
+    """The time of a literal run's rounds ``(drafted, kept)`` under a ``CostModel``."""
+    return sum(d * cost.draft_cost + cost.target_time(d + 1) + cost.call_overhead
+               for d, _ in rounds)
 
 
 def draw_drafts(chooser, p_trans, root, start, num_drafts, replacement=True):

@@ -1427,6 +1427,20 @@ def _cases() -> list[Case]:
     add(kind, "optimal_stopping", "(valid)",
         lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2),
         check=returned)
+    add(kind, "HeuristicSchedule", "initial above max_lookahead",
+        lambda: S.HeuristicSchedule(5, max_lookahead=3), "initial")
+    add(kind, "HeuristicSchedule", "increase -1",
+        lambda: S.HeuristicSchedule(1, max_lookahead=3, increase=-1), "increase")
+    add(kind, "HeuristicSchedule", "max_lookahead a traced array",
+        lambda: S.HeuristicSchedule(1, max_lookahead=jnp.asarray(3)), "max_lookahead")
+    add(kind, "decode", "HeuristicSchedule(1, max_lookahead=3) (valid)",
+        lambda: S.decode(k(), S.HeuristicSchedule(1, max_lookahead=3), d(), t(), C),
+        check=trace_right())
+    add(kind, "exact", "HeuristicSchedule(2, max_lookahead=3) (valid)",
+        lambda: S.exact(S.HeuristicSchedule(2, max_lookahead=3), d(), t()), check=returned)
+    add(kind, "accepted_length", "HeuristicSchedule (state across calls)",
+        lambda: S.accepted_length(S.HeuristicSchedule(1, max_lookahead=3), d(), t()),
+        "decoder")
     add(kind, "optimal_rate", "a non-stationary draft",
         lambda: S.optimal_rate(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2), "draft")
     add(kind, "optimal_rate", "max_iterations 0",

@@ -63,11 +63,6 @@ POLICIES = {
 LOOKAHEAD = 3
 
 
-def literal_clock(rounds, cost):
-    return sum(d * cost.draft_cost + cost.target_time(d + 1) + cost.call_overhead
-               for d, _ in rounds)
-
-
 def literal_summary(pair, stop, cost=COST, lookahead=LOOKAHEAD):
     """The literal policy enumerated: token law, (tokens, rejected, calls) law, and the expected
     calls, rejections, time, drafted and kept tokens."""
@@ -80,7 +75,7 @@ def literal_summary(pair, stop, cost=COST, lookahead=LOOKAHEAD):
         joint[(x, flags, calls)] += prob
         means["calls"] += prob * calls
         means["rejections"] += prob * sum(flags)
-        means["time"] += prob * literal_clock(rounds, cost)
+        means["time"] += prob * ref.literal_clock(rounds, cost)
         means["drafted"] += prob * sum(d for d, _ in rounds)
         means["kept"] += prob * sum(k for _, k in rounds)
     return dict(tokens), dict(joint), dict(means)
@@ -190,8 +185,9 @@ def test_literal_simulation_of_time_fits_exact(name):
         decoder, stop, _ = decoder_and_stop(name, draft, target)
         exact = float(specjax.expected_time(decoder, draft, target, COST))
     chooser = ref.RandomChooser(np.random.default_rng(2024))
-    times = [literal_clock(ref.adaptive_literal(chooser, pair[0], pair[1], LOOKAHEAD, stop)[3],
-                           COST) for _ in range(3000)]
+    times = [ref.literal_clock(
+        ref.adaptive_literal(chooser, pair[0], pair[1], LOOKAHEAD, stop)[3], COST)
+        for _ in range(3000)]
     stats.assert_mean(times, exact, f"{name}: time")
 
 

@@ -2,6 +2,7 @@
 (``base``) and one file per decoder."""
 
 from specjax.decoders.adaptive import AdaptiveSpeculative
+from specjax.decoders.schedule import HeuristicSchedule
 from specjax.decoders.adaptive import ConfidenceThreshold
 from specjax.decoders.adaptive import DraftState
 from specjax.decoders.adaptive import EntropyThreshold
@@ -32,6 +33,7 @@ from specjax.decoders.tree import TokenTree
 
 __all__ = [
     "AdaptiveSpeculative",
+    "HeuristicSchedule",
     "Autoregressive",
     "ConfidenceThreshold",
     "DraftState",

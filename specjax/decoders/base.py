@@ -197,11 +197,25 @@ class CallDecoder(Decoder):
       ``start`` that draft exactly ``d`` tokens. ``specjax.decoding_time`` and
       ``specjax.engine_metrics`` then price and count the drafts from it instead of
       ``call_work``'s fixed depth.
+    * ``num_call_states > 1``: a call depends on a *call state* carried from one call to the
+      next (HuggingFace's draft-length schedule, ``specjax.HeuristicSchedule``). The decoder
+      gives ``initial_call_state``, ``next_call_state(state, kept)`` (ints or arrays: the state
+      after a call that kept ``kept`` drafts), and takes ``state=`` as a keyword in
+      ``sample_call`` (an int32 scalar, traced) and in ``call_law``, ``call_law_from`` and
+      ``drafted_call_law_from`` (a static Python int: the exact recursion builds one law per
+      state and carries the mass of call starts per state and previous token).
     """
 
     kind: ClassVar[str] = "call"
     model_kinds: ClassVar[tuple] = ()
     uses_position: ClassVar[bool] = False
+    num_call_states: ClassVar[int] = 1
+    initial_call_state: ClassVar[int] = 0
+
+    def next_call_state(self, state, kept):
+        """The call state after a call that kept ``kept`` drafts (stateless: unchanged)."""
+        del kept
+        return state
 
     @property
     def num_uniforms(self) -> int:

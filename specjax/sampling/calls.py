@@ -27,9 +27,13 @@ from specjax.sampling.engine import DecodingTrace
 
 def _write_call(decoder, tables, horizon: int, carry, u):
     """One call of one chain: the decoder's outcome written into the chain's trace."""
-    tokens, rejected, bonus, new_call, n, prev = carry
+    tokens, rejected, bonus, new_call, n, prev, state = carry
     active = n <= horizon
-    emitted, kept, last_rejected = decoder.sample_call(tables, n, prev, u)
+    if decoder.num_call_states > 1:  # a state carried from call to call (a draft schedule)
+        emitted, kept, last_rejected = decoder.sample_call(tables, n, prev, u, state=state)
+        state = jnp.where(active, decoder.next_call_state(state, kept), state).astype(jnp.int32)
+    else:
+        emitted, kept, last_rejected = decoder.sample_call(tables, n, prev, u)
     offsets = jnp.arange(emitted.shape[0], dtype=jnp.int32)
     keep = active & (offsets <= kept) & (n + offsets <= horizon)
     tokens = tokens.at[jnp.where(keep, n + offsets, horizon + 1)].set(emitted, mode="drop")
@@ -40,7 +44,7 @@ def _write_call(decoder, tables, horizon: int, carry, u):
     new_call = new_call.at[jnp.where(active, n - 1, horizon)].set(True, mode="drop")
     last = emitted[kept]
     return (tokens, rejected, bonus, new_call, jnp.where(active, end + 1, n),
-            jnp.where(active, last, prev))
+            jnp.where(active, last, prev), state)
 
 
 @functools.partial(jax.jit, static_argnames=("num_chains", "sharding"))
@@ -76,10 +80,10 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
     tokens = jnp.zeros((num_chains, horizon + 1), jnp.int32).at[:, 0].set(x0)
     flags = jnp.zeros((num_chains, horizon), bool)
     flags = _sharding.constrain(flags, sharding)
-    carry = (_sharding.constrain(tokens, sharding), flags, flags, flags,
-             _sharding.constrain(jnp.ones((num_chains,), jnp.int32), sharding), x0)
-    (tokens, rejected, bonus, new_call, _, _), _ = jax.lax.scan(step, carry,
-                                                                 jnp.arange(horizon))
+    ones = _sharding.constrain(jnp.ones((num_chains,), jnp.int32), sharding)
+    carry = (_sharding.constrain(tokens, sharding), flags, flags, flags, ones, x0,
+             ones * jnp.int32(decoder.initial_call_state))
+    (tokens, rejected, bonus, new_call, *_), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
     return DecodingTrace(
         tokens=tokens,
         rejected=rejected,

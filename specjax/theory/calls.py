@@ -27,18 +27,19 @@ from specjax.decoders.base import CallLaw
 from specjax.theory.recursion import ExactDecoding
 
 def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
-                with_drafted: bool = False):
+                with_drafted: bool = False, state: int | None = None):
     """The law of a call at position ``n`` (1-based) whose previous token has the law ``start``,
     fields padded to ``(K, V)`` and ``(K + 1, V)``. ``n`` may be traced for a full-length call
     (``n <= T - K``); the last ``K`` positions are static (the call drafts fewer tokens).
 
     With ``with_drafted`` (a decoder whose draft length is random: ``drafted_call_law_from``),
     the pair ``(law, drafted)``, ``drafted`` ``(K + 1,)`` the mass of calls drafting exactly ``d``
-    tokens, both from one enumeration of the call."""
+    tokens, both from one enumeration of the call. ``state``: the call state (static) of a
+    decoder with ``num_call_states > 1``."""
     p_rows, q_rows, bonus_row, pad = _call_rows(draft, target, n, lookahead)
     law_from = decoder.drafted_call_law_from if with_drafted else decoder.call_law_from
-    out = law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None,
-                   **_position(decoder, n))
+    extra = _position(decoder, n) | ({} if state is None else {"state": state})
+    out = law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None, **extra)
     law, drafted = out if with_drafted else (out, None)
     if pad:
         law = CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
@@ -93,26 +94,43 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
     horizon = target.horizon
     k = lookahead
     dtype = jnp.result_type(draft.trans.dtype, target.trans.dtype)
+    num_call_states = decoder.num_call_states
+    # next_state[s][i]: the call state after a call in state s that kept i drafts (static).
+    next_state = [[int(decoder.next_call_state(s, i)) for i in range(k + 1)]
+                  for s in range(num_call_states)]
 
     def step(carry, n):
-        # starts[j]: mass of calls starting at n + j; filled[j]: (token, rejected, bonus) masses
-        # already placed at position n + j by earlier calls.
+        # starts[j, s]: mass of calls starting at n + j in call state s; filled[j]: (token,
+        # rejected, bonus) masses already placed at position n + j by earlier calls.
         starts, filled = carry
-        start = starts[0]
-        out = call_law_at(decoder, start, draft, target, n, lookahead=k,
-                          with_drafted=with_drafted)
-        law, drafted = out if with_drafted else (out, jnp.zeros((0,), dtype))
+        # The last token at n + i starts a call at n + i + 1 (index i once shifted).
+        new_starts = jnp.concatenate([starts[1:], jnp.zeros_like(starts[:1])])
+        laws, drafts = [], []
+        for s in range(num_call_states):
+            out = call_law_at(decoder, starts[0, s], draft, target, n, lookahead=k,
+                              with_drafted=with_drafted,
+                              state=s if num_call_states > 1 else None)
+            law, drafted = out if with_drafted else (out, jnp.zeros((0,), dtype))
+            ends = law.rejected + law.bonus
+            if num_call_states == 1:
+                new_starts = new_starts.at[:, 0].add(ends)
+            else:
+                for i in range(k + 1):
+                    new_starts = new_starts.at[i, next_state[s][i]].add(ends[i])
+            laws.append(law)
+            drafts.append(drafted)
+        law = CallLaw(*(sum(parts[1:], parts[0]) for parts in zip(*laws)))
+        drafted = sum(drafts[1:], drafts[0])
         kept = jnp.pad(law.kept, ((0, 1), (0, 0)))  # positions n .. n + K
         filled = filled + jnp.stack([kept + law.rejected + law.bonus, law.rejected, law.bonus],
                                     axis=1)
-        zeros = jnp.zeros((1, num_states), dtype)
-        # The last token at n + i starts a call at n + i + 1 (index i once shifted).
-        starts = jnp.concatenate([starts[1:], zeros]) + law.rejected + law.bonus
         done = filled[0]
         filled = jnp.concatenate([filled[1:], jnp.zeros((1, 3, num_states), dtype)])
-        return (starts, filled), (done, jnp.sum(start), jnp.sum(law.kept, axis=-1), drafted)
+        return (new_starts, filled), (done, jnp.sum(starts[0]), jnp.sum(law.kept, axis=-1),
+                                      drafted)
 
-    carry = (jnp.zeros((k + 1, num_states), dtype).at[0].set(target.init),
+    first = jnp.zeros((k + 1, num_call_states, num_states), dtype)
+    carry = (first.at[0, decoder.initial_call_state].set(target.init),
              jnp.zeros((k + 1, 3, num_states), dtype))
     num_full = max(horizon - k, 0)
     outputs = []
@@ -132,6 +150,11 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
 
 def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):
     """``(V,)``: the expected drafts kept by a call at ``position`` from each previous token."""
+    if decoder.num_call_states > 1:
+        raise ValueError(f"decoder: accepted_length gives one value per previous token, but a "
+                         f"call of {type(decoder).__name__} also depends on the earlier calls "
+                         f"(a state carried from call to call); use specjax.exact or "
+                         f"specjax.engine_metrics")
     horizon = target.horizon
     k = min(lookahead, horizon - position + 1)
     with_bonus = position + k <= horizon

@@ -58,9 +58,11 @@ class StationaryRate(NamedTuple):
       time_per_token: ``lambda = mu . tau / mu . R``.
       tokens_per_call: ``mu . R``, the mean tokens a call emits (the bonus counted).
       time_per_call: ``mu . tau``.
-      start_law: ``mu`` ``(V,)``, the stationary law of the token a call starts after.
-      relative_values: ``h`` ``(V,)``, with ``mu . h = 0``: decoding ``T`` tokens from a call
-        after ``a`` takes ``lambda T + h(a) + O(1)`` (up to a constant for the end).
+      start_law: ``mu`` ``(V,)``, the stationary law of the token a call starts after (``(S,
+        V)`` over (call state, token) for a decoder with ``S > 1`` call states, e.g.
+        ``HeuristicSchedule``).
+      relative_values: ``h`` (the same shape), with ``mu . h = 0``: decoding ``T`` tokens from a
+        call after ``a`` takes ``lambda T + h(a) + O(1)`` (up to a constant for the end).
     """
 
     tokens_per_time: jax.Array
@@ -115,26 +117,38 @@ def _call_rows(p, q, depth: int):
 
 @functools.partial(jax.jit, static_argnames=("depth",))
 def _call_kernel(decoder, p, q, times, *, depth: int):
-    """``(P (V, V), R (V,), tau (V,))`` of one call of ``decoder`` from each previous token, on
-    stationary rows; ``times`` ``(K + 1,)`` the time of a call drafting ``d`` levels."""
+    """``(P, R, tau)`` of one call of ``decoder`` from each (call state, previous token), on
+    stationary rows: ``P`` ``(S V, S V)``, ``R`` and ``tau`` ``(S V,)``; ``times`` ``(K + 1,)``
+    the time of a call drafting ``d`` levels."""
     num_states = q.shape[-1]
+    num_call_states = decoder.num_call_states
     p_rows, q_rows = _call_rows(p, q, depth)
     extra = {"position": 1} if decoder.uses_position else {}
 
-    def one(a):
-        start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
-        if hasattr(decoder, "drafted_call_law_from"):
-            law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
-                                                         with_bonus=True, **extra)
-            time = jnp.dot(drafted, times, precision=_HIGHEST)
-        else:
-            law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
-            time = times[depth]
-        ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
-        tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
-        return jnp.sum(ends, axis=0), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
+    def from_state(s):
+        state = {} if num_call_states == 1 else {"state": s}
+        after = [int(decoder.next_call_state(s, i)) for i in range(depth + 1)]
 
-    return jax.lax.map(one, jnp.arange(num_states))
+        def one(a):
+            start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
+            if hasattr(decoder, "drafted_call_law_from"):
+                law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
+                                                             with_bonus=True, **extra, **state)
+                time = jnp.dot(drafted, times, precision=_HIGHEST)
+            else:
+                law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
+                time = times[depth]
+            ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
+            row = jnp.zeros((num_call_states, num_states), q.dtype)
+            for i in range(depth + 1):
+                row = row.at[after[i]].add(ends[i])
+            tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
+            return row.reshape(-1), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
+
+        return jax.lax.map(one, jnp.arange(num_states))
+
+    parts = [from_state(s) for s in range(num_call_states)]
+    return tuple(jnp.concatenate(x) for x in zip(*parts))
 
 
 def _solve_rate(kernel, tokens, times):
@@ -168,10 +182,10 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
     """Tokens per unit time of a call-level decoder in the long run on a stationary chain.
 
     Args:
-      decoder: a call-level decoder (``AdaptiveSpeculative``, ``TokenTree``, ``DynamicTree``,
-        block verification, the multi-draft verifiers): its call law from each previous token
-        is evaluated once on the stationary rows, with ``K = decoder.lookahead`` drafts (no
-        horizon). For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
+      decoder: a call-level decoder (``AdaptiveSpeculative``, ``HeuristicSchedule``,
+        ``TokenTree``, ``DynamicTree``, block verification, the multi-draft verifiers): its
+        call law from each previous token (and call state) is evaluated once on the stationary
+        rows, with ``K = decoder.lookahead`` drafts (no horizon). For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
         max_lookahead=K)``.
       draft, target: stationary ``MarkovChain``s (the same rows at every position; the horizon
         and the prompt's law are not used).
@@ -210,9 +224,10 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
     times = _work_times(decoder, depth, cost, dtype)
     kernel, tokens, call_times = _call_kernel(decoder, p, q, times, depth=depth)
     lam, mu, h = _solve_rate(kernel, tokens, call_times)
+    shape = (decoder.num_call_states, q.shape[-1]) if decoder.num_call_states > 1 else (-1,)
     return StationaryRate(tokens_per_time=1 / lam, time_per_token=lam,
                           tokens_per_call=mu @ tokens, time_per_call=mu @ call_times,
-                          start_law=mu, relative_values=h)
+                          start_law=mu.reshape(shape), relative_values=h.reshape(shape))
 
 
 @functools.partial(jax.jit, static_argnames=("depth", "cost"))
