@@ -13,8 +13,16 @@ expected time to decode the ``T`` tokens (``specjax.decoding_time``) of:
   nats), best ``t`` of a grid over ``(0, log V]``;
 * ``confidence``: ``ConfidenceThreshold(t)`` (stop when the last draft's probability is below
   ``t``), best ``t`` of a grid over ``(0, 1)``;
+* ``HF +2/-1``: HuggingFace's schedule (``HeuristicSchedule``: the lookahead carried from call
+  to call, +2 after a call that kept every draft, -1 after a rejection), within ``[1, K]``,
+  starting at ``K`` (HuggingFace's default, 20, capped);
 * ``optimal``: ``optimal_stopping`` (backward induction), the least expected time of any
   stopping policy with at most ``K`` drafts.
+
+Then the long run: on a stationary pair (the n-gram chains; for the paper's instance, its rows at
+position 1 repeated at every position), the time per token of every scheme
+(``stationary_rate``) against the best possible (``optimal_rate``, the average-cost semi-Markov
+decision problem), as regrets.
 
 The heuristics are given their best threshold *in hindsight* (tuned on the exact time), so their
 regret is a lower bound on what a tuned-online heuristic pays. Speed-up = ``T`` target calls
@@ -52,7 +60,8 @@ import numpy as np
 import specjax
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEURISTICS = ("SpecDec++ 0.3", "SpecDec++ tuned", "entropy tuned", "confidence tuned")
+HEURISTICS = ("SpecDec++ 0.3", "SpecDec++ tuned", "entropy tuned", "confidence tuned",
+              "HF +2/-1")
 
 
 def sweep(make_policy, thresholds, draft, target, cost, k) -> np.ndarray:
@@ -66,6 +75,60 @@ def sweep(make_policy, thresholds, draft, target, cost, k) -> np.ndarray:
     return np.asarray(jax.jit(jax.vmap(time_at))(jnp.asarray(thresholds)))
 
 
+def threshold_grids(target, grid: int) -> dict:
+    """``{name: (policy class, thresholds)}`` of the tuned heuristics."""
+    interior = np.linspace(0, 1, grid + 2)[1:-1]
+    max_entropy = math.log(target.num_states)
+    return {
+        "SpecDec++ tuned": (specjax.RejectionThreshold, interior),
+        "entropy tuned": (specjax.EntropyThreshold, max_entropy * np.linspace(0, 1, grid + 1)[1:]),
+        "confidence tuned": (specjax.ConfidenceThreshold, interior),
+    }
+
+
+def hf_schedule(k: int):
+    """HuggingFace's +2 / -1 schedule within ``[1, K]``, from ``K`` (its default, 20, capped)."""
+    return specjax.HeuristicSchedule(k, max_lookahead=k)
+
+
+def stationary_pair(draft, target):
+    """``(draft, target, description)``: the chains if stationary, else their rows at position 1
+    repeated (a stationary chain of the same shape)."""
+    def is_stationary(model):
+        trans = np.asarray(model.trans)
+        return np.array_equal(trans, np.broadcast_to(trans[:1], trans.shape))
+
+    if is_stationary(draft) and is_stationary(target):
+        return draft, target, "the chains themselves (stationary)"
+    lift = [specjax.MarkovChain(m.init, jnp.broadcast_to(m.trans[0], m.trans.shape))
+            for m in (draft, target)]
+    return lift[0], lift[1], "the rows of position 1 at every position"
+
+
+def long_run(draft, target, c: float, k: int, grid: int) -> dict:
+    """Time per token in the long run on a stationary pair (``stationary_rate``) of every scheme
+    and of the optimum (``optimal_rate``): ``{name: (time per token, setting)}``."""
+    cost = specjax.CostModel(draft_cost=c, target_cost=1.0)
+
+    def rate(decoder):
+        return float(specjax.stationary_rate(decoder, draft, target, cost).time_per_token)
+
+    fixed = [rate(specjax.AdaptiveSpeculative(specjax.FixedLength(j), max_lookahead=j))
+             for j in range(1, k + 1)]
+    out = {"best fixed K": (min(fixed), 1 + int(np.argmin(fixed)))}
+    for name, (policy, thresholds) in threshold_grids(target, grid).items():
+        swept = [rate(specjax.AdaptiveSpeculative(policy(float(t)), max_lookahead=k))
+                 for t in thresholds]
+        i = int(np.argmin(swept))
+        out[name] = (swept[i], float(thresholds[i]))
+    out["SpecDec++ 0.3"] = (rate(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
+                                                             max_lookahead=k)), 0.3)
+    out["HF +2/-1"] = (rate(hf_schedule(k)), k)
+    best = specjax.optimal_rate(draft, target, cost, max_lookahead=k)
+    out["optimal"] = (float(best.time_per_token), bool(best.threshold_form))
+    return out
+
+
 def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
     """Every scheme's exact expected time at draft cost ``c``: ``{name: (time, setting)}``."""
     cost = specjax.CostModel(draft_cost=c, target_cost=1.0)
@@ -76,19 +139,13 @@ def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
         out[f"fixed K = {j}"] = (float(times[j]), j)
     best_j = 1 + int(np.argmin(times[1:]))  # the best K >= 1 (K = 0 is autoregressive)
     out["best fixed K"] = (float(times[best_j]), best_j)
-    interior = np.linspace(0, 1, grid + 2)[1:-1]
-    max_entropy = math.log(target.num_states)
-    settings = {
-        "SpecDec++ tuned": (specjax.RejectionThreshold, interior),
-        "entropy tuned": (specjax.EntropyThreshold, max_entropy * np.linspace(0, 1, grid + 1)[1:]),
-        "confidence tuned": (specjax.ConfidenceThreshold, interior),
-    }
-    for name, (policy, thresholds) in settings.items():
+    for name, (policy, thresholds) in threshold_grids(target, grid).items():
         swept = sweep(policy, thresholds, draft, target, cost, k)
         i = int(np.argmin(swept))
         out[name] = (float(swept[i]), float(thresholds[i]))
     default = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=k)
     out["SpecDec++ 0.3"] = (float(specjax.expected_time(default, draft, target, cost)), 0.3)
+    out["HF +2/-1"] = (float(specjax.expected_time(hf_schedule(k), draft, target, cost)), k)
     best = specjax.optimal_stopping(draft, target, cost, max_lookahead=k)
     out["optimal"] = (float(best.expected_time), bool(best.threshold_form))
     out["_optimal"] = best
@@ -134,6 +191,18 @@ def study(name, draft, target, args, key) -> dict:
     print(f"\nBest constant SpecDec++ threshold (grid of {args.grid}) vs the optimum: regret "
           f"{min(regrets):.3%} to {max(regrets):.3%} over c: {verdict}.")
 
+    steady_draft, steady_target, what = stationary_pair(draft, target)
+    steady = {c: long_run(steady_draft, steady_target, c, k, args.grid) for c in args.costs}
+    print(f"\nLong run (stationary_rate, optimal_rate) on {what}: time per token, regret "
+          "(time per token / optimal - 1)")
+    names = ["best fixed K", *HEURISTICS]
+    print("| c | " + " | ".join(names) + " | optimal time per token | threshold form |")
+    print("|" + " --- |" * (len(names) + 3))
+    for c, row in steady.items():
+        opt = row["optimal"][0]
+        cells = [f"{row[n][0] / opt - 1:+.2%}" for n in names]
+        print(f"| {c:g} | " + " | ".join(cells) + f" | {opt:.4f} | {row['optimal'][1]} |")
+
     sims = {}
     if args.sim_cost in rows:
         row = rows[args.sim_cost]
@@ -151,7 +220,8 @@ def study(name, draft, target, args, key) -> dict:
             z = (mean - exact) / se if se > 0 else 0.0
             sims[label] = (exact, mean, se, z)
             print(f"| {label} | {exact:.4f} | {mean:.4f} +- {se:.4f} | {z:+.2f} |")
-    return {"name": name, "horizon": horizon, "rows": rows, "sims": sims, "max_lookahead": k}
+    return {"name": name, "horizon": horizon, "rows": rows, "sims": sims, "max_lookahead": k,
+            "long_run": steady}
 
 
 def plot(results, path) -> None:
@@ -172,7 +242,8 @@ def plot(results, path) -> None:
                     label="fixed K = 1..%d" % k if j == 1 else None)
         styles = {"best fixed K": ("k", "--"), "SpecDec++ 0.3": ("tab:orange", ":"),
                   "SpecDec++ tuned": ("tab:orange", "-"), "entropy tuned": ("tab:green", "-"),
-                  "confidence tuned": ("tab:purple", "-"), "optimal": ("tab:red", "-")}
+                  "confidence tuned": ("tab:purple", "-"), "HF +2/-1": ("tab:blue", "-."),
+                  "optimal": ("tab:red", "-")}
         for n, (color, style) in styles.items():
             ax.plot(costs, speed[n], color=color, ls=style, marker="o", ms=3,
                     lw=2 if n == "optimal" else 1.3, label=n)

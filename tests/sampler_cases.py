@@ -37,6 +37,9 @@ CASES = {
     "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
     "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
     "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
+    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
+                                                               max_lookahead=3),
+    "HF schedule from 1, K<=3": specjax.HeuristicSchedule(1, max_lookahead=3),
 }
 
 
@@ -63,5 +66,6 @@ REPRODUCIBLE = {name: decoder for name, decoder in CASES.items()
 #: its deepest level): which positions verified a draft cannot be re-derived from a trace's call
 #: structure alone for them.
 EARLY_BONUS = {name for name, decoder in CASES.items()
-               if isinstance(decoder, specjax.DynamicTree)
+               if isinstance(decoder, (specjax.DynamicTree, specjax.AdaptiveSpeculative,
+                                       specjax.HeuristicSchedule))
                or (isinstance(decoder, specjax.TokenTree) and decoder.branching is None)}

@@ -27,5 +27,12 @@ def test_adaptive_study_tiny(tmp_path, capsys):
         assert all(t >= optimal - 1e-9 for t in times.values()), (c, times)
         assert row["best fixed K"][0] == min(times["fixed K = 1"], times["fixed K = 2"])
         assert row["optimal"][1]  # the thresholds reproduce the solved decisions
+    for c, row in res["long_run"].items():
+        optimal = row["optimal"][0]
+        rates = {n: v[0] for n, v in row.items()}
+        # Nothing beats the optimal time per token in the long run (HF's schedule included).
+        assert all(r >= optimal * (1 - 1e-12) for r in rates.values()), (c, rates)
+        assert row["optimal"][1]
+    assert "Long run" in text and "HF +2/-1" in text
     for label, (exact, mean, se, z) in res["sims"].items():
         assert abs(mean - exact) < 5 * se, (label, exact, mean, se)
