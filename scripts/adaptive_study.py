@@ -43,7 +43,7 @@ Usage: python scripts/adaptive_study.py [--out docs/adaptive_drafting.png] [--ma
        [--costs 0.02,0.05,0.1,0.2,0.3,0.5] [--grid 19] [--sim-cost 0.1] [--num-chains 20000]
        [--skip-ngram]
        tiny: --costs 0.1 --max-lookahead 2 --grid 3 --num-chains 200 --skip-ngram
-The default run takes about 2 minutes on an idle 2-core CPU (float64).
+The default run takes about 2.5 minutes on an idle 2-core CPU (float64).
 """
 
 from __future__ import annotations
