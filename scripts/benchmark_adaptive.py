@@ -19,8 +19,13 @@ lookahead for scale. In float32 at the default size ``threshold_form`` can be Fa
 going on differ by less than float32's rounding on a few paths (measured on the --x64 instance
 solved in float32 and in float64: False and True).
 
+Then the long run: ``specjax.optimal_rate`` (policy iteration on the average-cost semi-Markov
+decision problem) on the rows of position 1 repeated at every position, with
+``--rate-lookahead`` (4: each evaluation enumerates ``V**(K + 1)`` paths, bounded by ``2**22``),
+timed the same way, beside the best fixed lookahead's time per token.
+
 Usage: python scripts/benchmark_adaptive.py [--states 16] [--horizon 64] [--max-lookahead 6]
-       [--draft-cost 0.1] [--repeats 2] [--x64] [--no-numpy]
+       [--draft-cost 0.1] [--repeats 2] [--x64] [--no-numpy] [--rate-lookahead 4]
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--x64", action="store_true")
     parser.add_argument("--no-numpy", action="store_true")
+    parser.add_argument("--rate-lookahead", type=int, default=4,
+                        help="K of the long-run solve (optimal_rate); 0 skips it")
     args = parser.parse_args(argv)
     with jax.enable_x64(args.x64):  # restored on return: a test may call main twice
         return _run(args)
@@ -149,7 +156,40 @@ def _run(args) -> dict:
     print(f"threshold form: {row['threshold_form']}; best fixed K = {row['best_fixed_k']}: "
           f"{row['best_fixed_time']:.4f} ({row['best_fixed_time'] / row['expected_time'] - 1:+.2%}"
           " vs optimal)")
+    if args.rate_lookahead:
+        row.update(_long_run(draft, target, cost, min(args.rate_lookahead, horizon),
+                             args.repeats))
     return row
+
+
+def _long_run(draft, target, cost, k: int, repeats: int) -> dict:
+    """``optimal_rate`` on the rows of position 1 repeated (a stationary pair), timed."""
+    steady = [specjax.MarkovChain(m.init, jax.numpy.broadcast_to(m.trans[0], m.trans.shape))
+              for m in (draft, target)]
+    results = {}
+
+    def solve(_):
+        results["best"] = specjax.optimal_rate(*steady, cost, max_lookahead=k)
+        return results["best"].relative_values
+
+    first = timed(lambda: jax.block_until_ready(solve(0)))
+    seconds = best_time(solve, repeats)
+    best = results["best"]
+    fixed = [float(specjax.stationary_rate(
+        specjax.AdaptiveSpeculative(specjax.FixedLength(j), max_lookahead=j), *steady,
+        cost).time_per_token) for j in range(1, k + 1)]
+    print(f"\nLong run (optimal_rate, policy iteration) on the rows of position 1 repeated, "
+          f"K <= {k}")
+    print("| solve | compile+first | iterations | tokens per unit time | Bellman residual | "
+          "best fixed K |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratio = min(fixed) * float(best.tokens_per_time) - 1
+    print(f"| {_seconds(seconds)} | {_seconds(first)} | {best.iterations} | "
+          f"{float(best.tokens_per_time):.6f} | {float(best.bellman_residual):.1e} | "
+          f"K = {1 + int(np.argmin(fixed))}, {ratio:+.2%} time per token |")
+    return {"rate_s": seconds, "rate_first_s": first, "rate_iterations": best.iterations,
+            "rate_time_per_token": float(best.time_per_token), "rate_best_fixed": min(fixed),
+            "rate_bellman_residual": float(best.bellman_residual)}
 
 
 if __name__ == "__main__":

@@ -24,3 +24,7 @@ def test_benchmark_adaptive_tiny(capsys, x64):
     # The optimum is never slower than the best fixed lookahead (up to rounding).
     assert row["expected_time"] <= row["best_fixed_time"] + tol
     assert row["numpy_s"] > 0 and row["specjax_s"] > 0
+    # The long run: the optimum's time per token is never above the best fixed lookahead's.
+    assert "Long run" in text
+    assert row["rate_time_per_token"] <= row["rate_best_fixed"] * (1 + tol)
+    assert row["rate_bellman_residual"] < tol

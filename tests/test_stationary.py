@@ -311,6 +311,15 @@ def test_validation():
     with pytest.raises(ValueError, match="target_cost"):
         specjax.optimal_rate(draft, target, specjax.CostModel(0.1, [0.0, 1.0, 1.0]),
                              max_lookahead=3)
+    with pytest.raises(ValueError, match="max_lookahead: the long-run rate"):
+        specjax.optimal_rate(lift(np.asarray(draft.trans[0]), 3),
+                             lift(np.asarray(target.trans[0]), 3), cost, max_lookahead=4)
+    with pytest.raises(ValueError, match="max_lookahead: the long-run rate"):
+        specjax.stationary_rate(fixed(5), lift(np.asarray(draft.trans[0]), 3),
+                                lift(np.asarray(target.trans[0]), 3), cost)
+    big = lift(np.full((16, 16), 1 / 16), 8)
+    with pytest.raises(ValueError, match="V\\*\\*\\(K \\+ 1\\)"):
+        specjax.optimal_rate(big, big, cost, max_lookahead=6)
     eye = lift(np.eye(3), 8)  # every call ends where it started: three recurrent classes
     with pytest.raises(ValueError, match="more than one recurrent class"):
         specjax.stationary_rate(fixed(2), eye, eye, cost)

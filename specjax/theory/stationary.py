@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax.decoders.adaptive import MAX_PATHS
 from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.base import CallDecoder
@@ -170,6 +171,16 @@ def _solve_rate(kernel, tokens, times):
     return lam, mu, h
 
 
+def _check_depth(depth: int, horizon: int) -> None:
+    """A call of ``K`` drafts is evaluated on the stationary rows without a horizon, but the
+    decoder's own settings (a threshold table's rows, its exact checks) are those of the chains:
+    they must have room for ``K`` drafts."""
+    if depth > horizon:
+        raise ValueError(f"max_lookahead: the long-run rate is for calls of up to K = {depth} "
+                         f"drafts, beyond the chains' horizon T = {horizon}; give stationary "
+                         f"chains with T >= K (only their rows are used)")
+
+
 def _work_times(decoder, depth: int, cost, dtype) -> jax.Array:
     from specjax.theory.cost import depth_works  # noqa: PLC0415 - avoids a cycle
 
@@ -218,6 +229,7 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
     _adaptive._check_models(draft, target, cost, 1)
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     depth = decoder.lookahead
+    _check_depth(depth, target.horizon)
     if hasattr(decoder, "check_exact"):
         decoder.check_exact(q.shape[-1], target.horizon)
     dtype = q.dtype
@@ -260,8 +272,9 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
       draft, target: stationary ``MarkovChain``s (concrete; the same rows at every position).
       cost: a ``specjax.CostModel``; a ``target_cost`` table needs entries up to
         ``max_lookahead + 1`` tokens.
-      max_lookahead: ``K``, the most drafts of a call (no horizon: it may exceed ``T``). Each
-        step enumerates ``V**K`` drafted paths per previous token, as ``optimal_stopping``.
+      max_lookahead: ``K``, the most drafts of a call, at most the chains' ``T`` (the returned
+        decoder runs on them). Each step enumerates the ``V**(K + 1)`` (previous token, drafted
+        path) pairs, refused beyond ``2**22``.
       max_iterations: a bound on the policy-iteration steps (it converges in a handful).
 
     Returns:
@@ -269,8 +282,8 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
 
     Raises:
       ValueError: chains that are not stationary ``MarkovChain``s, a bad ``cost``,
-        ``max_lookahead`` or ``max_iterations``, a table too short, a call chain with more than
-        one recurrent class.
+        ``max_lookahead`` (beyond ``T`` or the enumeration bound) or ``max_iterations``, a table
+        too short, a call chain with more than one recurrent class.
 
     Example:
       >>> import jax.numpy as jnp
@@ -290,7 +303,12 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     num_states, depth = q.shape[-1], max_lookahead
     cost.target_time(depth + 1)  # a table too short raises here, before any work
+    _check_depth(depth, target.horizon)
     _adaptive._check_paths(num_states, depth)
+    if num_states ** (depth + 1) > MAX_PATHS:  # each policy is evaluated by its decoder's law
+        raise ValueError(f"max_lookahead: evaluating a policy enumerates V**(K + 1) = "
+                         f"{num_states}**{depth + 1} drafted paths, beyond {MAX_PATHS} (2**22); "
+                         f"use a smaller max_lookahead")
     dtype = q.dtype
     times = _work_times(AdaptiveSpeculative(ThresholdTable(jnp.zeros((1, depth + 1, 1))),
                                             max_lookahead=depth), depth, cost, dtype)
