@@ -162,6 +162,17 @@ def simulate(key, decoder, draft, target, num_chains: int) -> tuple[float, float
     return exact, mean, se
 
 
+def print_regrets(rows: dict, optimum: str, digits: int) -> None:
+    """A Markdown table, one row per cost: each scheme's value / the optimum's - 1."""
+    names = ["best fixed K", *HEURISTICS]
+    print("| c | " + " | ".join(names) + f" | {optimum} | threshold form |")
+    print("|" + " --- |" * (len(names) + 3))
+    for c, row in rows.items():
+        opt = row["optimal"][0]
+        cells = [f"{row[n][0] / opt - 1:+.2%}" for n in names]
+        print(f"| {c:g} | " + " | ".join(cells) + f" | {opt:.{digits}f} | {row['optimal'][1]} |")
+
+
 def study(name, draft, target, args, key) -> dict:
     k, horizon = args.max_lookahead, target.horizon
     print(f"\n## {name}")
@@ -177,13 +188,7 @@ def study(name, draft, target, args, key) -> dict:
         print(f"| {c:g} | " + " | ".join(cells)
               + f" | {row['best fixed K'][1]} | {row['SpecDec++ tuned'][1]:.2f} |")
     print("\nRegret (expected time / optimal - 1)")
-    names = ["best fixed K", *HEURISTICS]
-    print("| c | " + " | ".join(names) + " | optimal time | threshold form |")
-    print("|" + " --- |" * (len(names) + 3))
-    for c, row in rows.items():
-        opt = row["optimal"][0]
-        cells = [f"{row[n][0] / opt - 1:+.2%}" for n in names]
-        print(f"| {c:g} | " + " | ".join(cells) + f" | {opt:.3f} | {row['optimal'][1]} |")
+    print_regrets(rows, "optimal time", 3)
     # Is a constant threshold on the rejection probability optimal here?
     regrets = [row["SpecDec++ tuned"][0] / row["optimal"][0] - 1 for row in rows.values()]
     verdict = ("a constant threshold matches the optimum" if max(regrets) < 1e-9 else
@@ -195,13 +200,7 @@ def study(name, draft, target, args, key) -> dict:
     steady = {c: long_run(steady_draft, steady_target, c, k, args.grid) for c in args.costs}
     print(f"\nLong run (stationary_rate, optimal_rate) on {what}: time per token, regret "
           "(time per token / optimal - 1)")
-    names = ["best fixed K", *HEURISTICS]
-    print("| c | " + " | ".join(names) + " | optimal time per token | threshold form |")
-    print("|" + " --- |" * (len(names) + 3))
-    for c, row in steady.items():
-        opt = row["optimal"][0]
-        cells = [f"{row[n][0] / opt - 1:+.2%}" for n in names]
-        print(f"| {c:g} | " + " | ".join(cells) + f" | {opt:.4f} | {row['optimal'][1]} |")
+    print_regrets(steady, "optimal time per token", 4)
 
     sims = {}
     if args.sim_cost in rows:

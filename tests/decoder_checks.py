@@ -1,7 +1,8 @@
 """Checks shared by the tests of the multi-draft root verifiers (``OptimalMultiDraft``,
 ``KSequential``, ``ImportanceWeighted``, ``GumbelList``, ``SpecHub``): each decoder's exact values
 and per-position laws, the Monte Carlo of ``decode`` against them, and finite values and gradients
-at edge rows. Not a test module itself.
+at edge rows; and of the adaptive draft lengths (``AdaptiveSpeculative``, ``HeuristicSchedule``):
+exact values against their literal enumeration. Not a test module itself.
 """
 
 from collections import defaultdict
@@ -113,3 +114,27 @@ def assert_finite_at_edge_rows(dtype, root_law, drafts, decoders, extra_rows=Non
         for decoder, (value, grad) in zip(decoders, out[len(drafts):]):
             assert value.dtype == jnp.dtype(dtype), f"{dtype}, {decoder.label}"
             assert np.isfinite(value) and np.isfinite(grad).all(), f"{dtype}, {decoder.label}"
+
+
+def assert_exact_matches_adaptive_literal(decoder, pair, summary, cost, tol=1e-12):
+    """``decoder``'s exact values on ``pair`` (float64) against ``reference.adaptive_summary``'s
+    enumeration ``summary``: the token law is the target's, and the expected calls, rejections,
+    per-position rejected masses, time under ``cost``, drafts and kept drafts agree to ``tol``."""
+    tokens, joint, means = summary
+    draft, target = (chain(x) for x in pair)
+    target_law = ref.target_sequence_law(pair[1])
+    assert set(tokens) <= set(target_law)
+    assert max(abs(tokens[k] - target_law.get(k, 0.0)) for k in tokens) < tol  # lossless
+    exact = specjax.exact(decoder, draft, target)
+    assert abs(float(exact.expected_calls) - means["calls"]) < tol
+    assert abs(float(exact.expected_rejections) - means["rejections"]) < tol
+    num_states, horizon = pair[1][1].shape[-1], pair[1][1].shape[0]
+    rejected = ref.rejected_measure(joint, num_states, horizon)
+    assert np.abs(np.asarray(exact.rejected) - rejected).max() < tol
+    timed = specjax.decoding_time(decoder, draft, target, cost)
+    assert abs(float(timed.expected_time) - means["time"]) < tol
+    assert abs(float(timed.expected_draft_passes) - means["drafted"]) < tol
+    metrics = specjax.engine_metrics(decoder, draft, target)
+    assert abs(float(metrics.expected_drafted) - means["drafted"]) < tol
+    assert abs(float(jnp.sum(metrics.accepted_at)) - means["kept"]) < tol
+    return exact

@@ -211,6 +211,25 @@ def adaptive_literal(chooser, draft, target, max_lookahead, stop, schedule=None)
     return tuple(x), tuple(flags), len(rounds), tuple(rounds)
 
 
+def adaptive_summary(pair, stop, cost, max_lookahead, schedule=None):
+    """``adaptive_literal`` enumerated over every execution path: ``(token law, law of (tokens,
+    rejected flags, calls), means)``, the means of the calls, rejections, time under ``cost``,
+    drafted and kept tokens."""
+    draft, target = pair
+    law = enumerate_law(lambda c: adaptive_literal(c, draft, target, max_lookahead, stop,
+                                                   schedule=schedule))
+    tokens, joint, means = defaultdict(float), defaultdict(float), defaultdict(float)
+    for (x, flags, calls, rounds), prob in law.items():
+        tokens[x] += prob
+        joint[(x, flags, calls)] += prob
+        means["calls"] += prob * calls
+        means["rejections"] += prob * sum(flags)
+        means["time"] += prob * literal_clock(rounds, cost)
+        means["drafted"] += prob * sum(d for d, _ in rounds)
+        means["kept"] += prob * sum(k for _, k in rounds)
+    return dict(tokens), dict(joint), dict(means)
+
+
 def literal_clock(rounds, cost):
     """The time of a literal run's rounds ``(drafted, kept)`` under a ``CostModel``."""
     return sum(d * cost.draft_cost + cost.target_time(d + 1) + cost.call_overhead

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import decoder_checks as checks
 import reference as ref
 import specjax
 import stats
@@ -66,19 +67,7 @@ LOOKAHEAD = 3
 def literal_summary(pair, stop, cost=COST, lookahead=LOOKAHEAD):
     """The literal policy enumerated: token law, (tokens, rejected, calls) law, and the expected
     calls, rejections, time, drafted and kept tokens."""
-    draft, target = pair
-    law = ref.enumerate_law(lambda c: ref.adaptive_literal(c, draft, target, lookahead, stop))
-    tokens, joint = defaultdict(float), defaultdict(float)
-    means = defaultdict(float)
-    for (x, flags, calls, rounds), prob in law.items():
-        tokens[x] += prob
-        joint[(x, flags, calls)] += prob
-        means["calls"] += prob * calls
-        means["rejections"] += prob * sum(flags)
-        means["time"] += prob * ref.literal_clock(rounds, cost)
-        means["drafted"] += prob * sum(d for d, _ in rounds)
-        means["kept"] += prob * sum(k for _, k in rounds)
-    return dict(tokens), dict(joint), dict(means)
+    return ref.adaptive_summary(pair, stop, cost, lookahead)
 
 
 def optimal_literal_stop(thresholds):
@@ -117,24 +106,11 @@ def test_exact_matches_literal(name, x64):
     pair = random_pair(11, 3, 4, zero_fraction=0.2)
     draft, target = (chain(x) for x in pair)
     decoder, stop, solved = decoder_and_stop(name, draft, target)
-    tokens, joint, means = literal_summary(pair, stop)
-    target_law = ref.target_sequence_law(pair[1])
-    assert set(tokens) <= set(target_law)
-    assert max(abs(tokens[k] - target_law.get(k, 0.0)) for k in tokens) < 1e-12  # lossless
-    exact = specjax.exact(decoder, draft, target)
-    assert abs(float(exact.expected_calls) - means["calls"]) < 1e-12
-    assert abs(float(exact.expected_rejections) - means["rejections"]) < 1e-12
-    rejected = ref.rejected_measure(joint, 3, 4)
-    assert np.abs(np.asarray(exact.rejected) - rejected).max() < 1e-12
-    timed = specjax.decoding_time(decoder, draft, target, COST)
-    assert abs(float(timed.expected_time) - means["time"]) < 1e-12
-    assert abs(float(timed.expected_draft_passes) - means["drafted"]) < 1e-12
-    metrics = specjax.engine_metrics(decoder, draft, target)
-    assert abs(float(metrics.expected_drafted) - means["drafted"]) < 1e-12
-    assert abs(float(jnp.sum(metrics.accepted_at)) - means["kept"]) < 1e-12
+    summary = literal_summary(pair, stop)
+    checks.assert_exact_matches_adaptive_literal(decoder, pair, summary, COST)
     if solved is not None:
         assert solved.threshold_form
-        assert abs(float(solved.expected_time) - means["time"]) < 1e-12
+        assert abs(float(solved.expected_time) - summary[2]["time"]) < 1e-12
 
 
 def test_literal_is_sensitive(x64):
