@@ -167,9 +167,11 @@ def adaptive_literal(chooser, draft, target, max_lookahead, stop, schedule=None)
     ``[q - p]_+``; all kept, the target's bonus token follows (if a position is left). Returns
     ``(tokens, rejected flags, calls, rounds)``, ``rounds`` the ``(drafted, kept)`` of each call.
 
-    ``schedule = (initial, update)``: a draft length carried from call to call, as HuggingFace's
-    assisted generation does: the first call drafts at most ``initial`` tokens, and after a call
-    that drafted at most ``k`` and kept ``kept`` the next drafts at most ``update(k, kept)``."""
+    ``schedule = (initial, update)``: a draft length carried from call to call, updated after
+    each call as HuggingFace's assisted generation updates ``num_assistant_tokens``: the first
+    call drafts at most ``initial`` tokens, and after a call that drafted at most ``k`` and kept
+    ``kept`` the next drafts at most ``update(k, kept)``. (Near the horizon HuggingFace drafts one
+    token fewer than here, to leave room for the target's token; see ``HeuristicSchedule``.)"""
     _, p_trans = draft
     q_init, q_trans = target
     horizon = q_trans.shape[0]

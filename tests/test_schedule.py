@@ -3,7 +3,8 @@ draft, -1 after a rejection), whose lookahead is a state carried from call to ca
 ways.
 
 * Against a literal transcription (``reference.adaptive_literal`` with a schedule: the next call's
-  length is updated after each call as ``transformers``' ``update_candidate_strategy`` does),
+  length is updated after each call by the rule of ``transformers``'
+  ``update_candidate_strategy``),
   enumerated exactly over every execution path: the law of the tokens (the target's), expected
   calls, rejections, per-position rejected masses, the expected time under a cost model and the
   engine metrics, to 1e-12 in float64.

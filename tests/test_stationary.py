@@ -314,12 +314,84 @@ def test_validation():
     with pytest.raises(ValueError, match="max_lookahead: the long-run rate"):
         specjax.optimal_rate(lift(np.asarray(draft.trans[0]), 3),
                              lift(np.asarray(target.trans[0]), 3), cost, max_lookahead=4)
-    with pytest.raises(ValueError, match="max_lookahead: the long-run rate"):
+    with pytest.raises(ValueError, match="decoder: the long-run rate"):
         specjax.stationary_rate(fixed(5), lift(np.asarray(draft.trans[0]), 3),
                                 lift(np.asarray(target.trans[0]), 3), cost)
     big = lift(np.full((16, 16), 1 / 16), 8)
     with pytest.raises(ValueError, match="V\\*\\*\\(K \\+ 1\\)"):
         specjax.optimal_rate(big, big, cost, max_lookahead=6)
+    with pytest.raises(ValueError, match="threshold must be a finite number"):
+        specjax.stationary_rate(
+            specjax.AdaptiveSpeculative(specjax.RejectionThreshold(1.7), max_lookahead=2),
+            draft, target, cost)
+    moving_table = np.full((40, 3, 3), -1.0)
+    moving_table[:, 2] = 1.0
+    moving_table[0, 1] = 1.0  # a call at position 1 drafts one token, elsewhere two
+    with pytest.raises(ValueError, match="decoder: its ThresholdTable's rows differ"):
+        specjax.stationary_rate(specjax.AdaptiveSpeculative(
+            specjax.ThresholdTable(moving_table), max_lookahead=2), draft, target, cost)
     eye = lift(np.eye(3), 8)  # every call ends where it started: three recurrent classes
-    with pytest.raises(ValueError, match="more than one recurrent class"):
+    with pytest.raises(ValueError, match="target: the chain of call starts has 3 closed"):
         specjax.stationary_rate(fixed(2), eye, eye, cost)
+
+
+def test_relative_values_are_the_finite_horizon_offsets(x64):
+    """``h(a) - h(b)``: how much longer decoding takes from a first call after ``a`` than after
+    ``b``, far from the end (horizon 120; the end's effect cancels in the difference)."""
+    p, q, _, _ = stationary_pair(4, 3)
+    for decoder in (fixed(3), specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.4),
+                                                          max_lookahead=3)):
+        rate = specjax.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
+        times = []
+        for a in range(3):
+            start = jnp.zeros(3).at[a].set(1.0)
+            chains = [specjax.MarkovChain(start, jnp.broadcast_to(jnp.asarray(r), (120, 3, 3)))
+                      for r in (p, q)]
+            times.append(float(specjax.decoding_time(decoder, *chains, COST).expected_time))
+        h = np.asarray(rate.relative_values)
+        np.testing.assert_allclose(np.asarray(times) - times[0], h - h[0], atol=1e-9)
+
+
+def test_transient_tokens_and_convergence(x64):
+    """A target that never returns to token 0 (transient) and rows with zeros: the optimality
+    equation holds at every start token, transient ones included, and the optimum equals brute
+    force; one step of policy iteration (SD with lookahead K) has not converged."""
+    rng = np.random.default_rng(21)
+    q = rng.dirichlet(np.ones(3), size=3)
+    q[:, 0] = 0.0
+    q = q / q.sum(-1, keepdims=True)
+    p = rng.dirichlet(np.full(3, 0.5), size=3)
+    cost = specjax.CostModel(0.2, [0.0, 1.0, 1.2, 1.5])
+    best = specjax.optimal_rate(lift(p, 8), lift(q, 8), cost, max_lookahead=2)
+    assert best.converged and float(best.bellman_residual) < 1e-12
+    rates = sorted(renewal_rate_from(p, q, 2, f, cost) for f in path_policies(3, 2))
+    np.testing.assert_allclose(float(best.time_per_token), rates[0], rtol=1e-12)
+    one = specjax.optimal_rate(lift(p, 8), lift(q, 8), cost, max_lookahead=2, max_iterations=1)
+    assert one.iterations == 1 and not one.converged
+    assert float(one.time_per_token) > float(best.time_per_token)
+
+
+def renewal_rate_from(p, q, max_lookahead, stop, cost):
+    """``renewal_rate`` with the stationary law found by a linear solve restricted to the
+    chain's support (a target with a transient token)."""
+    num_states = len(q)
+    kernel, tokens, times = np.zeros((num_states, num_states)), np.zeros(num_states), []
+    for a in range(num_states):
+        call_stop = (lambda path, a=a: stop(a, path))
+        kernel[a], tokens[a], _ = literal_call(a, p, q, max_lookahead, call_stop)
+        times.append(call_time(a, p, q, max_lookahead, call_stop, cost))
+    mu = np.linalg.matrix_power(kernel, 4096)[1]  # from token 1: the limit law (aperiodic)
+    return float(mu @ np.asarray(times) / (mu @ tokens))
+
+
+def test_constant_schedule_rate_is_that_of_its_length(x64):
+    """A schedule that never changes its length (``increase = decrease = 0``) from ``initial``:
+    the rate of SD with that lookahead, whatever the unreachable lengths would do."""
+    _, _, draft, target = stationary_pair(4, 3)
+    for initial in (2, 3):
+        steady = specjax.HeuristicSchedule(initial, max_lookahead=4, increase=0, decrease=0)
+        got = specjax.stationary_rate(steady, draft, target, COST)
+        want = specjax.stationary_rate(fixed(initial), draft, target, COST)
+        np.testing.assert_allclose(float(got.time_per_token), float(want.time_per_token),
+                                   rtol=1e-12)
+        assert float(jnp.sum(got.start_law[initial - 1])) == pytest.approx(1.0)

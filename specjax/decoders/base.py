@@ -201,9 +201,9 @@ class CallDecoder(Decoder):
       next (HuggingFace's draft-length schedule, ``specjax.HeuristicSchedule``). The decoder
       gives ``initial_call_state``, ``next_call_state(state, kept)`` (ints or arrays: the state
       after a call that kept ``kept`` drafts), and takes ``state=`` as a keyword in
-      ``sample_call`` (an int32 scalar, traced) and in ``call_law``, ``call_law_from`` and
-      ``drafted_call_law_from`` (a static Python int: the exact recursion builds one law per
-      state and carries the mass of call starts per state and previous token).
+      ``sample_call``, ``call_law``, ``call_law_from`` and ``drafted_call_law_from`` (an int32
+      scalar, traced: the exact recursion vectorises the law over the states, one compilation,
+      and carries the mass of call starts per state and previous token).
     """
 
     kind: ClassVar[str] = "call"

@@ -22,6 +22,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.decoders.base import CallLaw
 from specjax.theory.recursion import ExactDecoding
@@ -45,6 +46,17 @@ def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
         law = CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
         drafted = None if drafted is None else jnp.pad(drafted, (0, pad))
     return (law, drafted) if with_drafted else law
+
+
+def next_state_table(decoder, lookahead: int):
+    """``(S, K + 1, S)`` 0/1 NumPy array: ``[s, i, t] = 1`` iff a call in state ``s`` that kept
+    ``i`` drafts leaves the decoder in state ``t`` (``decoder.next_call_state`` on Python ints)."""
+    num = decoder.num_call_states
+    table = np.zeros((num, lookahead + 1, num))
+    for s in range(num):
+        for i in range(lookahead + 1):
+            table[s, i, int(decoder.next_call_state(s, i))] = 1
+    return table
 
 
 def _position(decoder, n) -> dict:
@@ -95,9 +107,7 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
     k = lookahead
     dtype = jnp.result_type(draft.trans.dtype, target.trans.dtype)
     num_call_states = decoder.num_call_states
-    # next_state[s][i]: the call state after a call in state s that kept i drafts (static).
-    next_state = [[int(decoder.next_call_state(s, i)) for i in range(k + 1)]
-                  for s in range(num_call_states)]
+    moves = jnp.asarray(next_state_table(decoder, k), dtype)  # (S, K + 1, S), static
 
     def step(carry, n):
         # starts[j, s]: mass of calls starting at n + j in call state s; filled[j]: (token,
@@ -105,22 +115,22 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
         starts, filled = carry
         # The last token at n + i starts a call at n + i + 1 (index i once shifted).
         new_starts = jnp.concatenate([starts[1:], jnp.zeros_like(starts[:1])])
-        laws, drafts = [], []
-        for s in range(num_call_states):
-            out = call_law_at(decoder, starts[0, s], draft, target, n, lookahead=k,
-                              with_drafted=with_drafted,
-                              state=s if num_call_states > 1 else None)
-            law, drafted = out if with_drafted else (out, jnp.zeros((0,), dtype))
-            ends = law.rejected + law.bonus
-            if num_call_states == 1:
-                new_starts = new_starts.at[:, 0].add(ends)
-            else:
-                for i in range(k + 1):
-                    new_starts = new_starts.at[i, next_state[s][i]].add(ends[i])
-            laws.append(law)
-            drafts.append(drafted)
-        law = CallLaw(*(sum(parts[1:], parts[0]) for parts in zip(*laws)))
-        drafted = sum(drafts[1:], drafts[0])
+
+        def one_state(start, state):
+            out = call_law_at(decoder, start, draft, target, n, lookahead=k,
+                              with_drafted=with_drafted, state=state)
+            return out if with_drafted else (out, jnp.zeros((0,), dtype))
+
+        if num_call_states == 1:
+            law, drafted = one_state(starts[0, 0], None)
+            new_starts = new_starts.at[:, 0].add(law.rejected + law.bonus)
+        else:  # every call state at once: the state is traced, one law is compiled
+            laws, drafts = jax.vmap(one_state)(starts[0], jnp.arange(num_call_states))
+            ends = laws.rejected + laws.bonus  # (S, K + 1, V)
+            new_starts = new_starts + jnp.einsum("siv,sit->itv", ends, moves,
+                                                 precision=jax.lax.Precision.HIGHEST)
+            law = CallLaw(*(jnp.sum(x, axis=0) for x in laws))
+            drafted = jnp.sum(drafts, axis=0)
         kept = jnp.pad(law.kept, ((0, 1), (0, 0)))  # positions n .. n + K
         filled = filled + jnp.stack([kept + law.rejected + law.bonus, law.rejected, law.bonus],
                                     axis=1)

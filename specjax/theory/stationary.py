@@ -20,8 +20,10 @@ The improved policy has, as in the finite-horizon problem, a threshold form (sto
 ``A_i <= tau(i, x_i)``): it is a ``ThresholdTable`` that does not depend on the position. At the
 optimum the optimality equation holds (``OptimalRate.bellman_residual`` is its largest violation).
 
-Assumptions: the policies' call chains are unichain (one recurrent class), e.g. when every target
-row is positive; a chain with more than one recurrent class is refused.
+Assumptions: the chain of call starts reachable from the decoder's initial call state has one
+closed class (found from the transition graph; e.g. every target row positive), so the rate does
+not depend on where decoding starts; otherwise it is refused. Start tokens that the chain leaves
+for good (transient) get ``mu = 0`` and their own ``h``; unreachable call states get 0.
 
 References:
   Howard 1960, "Dynamic programming and Markov processes"; Puterman 1994, "Markov decision
@@ -44,8 +46,10 @@ from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
+from specjax.decoders.base import resolve_run
 from specjax.models.markov import MarkovChain
 from specjax.theory import adaptive as _adaptive
+from specjax.theory.calls import next_state_table
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -83,14 +87,19 @@ class OptimalRate(NamedTuple):
       relative_values: ``h`` ``(V,)`` (``StationaryRate.relative_values`` of the optimum).
       thresholds: ``(K + 1, V)``: stop iff ``A_i <= thresholds[i, x_i]`` (``-1``: always go on;
         ``1``: always stop), the same at every position.
-      threshold_form: whether the thresholds reproduce every decision of the last improvement
-        step on every reachable path.
+      threshold_form: whether these thresholds reproduce every decision of the improvement
+        step that produced them, on every reachable path (``True`` for the starting policy).
       decoder: ``AdaptiveSpeculative(ThresholdTable(...), max_lookahead=K)``, the thresholds
         repeated over the target's ``T`` positions, to run with ``specjax.decode``,
         ``specjax.exact`` or ``specjax.decoding_time`` on the given chains.
       iterations: policy-iteration steps taken.
-      bellman_residual: ``max_a |min E[tau - lambda R + h(y)] - h(a)|`` at the optimum (0 up to
-        rounding when it is optimal).
+      bellman_residual: ``max_a |min E[tau - lambda R + h(y)] - h(a)|`` for the returned policy's
+        ``lambda`` and ``h``, over every start token (recurrent or transient): 0 up to rounding
+        when the optimality equation holds.
+      converged: whether it does (the residual within ``1000 eps`` of the values' scale): the
+        policy is then optimal. ``False`` when ``max_iterations`` ran out, or when the improvement
+        step's decisions are not in threshold form and the thresholds cannot follow them (the
+        policy is then the best found, its ``time_per_token`` exact for it).
     """
 
     tokens_per_time: jax.Array
@@ -101,6 +110,7 @@ class OptimalRate(NamedTuple):
     decoder: AdaptiveSpeculative
     iterations: int
     bellman_residual: jax.Array
+    converged: bool
 
 
 def _stationary_rows(name: str, model: MarkovChain) -> jax.Array:
@@ -120,63 +130,109 @@ def _call_rows(p, q, depth: int):
 def _call_kernel(decoder, p, q, times, *, depth: int):
     """``(P, R, tau)`` of one call of ``decoder`` from each (call state, previous token), on
     stationary rows: ``P`` ``(S V, S V)``, ``R`` and ``tau`` ``(S V,)``; ``times`` ``(K + 1,)``
-    the time of a call drafting ``d`` levels."""
+    the time of a call drafting ``d`` levels. The state is traced (vmapped): one compilation."""
     num_states = q.shape[-1]
     num_call_states = decoder.num_call_states
     p_rows, q_rows = _call_rows(p, q, depth)
     extra = {"position": 1} if decoder.uses_position else {}
+    moves = jnp.asarray(next_state_table(decoder, depth), q.dtype)  # (S, K + 1, S)
 
-    def from_state(s):
-        state = {} if num_call_states == 1 else {"state": s}
-        after = [int(decoder.next_call_state(s, i)) for i in range(depth + 1)]
+    def one(state, a):
+        start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
+        keyword = {} if num_call_states == 1 else {"state": state}
+        if hasattr(decoder, "drafted_call_law_from"):
+            law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
+                                                         with_bonus=True, **extra, **keyword)
+            time = jnp.dot(drafted, times, precision=_HIGHEST)
+        else:
+            law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
+            time = times[depth]
+        ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
+        row = jnp.einsum("iv,it->tv", ends, moves[state], precision=_HIGHEST)
+        tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
+        return row.reshape(-1), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
 
-        def one(a):
-            start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
-            if hasattr(decoder, "drafted_call_law_from"):
-                law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
-                                                             with_bonus=True, **extra, **state)
-                time = jnp.dot(drafted, times, precision=_HIGHEST)
-            else:
-                law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
-                time = times[depth]
-            ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
-            row = jnp.zeros((num_call_states, num_states), q.dtype)
-            for i in range(depth + 1):
-                row = row.at[after[i]].add(ends[i])
-            tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
-            return row.reshape(-1), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
+    def from_state(state):
+        return jax.lax.map(functools.partial(one, state), jnp.arange(num_states))
 
-        return jax.lax.map(one, jnp.arange(num_states))
-
-    parts = [from_state(s) for s in range(num_call_states)]
-    return tuple(jnp.concatenate(x) for x in zip(*parts))
+    parts = jax.vmap(from_state)(jnp.arange(num_call_states))
+    return tuple(x.reshape((num_call_states * num_states,) + x.shape[2:]) for x in parts)
 
 
-def _solve_rate(kernel, tokens, times):
-    """``(lambda, mu, h)`` of a unichain call chain: ``mu`` stationary, ``mu . h = 0``,
-    ``(I - P) h = tau - lambda R``."""
-    num_states = kernel.shape[0]
-    eye = jnp.eye(num_states, dtype=kernel.dtype)
-    ones = jnp.ones((num_states,), kernel.dtype)
-    system = (eye - kernel).T.at[-1].set(ones)
-    mu = jnp.linalg.solve(system, eye[-1])
-    residual = float(jnp.max(jnp.abs(mu @ kernel - mu)))
-    if not np.isfinite(residual) or residual > 1e-3 or float(jnp.min(mu)) < -1e-3:
-        raise ValueError("target: the calls' chain over start tokens has more than one "
-                         "recurrent class (no unique stationary law); the long-run rate depends "
-                         "on the first token")
+def _closure(adjacency: np.ndarray) -> np.ndarray:
+    """Reachability (reflexive, transitive) of a boolean ``(n, n)`` adjacency, by squaring."""
+    reach = adjacency | np.eye(len(adjacency), dtype=bool)
+    while True:
+        wider = (reach.astype(np.float64) @ reach.astype(np.float64)) > 0
+        if np.array_equal(wider, reach):
+            return reach
+        reach = wider
+
+
+def _recurrent_part(kernel, starts: np.ndarray, argument: str) -> np.ndarray:
+    """The states reachable from ``starts`` (a boolean mask), after checking that they hold one
+    closed class: otherwise the long-run rate depends on where decoding starts (``ValueError``
+    naming ``argument``). An edge is a transition of probability above rounding."""
+    matrix = np.asarray(kernel, np.float64)
+    tiny = 64 * float(jnp.finfo(kernel.dtype).eps)
+    reach = _closure(matrix > tiny)
+    reachable = reach[starts].any(axis=0)
+    recurrent = reachable & np.all(~reach | reach.T, axis=1)  # i reaches j => j reaches i
+    classes = {tuple(np.flatnonzero(reach[i])) for i in np.flatnonzero(recurrent)}
+    if len(classes) != 1:
+        raise ValueError(f"{argument}: the chain of call starts has {len(classes)} closed "
+                         f"classes reachable from the start, so the long-run rate depends on "
+                         f"where decoding starts (e.g. a target row that never leaves a set of "
+                         f"tokens, or a schedule whose length never changes)")
+    return reachable
+
+
+def _solve_rate(kernel, tokens, times, part: np.ndarray):
+    """``(lambda, mu, h)`` of the call chain restricted to ``part`` (closed, one closed class):
+    ``mu`` stationary, ``mu . h = 0``, ``(I - P) h = tau - lambda R`` on ``part``; ``mu`` and
+    ``h`` are 0 outside it."""
+    index = jnp.asarray(np.flatnonzero(part))
+    sub = kernel[index][:, index]
+    size = sub.shape[0]
+    eye = jnp.eye(size, dtype=kernel.dtype)
+    ones = jnp.ones((size,), kernel.dtype)
+    mu = jnp.linalg.solve((eye - sub).T.at[-1].set(ones), eye[-1])
     mu = jnp.clip(mu, 0, None) / jnp.sum(jnp.clip(mu, 0, None))
-    lam = (mu @ times) / (mu @ tokens)
-    h = jnp.linalg.solve(eye - kernel + jnp.outer(ones, mu), times - lam * tokens)
-    return lam, mu, h
+    lam = (mu @ times[index]) / (mu @ tokens[index])
+    h = jnp.linalg.solve(eye - sub + jnp.outer(ones, mu), times[index] - lam * tokens[index])
+    zeros = jnp.zeros(kernel.shape[:1], kernel.dtype)
+    return lam, zeros.at[index].set(mu), zeros.at[index].set(h)
 
 
-def _check_depth(depth: int, horizon: int) -> None:
+def _evaluate(decoder, p, q, times, depth: int, argument: str):
+    """``(lambda, mu, h, R, tau)`` of a decoder's call chain from its initial call state."""
+    kernel, tokens, call_times = _call_kernel(decoder, p, q, times, depth=depth)
+    num_states = q.shape[-1]
+    starts = np.zeros(kernel.shape[0], bool)
+    first = decoder.initial_call_state * num_states
+    starts[first:first + num_states] = True  # any token, in the initial call state
+    part = _recurrent_part(kernel, starts, argument)
+    lam, mu, h = _solve_rate(kernel, tokens, call_times, part)
+    return lam, mu, h, tokens, call_times
+
+
+def _check_stationary_policy(decoder) -> None:
+    """A threshold table must not depend on the position: the long run has none."""
+    policy = getattr(decoder, "policy", None)
+    if isinstance(policy, ThresholdTable):
+        table = np.asarray(policy.thresholds)
+        if not np.array_equal(table, np.broadcast_to(table[:1], table.shape)):
+            raise ValueError("decoder: its ThresholdTable's rows differ from position to "
+                             "position, and the long run has no position; give the same row "
+                             "at every position")
+
+
+def _check_depth(argument: str, depth: int, horizon: int) -> None:
     """A call of ``K`` drafts is evaluated on the stationary rows without a horizon, but the
     decoder's own settings (a threshold table's rows, its exact checks) are those of the chains:
     they must have room for ``K`` drafts."""
     if depth > horizon:
-        raise ValueError(f"max_lookahead: the long-run rate is for calls of up to K = {depth} "
+        raise ValueError(f"{argument}: the long-run rate is for calls of up to K = {depth} "
                          f"drafts, beyond the chains' horizon T = {horizon}; give stationary "
                          f"chains with T >= K (only their rows are used)")
 
@@ -194,9 +250,11 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
 
     Args:
       decoder: a call-level decoder (``AdaptiveSpeculative``, ``HeuristicSchedule``,
-        ``TokenTree``, ``DynamicTree``, block verification, the multi-draft verifiers): its
-        call law from each previous token (and call state) is evaluated once on the stationary
-        rows, with ``K = decoder.lookahead`` drafts (no horizon). For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
+        ``TokenTree``, ``DynamicTree``, ``BlockVerification``): its call law from each previous
+        token (and call state) is evaluated once on the stationary rows, with
+        ``K = decoder.lookahead`` drafts (no horizon). A policy is evaluated as it acts at a
+        call started at position 1: a ``ThresholdTable`` whose rows differ by position is
+        refused; a ``StoppingRule`` that reads ``state.position`` is taken at position 1. For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
         max_lookahead=K)``.
       draft, target: stationary ``MarkovChain``s (the same rows at every position; the horizon
         and the prompt's law are not used).
@@ -206,9 +264,11 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
       ``StationaryRate``.
 
     Raises:
-      ValueError: a decoder that is not call-level, chains that are not stationary
-        ``MarkovChain``s, a bad ``cost`` or a table too short, a call chain with more than one
-        recurrent class.
+      ValueError: a decoder that is not call-level or whose settings are invalid (as
+        ``specjax.exact``), a lookahead beyond the chains' ``T``, a position-dependent threshold
+        table, chains that are not stationary ``MarkovChain``s, a bad ``cost`` or a table too
+        short, a chain of call starts with more than one closed class reachable from the
+        initial call state (the rate would depend on where decoding starts).
 
     Example:
       >>> import jax.numpy as jnp
@@ -226,16 +286,18 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
         raise ValueError(f"decoder must be a call-level decoder for stationary_rate, got "
                          f"{type(decoder).__name__} (for SD with lookahead K use "
                          f"AdaptiveSpeculative(FixedLength(K), max_lookahead=K))")
+    resolve_run(decoder, draft, target)  # the decoder's settings, the models' values
     _adaptive._check_models(draft, target, cost, 1)
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     depth = decoder.lookahead
-    _check_depth(depth, target.horizon)
+    _check_depth("decoder", depth, target.horizon)
+    _check_stationary_policy(decoder)
     if hasattr(decoder, "check_exact"):
         decoder.check_exact(q.shape[-1], target.horizon)
     dtype = q.dtype
     times = _work_times(decoder, depth, cost, dtype)
-    kernel, tokens, call_times = _call_kernel(decoder, p, q, times, depth=depth)
-    lam, mu, h = _solve_rate(kernel, tokens, call_times)
+    argument = "decoder" if decoder.num_call_states > 1 else "target"
+    lam, mu, h, tokens, call_times = _evaluate(decoder, p, q, times, depth, argument)
     shape = (decoder.num_call_states, q.shape[-1]) if decoder.num_call_states > 1 else (-1,)
     return StationaryRate(tokens_per_time=1 / lam, time_per_token=lam,
                           tokens_per_call=mu @ tokens, time_per_call=mu @ call_times,
@@ -266,7 +328,8 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
 
     Policy iteration on the average-cost semi-Markov decision problem whose epochs are the target
     calls (module docstring): it starts from drafting ``K`` tokens every call and stops when the
-    time per token no longer decreases.
+    optimality equation holds for every start token (``converged``), when the time per token
+    would increase (rounding), when the policy no longer changes, or after ``max_iterations``.
 
     Args:
       draft, target: stationary ``MarkovChain``s (concrete; the same rows at every position).
@@ -303,8 +366,7 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     num_states, depth = q.shape[-1], max_lookahead
     cost.target_time(depth + 1)  # a table too short raises here, before any work
-    _check_depth(depth, target.horizon)
-    _adaptive._check_paths(num_states, depth)
+    _check_depth("max_lookahead", depth, target.horizon)
     if num_states ** (depth + 1) > MAX_PATHS:  # each policy is evaluated by its decoder's law
         raise ValueError(f"max_lookahead: evaluating a policy enumerates V**(K + 1) = "
                          f"{num_states}**{depth + 1} drafted paths, beyond {MAX_PATHS} (2**22); "
@@ -314,20 +376,27 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
                                             max_lookahead=depth), depth, cost, dtype)
     # Start from SD with lookahead K: go on before depth K, stop there.
     thresholds = jnp.full((depth + 1, num_states), -1.0, dtype).at[depth].set(1.0)
-    separated = True
-    best = None
+    separated, best, residual = True, None, None
+    eps = float(jnp.finfo(dtype).eps)
     iterations = 0
     for iterations in range(1, max_iterations + 1):
         policy = _policy(thresholds, target.horizon, depth)
-        lam, _, h = _solve_rate(*_call_kernel(policy, p, q, times, depth=depth))
-        tolerance = 64 * float(jnp.finfo(dtype).eps) * float(lam)
-        if best is not None and float(lam) >= float(best[0]) - tolerance:
-            break
+        lam, _, h, _, _ = _evaluate(policy, p, q, times, depth, "target")
+        if best is not None and float(lam) > float(best[0]) * (1 + 64 * eps):
+            break  # no better (rounding): keep the previous policy
         best = (lam, h, thresholds, separated, policy)
-        _, stop_max, go_min = _improve(p, q, h, lam, depth=depth, cost=cost)
-        thresholds, separated = _adaptive._read_thresholds(stop_max, go_min)
-    lam, h, thresholds, separated, policy = best
-    values, _, _ = _improve(p, q, h, lam, depth=depth, cost=cost)
+        values, stop_max, go_min = _improve(p, q, h, lam, depth=depth, cost=cost)
+        residual = jnp.max(jnp.abs(values - h))
+        scale = max(1.0, float(jnp.max(jnp.abs(h))), float(times[-1]), float(lam) * depth)
+        if float(residual) <= 1e3 * eps * scale:
+            break  # the optimality equation holds: no policy does better
+        new, new_separated = _adaptive._read_thresholds(stop_max, go_min)
+        if bool(jnp.all(new == thresholds)):
+            break  # the improvement does not change the policy (not in threshold form)
+        thresholds, separated = new, new_separated
+    lam, h, thresholds, separated, policy = best  # residual: this policy's (set with best)
+    scale = max(1.0, float(jnp.max(jnp.abs(h))), float(times[-1]), float(lam) * depth)
     return OptimalRate(tokens_per_time=1 / lam, time_per_token=lam, relative_values=h,
                        thresholds=thresholds, threshold_form=separated, decoder=policy,
-                       iterations=iterations, bellman_residual=jnp.max(jnp.abs(values - h)))
+                       iterations=iterations, bellman_residual=residual,
+                       converged=float(residual) <= 1e3 * eps * scale)
