@@ -156,18 +156,13 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
     dtype = target_trans.dtype
     k = lookahead
 
-    def costs(depth):
-        stop = jnp.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
-                            for d in range(depth + 1)], dtype)
-        return jnp.asarray(cost.draft_cost, dtype), stop
-
     window = jnp.zeros((k + 1, num_states), dtype)  # W(n + 1) .. W(n + K + 1)
     values, stop_max, go_min = [], [], []
     num_full = max(horizon - k, 0)
     for n in range(horizon, num_full, -1):  # the last calls: fewer drafts, static shapes
         depth = horizon - n + 1
         w, s, g = _solve_position(draft_trans[n - 1:], target_trans[n - 1:], None,
-                                  window[:depth + 1], costs(depth))
+                                  window[:depth + 1], call_costs(cost, depth, dtype))
         window = jnp.concatenate([w[None], window[:-1]])
         pad = ((0, k - depth), (0, 0))
         values.append(w)
@@ -178,7 +173,7 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
         p_rows = jax.lax.dynamic_slice_in_dim(draft_trans, n - 1, k)
         q_rows = jax.lax.dynamic_slice_in_dim(target_trans, n - 1, k)
         bonus_row = jax.lax.dynamic_index_in_dim(target_trans, n - 1 + k, keepdims=False)
-        w, s, g = _solve_position(p_rows, q_rows, bonus_row, window, costs(k))
+        w, s, g = _solve_position(p_rows, q_rows, bonus_row, window, call_costs(cost, k, dtype))
         return jnp.concatenate([w[None], window[:-1]]), (w, s, g)
 
     parts = [tuple(jnp.stack(x) for x in (values, stop_max, go_min))] if values else []
@@ -187,6 +182,14 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
         parts.append(out)
     values, stop_max, go_min = (jnp.concatenate(x)[::-1] for x in zip(*parts))
     return values, stop_max, go_min  # position n = 1..T first
+
+
+def call_costs(cost, depth: int, dtype):
+    """``(draft_cost, stop costs)`` of ``_solve_position``: a draft pass, and ``(depth + 1,)``
+    the time of the target call (and overhead) after ``d = 0..depth`` drafts."""
+    stop = jnp.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
+                        for d in range(depth + 1)], dtype)
+    return jnp.asarray(cost.draft_cost, dtype), stop
 
 
 def _read_thresholds(stop_max, go_min):
@@ -204,24 +207,12 @@ def _read_thresholds(stop_max, go_min):
     return jnp.concatenate([thresholds, last], axis=-2), separated
 
 
-def _check_models(draft, target, cost, max_lookahead) -> None:
-    from specjax.theory.cost import _check_cost  # noqa: PLC0415 - avoids a cycle
-
-    _check_cost(cost)
-    _checks.check_static_int("max_lookahead", max_lookahead)
-    if max_lookahead < 1:
-        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
+def check_chains(draft, target) -> None:
+    """Two ``MarkovChain``s of the same shape."""
     for name, model in (("draft", draft), ("target", target)):
         if not isinstance(model, MarkovChain):
             raise ValueError(f"{name} must be a MarkovChain, got {type(model).__name__}")
     _checks.check_same_shape(draft, target)
-
-
-def _check_paths(num_states: int, k: int) -> None:
-    if num_states**k > MAX_PATHS * 4:
-        raise ValueError(f"max_lookahead: the backward induction enumerates V**K = "
-                         f"{num_states}**{k} drafted paths per previous token, beyond "
-                         f"{MAX_PATHS * 4} (2**24); use a smaller max_lookahead")
 
 
 def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopping:
@@ -252,11 +243,18 @@ def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopp
       >>> bool(best.expected_time <= fixed.expected_time), best.threshold_form
       (True, True)
     """
-    _check_models(draft, target, cost, max_lookahead)
+    from specjax.theory.cost import _check_cost  # noqa: PLC0415 - avoids a cycle
+
+    _check_cost(cost)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    check_chains(draft, target)
     horizon, num_states = target.horizon, target.num_states
     k = min(max_lookahead, horizon)
     cost.target_time(k + 1)  # a table too short raises here, before any work
-    _check_paths(num_states, k)
+    if num_states**k > MAX_PATHS * 4:
+        raise ValueError(f"max_lookahead: the backward induction enumerates V**K = "
+                         f"{num_states}**{k} drafted paths per previous token, beyond "
+                         f"{MAX_PATHS * 4} (2**24); use a smaller max_lookahead")
     values, stop_max, go_min = _backward(draft.trans, target.trans, lookahead=k, cost=cost)
     dtype = values.dtype
     thresholds, separated = _read_thresholds(stop_max, go_min)

@@ -35,17 +35,27 @@ def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
 
     With ``with_drafted`` (a decoder whose draft length is random: ``drafted_call_law_from``),
     the pair ``(law, drafted)``, ``drafted`` ``(K + 1,)`` the mass of calls drafting exactly ``d``
-    tokens, both from one enumeration of the call. ``state``: the call state (static) of a
+    tokens, both from one enumeration of the call. ``state``: the call state (traced) of a
     decoder with ``num_call_states > 1``."""
     p_rows, q_rows, bonus_row, pad = _call_rows(draft, target, n, lookahead)
-    law_from = decoder.drafted_call_law_from if with_drafted else decoder.call_law_from
-    extra = _position(decoder, n) | ({} if state is None else {"state": state})
-    out = law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None, **extra)
+    out = law_from_rows(decoder, start, p_rows, q_rows, bonus_row, position=n, state=state,
+                        with_drafted=with_drafted)
     law, drafted = out if with_drafted else (out, None)
     if pad:
         law = CallLaw(*(jnp.pad(x, ((0, pad), (0, 0))) for x in law))
         drafted = None if drafted is None else jnp.pad(drafted, (0, pad))
     return (law, drafted) if with_drafted else law
+
+
+def law_from_rows(decoder, start, p_rows, q_rows, bonus_row, *, position, state=None,
+                  with_drafted: bool = False):
+    """The decoder's ``call_law_from`` (or ``drafted_call_law_from`` with ``with_drafted``) on
+    the rows of one call, with the keywords its hooks take: the call's 1-based ``position``
+    (``uses_position``) and its call ``state`` (``None`` for a stateless decoder); the bonus
+    row is ``None`` past the horizon."""
+    law_from = decoder.drafted_call_law_from if with_drafted else decoder.call_law_from
+    extra = _position(decoder, position) | ({} if state is None else {"state": state})
+    return law_from(start, p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None, **extra)
 
 
 def next_state_table(decoder, lookahead: int):

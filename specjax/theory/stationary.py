@@ -49,7 +49,10 @@ from specjax.decoders.base import check_decoder
 from specjax.decoders.base import resolve_run
 from specjax.models.markov import MarkovChain
 from specjax.theory import adaptive as _adaptive
+from specjax.theory.calls import law_from_rows
 from specjax.theory.calls import next_state_table
+from specjax.theory.cost import _check_cost
+from specjax.theory.cost import depth_works
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -113,9 +116,14 @@ class OptimalRate(NamedTuple):
     converged: bool
 
 
+def _same_at_every_position(table) -> bool:
+    """Whether a ``(T, ...)`` array repeats its first row along ``T``."""
+    table = np.asarray(table)
+    return bool(np.array_equal(table, np.broadcast_to(table[:1], table.shape)))
+
+
 def _stationary_rows(name: str, model: MarkovChain) -> jax.Array:
-    trans = np.asarray(model.trans)
-    if not np.array_equal(trans, np.broadcast_to(trans[:1], trans.shape)):
+    if not _same_at_every_position(model.trans):
         raise ValueError(f"{name} must be a stationary MarkovChain (the same transition rows at "
                          "every position) for the long-run rate; use decoding_time or "
                          "optimal_stopping for a non-stationary chain")
@@ -134,19 +142,19 @@ def _call_kernel(decoder, p, q, times, *, depth: int):
     num_states = q.shape[-1]
     num_call_states = decoder.num_call_states
     p_rows, q_rows = _call_rows(p, q, depth)
-    extra = {"position": 1} if decoder.uses_position else {}
     moves = jnp.asarray(next_state_table(decoder, depth), q.dtype)  # (S, K + 1, S)
+    random_length = hasattr(decoder, "drafted_call_law_from")
 
     def one(state, a):
         start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
-        keyword = {} if num_call_states == 1 else {"state": state}
-        if hasattr(decoder, "drafted_call_law_from"):
-            law, drafted = decoder.drafted_call_law_from(start, p_rows, q_rows, q,
-                                                         with_bonus=True, **extra, **keyword)
+        out = law_from_rows(decoder, start, p_rows, q_rows, q, position=1,
+                            state=state if num_call_states > 1 else None,
+                            with_drafted=random_length)
+        if random_length:
+            law, drafted = out
             time = jnp.dot(drafted, times, precision=_HIGHEST)
         else:
-            law = decoder.call_law_from(start, p_rows, q_rows, q, with_bonus=True, **extra)
-            time = times[depth]
+            law, time = out, times[depth]
         ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
         row = jnp.einsum("iv,it->tv", ends, moves[state], precision=_HIGHEST)
         tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
@@ -219,12 +227,10 @@ def _evaluate(decoder, p, q, times, depth: int, argument: str):
 def _check_stationary_policy(decoder) -> None:
     """A threshold table must not depend on the position: the long run has none."""
     policy = getattr(decoder, "policy", None)
-    if isinstance(policy, ThresholdTable):
-        table = np.asarray(policy.thresholds)
-        if not np.array_equal(table, np.broadcast_to(table[:1], table.shape)):
-            raise ValueError("decoder: its ThresholdTable's rows differ from position to "
-                             "position, and the long run has no position; give the same row "
-                             "at every position")
+    if isinstance(policy, ThresholdTable) and not _same_at_every_position(policy.thresholds):
+        raise ValueError("decoder: its ThresholdTable's rows differ from position to position, "
+                         "and the long run has no position; give the same row at every "
+                         "position")
 
 
 def _check_depth(argument: str, depth: int, horizon: int) -> None:
@@ -238,8 +244,6 @@ def _check_depth(argument: str, depth: int, horizon: int) -> None:
 
 
 def _work_times(decoder, depth: int, cost, dtype) -> jax.Array:
-    from specjax.theory.cost import depth_works  # noqa: PLC0415 - avoids a cycle
-
     passes, scored = depth_works(decoder, depth)
     return jnp.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
                         for d, s in zip(passes, scored)], dtype)
@@ -254,8 +258,8 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
         token (and call state) is evaluated once on the stationary rows, with
         ``K = decoder.lookahead`` drafts (no horizon). A policy is evaluated as it acts at a
         call started at position 1: a ``ThresholdTable`` whose rows differ by position is
-        refused; a ``StoppingRule`` that reads ``state.position`` is taken at position 1. For SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K),
-        max_lookahead=K)``.
+        refused; a ``StoppingRule`` that reads ``state.position`` is taken at position 1. For
+        SD with lookahead ``K`` use ``AdaptiveSpeculative(FixedLength(K), max_lookahead=K)``.
       draft, target: stationary ``MarkovChain``s (the same rows at every position; the horizon
         and the prompt's law are not used).
       cost: a ``specjax.CostModel``.
@@ -287,7 +291,8 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
                          f"{type(decoder).__name__} (for SD with lookahead K use "
                          f"AdaptiveSpeculative(FixedLength(K), max_lookahead=K))")
     resolve_run(decoder, draft, target)  # the decoder's settings, the models' values
-    _adaptive._check_models(draft, target, cost, 1)
+    _check_cost(cost)
+    _adaptive.check_chains(draft, target)
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     depth = decoder.lookahead
     _check_depth("decoder", depth, target.horizon)
@@ -311,10 +316,8 @@ def _improve(p, q, h, lam, *, depth: int, cost):
     dtype = q.dtype
     p_rows, q_rows = _call_rows(p, q, depth)
     after = h[None] - lam * jnp.arange(1, depth + 2, dtype=dtype)[:, None]
-    stop = jnp.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
-                        for d in range(depth + 1)], dtype)
-    costs = (jnp.asarray(cost.draft_cost, dtype), stop)
-    return _adaptive._solve_position(p_rows, q_rows, q, after, costs)
+    return _adaptive._solve_position(p_rows, q_rows, q, after,
+                                     _adaptive.call_costs(cost, depth, dtype))
 
 
 def _policy(thresholds, horizon: int, depth: int) -> AdaptiveSpeculative:
@@ -361,7 +364,9 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
       >>> bool(best.tokens_per_time >= fixed.tokens_per_time)
       True
     """
-    _adaptive._check_models(draft, target, cost, max_lookahead)
+    _check_cost(cost)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    _adaptive.check_chains(draft, target)
     _checks.check_static_int("max_iterations", max_iterations)
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     num_states, depth = q.shape[-1], max_lookahead
@@ -372,31 +377,32 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
                          f"{num_states}**{depth + 1} drafted paths, beyond {MAX_PATHS} (2**22); "
                          f"use a smaller max_lookahead")
     dtype = q.dtype
-    times = _work_times(AdaptiveSpeculative(ThresholdTable(jnp.zeros((1, depth + 1, 1))),
-                                            max_lookahead=depth), depth, cost, dtype)
+    eps = float(jnp.finfo(dtype).eps)
     # Start from SD with lookahead K: go on before depth K, stop there.
     thresholds = jnp.full((depth + 1, num_states), -1.0, dtype).at[depth].set(1.0)
-    separated, best, residual = True, None, None
-    eps = float(jnp.finfo(dtype).eps)
+    policy = _policy(thresholds, target.horizon, depth)
+    times = _work_times(policy, depth, cost, dtype)
+    separated, best = True, None
     iterations = 0
     for iterations in range(1, max_iterations + 1):
-        policy = _policy(thresholds, target.horizon, depth)
         lam, _, h, _, _ = _evaluate(policy, p, q, times, depth, "target")
-        if best is not None and float(lam) > float(best[0]) * (1 + 64 * eps):
+        if best is not None and float(lam) > float(best["lam"]) * (1 + 64 * eps):
             break  # no better (rounding): keep the previous policy
-        best = (lam, h, thresholds, separated, policy)
         values, stop_max, go_min = _improve(p, q, h, lam, depth=depth, cost=cost)
         residual = jnp.max(jnp.abs(values - h))
         scale = max(1.0, float(jnp.max(jnp.abs(h))), float(times[-1]), float(lam) * depth)
-        if float(residual) <= 1e3 * eps * scale:
+        best = dict(lam=lam, h=h, thresholds=thresholds, separated=separated, policy=policy,
+                    residual=residual, converged=float(residual) <= 1e3 * eps * scale)
+        if best["converged"]:
             break  # the optimality equation holds: no policy does better
-        new, new_separated = _adaptive._read_thresholds(stop_max, go_min)
+        new, separated = _adaptive._read_thresholds(stop_max, go_min)
         if bool(jnp.all(new == thresholds)):
             break  # the improvement does not change the policy (not in threshold form)
-        thresholds, separated = new, new_separated
-    lam, h, thresholds, separated, policy = best  # residual: this policy's (set with best)
-    scale = max(1.0, float(jnp.max(jnp.abs(h))), float(times[-1]), float(lam) * depth)
-    return OptimalRate(tokens_per_time=1 / lam, time_per_token=lam, relative_values=h,
-                       thresholds=thresholds, threshold_form=separated, decoder=policy,
-                       iterations=iterations, bellman_residual=residual,
-                       converged=float(residual) <= 1e3 * eps * scale)
+        thresholds = new
+        policy = _policy(thresholds, target.horizon, depth)
+    lam = best["lam"]
+    return OptimalRate(tokens_per_time=1 / lam, time_per_token=lam,
+                       relative_values=best["h"], thresholds=best["thresholds"],
+                       threshold_form=best["separated"], decoder=best["policy"],
+                       iterations=iterations, bellman_residual=best["residual"],
+                       converged=best["converged"])
