@@ -109,3 +109,23 @@ def edge_pair(num_states=4, horizon=4):
     q[1, 1] = [0.4, 0.2, 0.2, 0.2]  # p = 0 where q > 0
     init = np.array([0.25, 0.25, 0.5, 0.0])
     return (init, p), (init, q)
+
+
+def lift(rows, horizon):
+    """A stationary ``MarkovChain``: the ``(V, V)`` rows at each of ``horizon`` positions, a
+    uniform first token."""
+    import jax.numpy as jnp
+    import specjax
+
+    rows = jnp.asarray(rows)
+    num_states = rows.shape[-1]
+    return specjax.MarkovChain(jnp.full((num_states,), 1 / num_states, rows.dtype),
+                               jnp.broadcast_to(rows, (horizon,) + rows.shape))
+
+
+def stationary_pair(seed, num_states, horizon=40, concentration=1.0):
+    """``(p rows, q rows, draft, target)``: Dirichlet rows (NumPy) and their stationary chains."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(num_states, concentration), size=num_states)
+    q = rng.dirichlet(np.full(num_states, concentration), size=num_states)
+    return p, q, lift(p, horizon), lift(q, horizon)

@@ -32,6 +32,7 @@ import stats
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
+from conftest import stationary_pair
 
 COST = specjax.CostModel(0.15, [0.0, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7], call_overhead=0.05)
 
@@ -144,12 +145,8 @@ def test_literal_simulation_of_time_fits_exact(name):
 
 # ----------------------------------------------------------------------------- long run
 def stationary(seed, num_states, horizon):
-    rng = np.random.default_rng(seed)
-    rows = [rng.dirichlet(np.ones(num_states), size=num_states) for _ in range(2)]
-    init = np.full(num_states, 1 / num_states)
-    return tuple(specjax.MarkovChain(jnp.asarray(init), jnp.broadcast_to(jnp.asarray(r),
-                                                                         (horizon,) + r.shape))
-                 for r in rows)
+    """The stationary ``(draft, target)`` of ``conftest.stationary_pair``."""
+    return stationary_pair(seed, num_states, horizon)[2:]
 
 
 def test_stationary_rate_is_the_growth_of_the_finite_horizon_time(x64):

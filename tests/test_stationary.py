@@ -26,22 +26,10 @@ import pytest
 import specjax
 import stats
 from conftest import edge_pair
+from conftest import lift
+from conftest import stationary_pair
 
 COST = specjax.CostModel(0.15, [0.0, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7], call_overhead=0.05)
-
-
-def stationary_pair(seed, num_states, horizon=40, concentration=1.0):
-    rng = np.random.default_rng(seed)
-    p = rng.dirichlet(np.full(num_states, concentration), size=num_states)
-    q = rng.dirichlet(np.full(num_states, concentration), size=num_states)
-    return p, q, lift(p, horizon), lift(q, horizon)
-
-
-def lift(rows, horizon):
-    rows = jnp.asarray(rows)
-    num_states = rows.shape[-1]
-    return specjax.MarkovChain(jnp.full((num_states,), 1 / num_states, rows.dtype),
-                               jnp.broadcast_to(rows, (horizon,) + rows.shape))
 
 
 def literal_call(a, p, q, max_lookahead, stop):
@@ -80,8 +68,9 @@ def literal_call(a, p, q, max_lookahead, stop):
     return end, tokens, drafts
 
 
-def renewal_rate(p, q, max_lookahead, stop, cost):
-    """Time per token of a stationary policy by the renewal-reward theorem (NumPy float64)."""
+def literal_call_chain(p, q, max_lookahead, stop, cost):
+    """The chain of call starts of a stationary policy ``stop(a, path)``, by the literal call
+    from each start token ``a`` (NumPy float64): ``(kernel, E[tokens], E[time])``."""
     num_states = len(q)
     kernel, tokens, times = np.zeros((num_states, num_states)), np.zeros(num_states), []
     for a in range(num_states):
@@ -89,10 +78,17 @@ def renewal_rate(p, q, max_lookahead, stop, cost):
         kernel[a], tokens[a], _ = literal_call(a, p, q, max_lookahead, call_stop)
         # The time of the call: its drafts and the tokens the target scores, path by path.
         times.append(call_time(a, p, q, max_lookahead, call_stop, cost))
+    return kernel, tokens, np.asarray(times)
+
+
+def renewal_rate(p, q, max_lookahead, stop, cost):
+    """Time per token of a stationary policy by the renewal-reward theorem (NumPy float64), the
+    stationary law an eigenvector of the call chain (irreducible)."""
+    kernel, tokens, times = literal_call_chain(p, q, max_lookahead, stop, cost)
     values, vectors = np.linalg.eig(kernel.T)
     mu = np.real(vectors[:, np.argmin(np.abs(values - 1))])
     mu = mu / mu.sum()
-    return float(mu @ np.asarray(times) / (mu @ tokens))
+    return float(mu @ times / (mu @ tokens))
 
 
 def call_time(a, p, q, max_lookahead, stop, cost):
@@ -372,16 +368,11 @@ def test_transient_tokens_and_convergence(x64):
 
 
 def renewal_rate_from(p, q, max_lookahead, stop, cost):
-    """``renewal_rate`` with the stationary law found by a linear solve restricted to the
-    chain's support (a target with a transient token)."""
-    num_states = len(q)
-    kernel, tokens, times = np.zeros((num_states, num_states)), np.zeros(num_states), []
-    for a in range(num_states):
-        call_stop = (lambda path, a=a: stop(a, path))
-        kernel[a], tokens[a], _ = literal_call(a, p, q, max_lookahead, call_stop)
-        times.append(call_time(a, p, q, max_lookahead, call_stop, cost))
+    """``renewal_rate`` with the stationary law the limit of the call chain from token 1 (a
+    target with a transient token: the eigenvector may not be unique there)."""
+    kernel, tokens, times = literal_call_chain(p, q, max_lookahead, stop, cost)
     mu = np.linalg.matrix_power(kernel, 4096)[1]  # from token 1: the limit law (aperiodic)
-    return float(mu @ np.asarray(times) / (mu @ tokens))
+    return float(mu @ times / (mu @ tokens))
 
 
 def test_constant_schedule_rate_is_that_of_its_length(x64):
