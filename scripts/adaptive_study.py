@@ -268,28 +268,24 @@ def parse(argv):
     parser.add_argument("--grid", type=int, default=19, help="thresholds per heuristic")
     parser.add_argument("--sim-cost", type=float, default=0.1)
     parser.add_argument("--num-chains", type=int, default=20_000)
-    parser.add_argument("--horizon", type=int, default=32, help="T of the n-gram instance")
-    parser.add_argument("--max-bytes", type=int, default=1_000_000)
-    parser.add_argument("--skip-ngram", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path,
-                        default=ROOT / "docs" / "adaptive_drafting.png")
+    _token_tree_study().instance_arguments(parser, ROOT / "docs" / "adaptive_drafting.png")
     return parser.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse(argv)
-    with jax.enable_x64(True):  # float64 throughout; the previous setting is restored
-        return _run(args)
-
-
-def _run(args):
+def _token_tree_study():
+    """``scripts/token_tree_study.py``: its instances, run by ``run_instances``."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import token_tree_study  # noqa: PLC0415 - the same instances as its study
     finally:
         sys.path.pop(0)
-    return token_tree_study.run_instances(args, study, plot)
+    return token_tree_study
+
+
+def main(argv=None):
+    args = parse(argv)
+    with jax.enable_x64(True):  # float64 throughout; the previous setting is restored
+        return _token_tree_study().run_instances(args, study, plot)
 
 
 if __name__ == "__main__":

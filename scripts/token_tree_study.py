@@ -352,13 +352,19 @@ def parse(argv):
     parser.add_argument("--num-chains", type=int, default=20_000)
     parser.add_argument("--dynamic-chains", type=int, default=2_000,
                         help="chains for the dynamic trees (their sampler is slow on CPU)")
-    parser.add_argument("--horizon", type=int, default=32, help="T of the n-gram instance")
     parser.add_argument("--classes", type=int, default=4)
+    instance_arguments(parser, ROOT / "docs" / "token_trees.png")
+    return parser.parse_args(argv)
+
+
+def instance_arguments(parser, out: pathlib.Path) -> None:
+    """The arguments ``run_instances`` reads (the n-gram instance, the key, the figure's path).
+    Shared with ``adaptive_study.py``."""
+    parser.add_argument("--horizon", type=int, default=32, help="T of the n-gram instance")
     parser.add_argument("--max-bytes", type=int, default=1_000_000)
     parser.add_argument("--skip-ngram", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "token_trees.png")
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=pathlib.Path, default=out)
 
 
 def main(argv=None):
