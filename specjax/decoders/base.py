@@ -82,6 +82,12 @@ decoder_dataclass = pytree_dataclass
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
+
+def matmul_highest(a, b):
+    """``a @ b`` at full precision (no TF32/bfloat16 passes on accelerators), for the exact laws
+    that push a reach vector or matrix through ``(V, V)`` rows."""
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
 # ---------------------------------------------------------------------------------------------
 # The two protocols.
 

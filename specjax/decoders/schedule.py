@@ -43,14 +43,9 @@ from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import StoppingRule
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
+from specjax.decoders.base import matmul_highest
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import speculative_law
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _matmul(a, b):
-    return jnp.matmul(a, b, precision=_HIGHEST)
 
 
 @pytree_dataclass
@@ -154,6 +149,10 @@ class HeuristicSchedule(CallDecoder):
 
     # --- exact law ------------------------------------------------------------------------------
 
+    def _drafts(self, state, depth: int):
+        """The drafts of a call in (traced) ``state`` on ``depth`` rows: ``min(k, K')``."""
+        return jnp.minimum(jnp.asarray(state) + self.minimum, depth)
+
     def _chain_law(self, reach, p_rows, q_rows, bonus_row, with_bonus, state) -> CallLaw:
         """SD's call law with ``d = min(k, K')`` drafts on the ``K'`` rows, for a (traced)
         ``state``: levels below ``d`` verify by SD's rule (``verification.speculative_law``:
@@ -161,20 +160,20 @@ class HeuristicSchedule(CallDecoder):
         row ``d``, or ``bonus_row`` when ``d = K'``), deeper levels hold no mass. ``reach``:
         ``(..., V)``, the law of the previous token (``eye(V)`` per previous token)."""
         depth = p_rows.shape[0]
-        drafts = jnp.minimum(jnp.asarray(state) + self.minimum, depth)
+        drafts = self._drafts(state, depth)
         law = speculative_law(p_rows, q_rows)
         zeros = jnp.zeros_like(reach)
         kept, rejected, bonus = [], [], []
         for i in range(depth + 1):
             row = q_rows[i] if i < depth else (bonus_row if with_bonus else None)
-            last = zeros if row is None else _matmul(reach, row)
+            last = zeros if row is None else matmul_highest(reach, row)
             bonus.append(jnp.where(drafts == i, last, zeros))
             if i == depth:
                 rejected.append(zeros)
                 break
             going = i < drafts
-            rejected.append(jnp.where(going, _matmul(reach, law.rejected[i]), zeros))
-            reach = jnp.where(going, _matmul(reach, law.accepted[i]), zeros)
+            rejected.append(jnp.where(going, matmul_highest(reach, law.rejected[i]), zeros))
+            reach = jnp.where(going, matmul_highest(reach, law.accepted[i]), zeros)
             kept.append(reach)
         return CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected),
                        bonus=jnp.stack(bonus))
@@ -197,6 +196,5 @@ class HeuristicSchedule(CallDecoder):
         law = self.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=with_bonus,
                                  state=state)
         depth = p_rows.shape[0]
-        drafts = jnp.minimum(jnp.asarray(state) + self.minimum, depth)
-        drafted = jnp.where(jnp.arange(depth + 1) == drafts, jnp.sum(start), 0)
+        drafted = jnp.where(jnp.arange(depth + 1) == self._drafts(state, depth), jnp.sum(start), 0)
         return law, drafted.astype(law.kept.dtype)

@@ -71,6 +71,7 @@ from specjax import _checks
 from specjax.decoders import multi_draft
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
+from specjax.decoders.base import matmul_highest
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
@@ -80,7 +81,6 @@ from specjax.decoders.verification import safe_normalize
 
 CHILDREN = ("iid", "without_replacement", "top_k")
 MAX_TREE_NODES = 2**14  # the largest tree (nodes, root included) a TokenTree accepts
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class TreeShape(NamedTuple):
@@ -478,11 +478,11 @@ class TokenTree(CallDecoder):
                         laws[len(kids)] = stage_laws(self.children, p_rows[d], q_rows[d],
                                                      len(kids))
                     accepted, last = laws[len(kids)]
-                    rejected_d = rejected_d + _matmul(reach[c], last)
+                    rejected_d = rejected_d + matmul_highest(reach[c], last)
                     for j, kid in enumerate(kids):
-                        nxt[kid] = nxt[kid] + _matmul(reach[c], accepted[j])
+                        nxt[kid] = nxt[kid] + matmul_highest(reach[c], accepted[j])
                 elif d < k or with_bonus:
-                    bonus_d = bonus_d + _matmul(reach[c], q_rows[d] if d < k else bonus_row)
+                    bonus_d = bonus_d + matmul_highest(reach[c], q_rows[d] if d < k else bonus_row)
             rejected.append(rejected_d)
             bonus.append(bonus_d)
             if d < k:
@@ -491,6 +491,3 @@ class TokenTree(CallDecoder):
         return CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected),
                        bonus=jnp.stack(bonus))
 
-
-def _matmul(a, b):
-    return jnp.matmul(a, b, precision=_HIGHEST)
