@@ -117,7 +117,8 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
     k = lookahead
     dtype = jnp.result_type(draft.trans.dtype, target.trans.dtype)
     num_call_states = decoder.num_call_states
-    moves = jnp.asarray(next_state_table(decoder, k), dtype)  # (S, K + 1, S), static
+    if num_call_states > 1:
+        moves = jnp.asarray(next_state_table(decoder, k), dtype)  # (S, K + 1, S), static
 
     def step(carry, n):
         # starts[j, s]: mass of calls starting at n + j in call state s; filled[j]: (token,
