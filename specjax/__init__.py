@@ -126,6 +126,14 @@ from specjax.tuning import tune_draft
 from specjax.auditing import AuditReport
 from specjax.auditing import audit
 from specjax.auditing import audit_exact
+from specjax.auditing import DraftsLaw
+from specjax.auditing import EngineComparison
+from specjax.auditing import Verified
+from specjax.auditing import compare_outputs
+from specjax.auditing import verify_drafts
+from specjax.auditing import verify_drafts_law
+from specjax.models import process_chain
+from specjax.models import process_logits
 
 __version__ = "0.2.0"
 
@@ -201,6 +209,14 @@ __all__ = [
     "array_field",
     "audit",
     "audit_exact",
+    "compare_outputs",
+    "DraftsLaw",
+    "EngineComparison",
+    "process_chain",
+    "process_logits",
+    "Verified",
+    "verify_drafts",
+    "verify_drafts_law",
     "autoregressive_decoding",
     "batch_expected_rejections",
     "batch_improvement",

@@ -1,11 +1,24 @@
-"""Audits of single-step verification code: Monte Carlo and exact, with example rules."""
+"""Audits of verification code: single-step rules (Monte Carlo and exact, with example rules),
+and engines' rejection samplers on given drafts (verification, its exact law, comparison)."""
 
 from specjax.auditing.audit import AuditReport
 from specjax.auditing.audit import audit
 from specjax.auditing.audit import audit_exact
+from specjax.auditing.compare import EngineComparison
+from specjax.auditing.compare import compare_outputs
+from specjax.auditing.given import DraftsLaw
+from specjax.auditing.given import Verified
+from specjax.auditing.given import verify_drafts
+from specjax.auditing.given import verify_drafts_law
 
 __all__ = [
     "AuditReport",
     "audit",
     "audit_exact",
+    "DraftsLaw",
+    "EngineComparison",
+    "Verified",
+    "compare_outputs",
+    "verify_drafts",
+    "verify_drafts_law",
 ]

@@ -11,6 +11,8 @@ from specjax.models.autoregressive import greedy_draft
 from specjax.models.autoregressive import MAX_TABLE_SIZE
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
+from specjax.models.logits import process_chain
+from specjax.models.logits import process_logits
 
 __all__ = [
     "AutoregressiveModel",
@@ -22,6 +24,8 @@ __all__ = [
     "greedy_draft",
     "is_autoregressive_model",
     "ngram_counts",
+    "process_chain",
+    "process_logits",
     "paper_instance",
     "random_markov_chain",
 ]

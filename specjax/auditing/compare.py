@@ -1,0 +1,253 @@
+"""Is an engine's rejection sampler right? Its outputs tested against specjax's exact law.
+
+An engine author runs their sampler on given inputs (drafted ids, draft and target rows), many
+times or over many requests, and hands the emitted tokens to ``compare_outputs``. Since the
+accepted tokens are the given drafts, each output is the pair (number accepted ``n``, last token
+``y``), whose exact law ``verify_drafts_law`` computes per request. Three kinds of evidence:
+
+* **impossible outcomes**: an output of probability zero under the exact law (a token of zero
+  target mass, a recovered token the residual cannot produce, an accepted token that is not the
+  draft, ``n`` above ``K_b``, malformed padding). One is proof of a bug: no false alarm.
+* **goodness of fit**, for the whole outcome ``(n, y)``, for the number accepted ``n``, and per
+  position ``j`` (absent / draft kept / last token ``y`` here): the counts of each category summed
+  over runs and requests against their expectations, by the chi-square statistic of a sum of
+  independent multinomials with different laws (``d^T C^+ d`` with ``C`` their summed
+  covariance; for identical requests it is Pearson's statistic). Categories of expected count
+  below ``min_expected`` are pooled. Asymptotic in the number of runs times requests.
+* the mean number accepted against its exact mean and standard error (reported, not tested
+  separately: the number accepted's test contains it).
+
+**False alarms**: with ``m = K + 3`` tests, each at level ``alpha / m``, a correct sampler is
+flagged with probability at most about ``alpha`` (Bonferroni; the chi-square approximation needs
+expected counts of at least ``min_expected`` per pooled category). Impossible outcomes never
+raise a false alarm; but note that a bug which shows only at ``u = 0.0`` exactly (a test
+``q / p >= u``) shows in outputs only if the runs drew ``u = 0.0``: pass such uniforms to the
+sampler under test (engines' own tests do) or audit the rule with ``specjax.audit_exact``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.auditing.audit import _chi2_sf
+from specjax.auditing.given import PAD
+from specjax.auditing.given import _law
+from specjax.auditing.given import check_given_decoder
+from specjax.auditing.given import check_inputs
+
+__all__ = ["EngineComparison", "compare_outputs"]
+
+_MAX_CATEGORIES = 2000  # categories kept per test (the rest pooled): bounds the covariance
+
+
+class EngineComparison(NamedTuple):
+    """What ``compare_outputs`` found.
+
+    Attributes:
+      flagged: whether the sampler is found wrong (an impossible outcome, or a p-value below
+        ``alpha / num_tests``).
+      impossible: number of runs whose output has probability zero under the exact law.
+      impossible_examples: up to 5 of them, as ``(run, request, tokens)`` tuples.
+      outcome_pvalue: p-value of the whole outcome ``(n, y)``.
+      num_accepted_pvalue: p-value of the number accepted.
+      position_pvalues: ``(K + 1,)``; p-value of position ``j``'s outcome (absent, the draft
+        kept, or the last token, and which).
+      num_accepted_counts: ``(K + 1,)``; how many runs accepted ``n`` drafts.
+      num_accepted_expected: ``(K + 1,)``; their exact expectations.
+      mean_accepted: mean number accepted over runs and requests.
+      mean_accepted_expected: its exact expectation.
+      mean_accepted_se: the standard error of ``mean_accepted`` under the exact law.
+      num_runs: runs per request ``R``.
+      num_tests: ``K + 3`` (each at level ``alpha / num_tests``).
+      alpha: the false-alarm rate of ``flagged`` (about, asymptotically).
+    """
+
+    flagged: bool
+    impossible: int
+    impossible_examples: list
+    outcome_pvalue: float
+    num_accepted_pvalue: float
+    position_pvalues: np.ndarray
+    num_accepted_counts: np.ndarray
+    num_accepted_expected: np.ndarray
+    mean_accepted: float
+    mean_accepted_expected: float
+    mean_accepted_se: float
+    num_runs: int
+    num_tests: int
+    alpha: float
+
+    def summary(self) -> str:
+        """A human-readable verdict."""
+        level = self.alpha / self.num_tests
+        lines = [f"engine comparison: {'FLAGGED' if self.flagged else 'ok'} "
+                 f"(false-alarm rate {self.alpha:g}: {self.num_tests} tests at {level:.3g} each)",
+                 f"  impossible outputs: {self.impossible}"
+                 + "".join(f"\n    run {r}, request {b}: {list(t)}"
+                           for r, b, t in self.impossible_examples),
+                 f"  outcome (n, y) p-value: {self.outcome_pvalue:.3g}",
+                 f"  number accepted p-value: {self.num_accepted_pvalue:.3g}; mean "
+                 f"{self.mean_accepted:.4f} against {self.mean_accepted_expected:.4f} "
+                 f"± {self.mean_accepted_se:.4f}",
+                 "  per position p-values: "
+                 + ", ".join(f"{v:.3g}" for v in np.atleast_1d(self.position_pvalues))]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
+                      min_expected: float) -> float:
+    """p-value of the counts ``observed`` (``(C,)``, summed over runs and requests) against
+    ``runs`` draws from each row of ``laws`` (``(B, C)``, rows summing to one): the quadratic
+    form of ``observed - expected`` in the pseudo-inverse of its covariance, against chi-square
+    with the covariance's rank as degrees of freedom; categories of small expectation pooled."""
+    expected = runs * laws.sum(0)
+    keep = np.flatnonzero(expected >= min_expected)
+    if keep.size > _MAX_CATEGORIES:
+        keep = keep[np.argsort(expected[keep])[-_MAX_CATEGORIES:]]
+    rest = np.ones(expected.shape, bool)
+    rest[keep] = False
+    kept_laws = laws[:, keep]
+    kept_obs = observed[keep].astype(np.float64)
+    rest_exp = expected[rest].sum()
+    if rest.any() and rest_exp >= min_expected:  # the pooled category counts too
+        kept_laws = np.concatenate([kept_laws, laws[:, rest].sum(1, keepdims=True)], axis=1)
+        kept_obs = np.append(kept_obs, observed[rest].sum())
+    # The kept categories (with or without the pool) are C' <= C; their covariance is full rank
+    # unless they cover everything, in which case the sum constraint removes one dimension.
+    diff = kept_obs - runs * kept_laws.sum(0)
+    cov = runs * (np.diag(kept_laws.sum(0)) - kept_laws.T @ kept_laws)
+    if diff.size == 0:
+        return 1.0
+    w, vecs = np.linalg.eigh(cov)
+    positive = w > 1e-9 * max(float(w.max()), 1e-300)
+    if not positive.any():
+        return 1.0
+    proj = vecs[:, positive].T @ diff
+    stat = float((proj ** 2 / w[positive]).sum())
+    return float(_chi2_sf(stat, int(positive.sum())))
+
+
+def _parse(tokens: np.ndarray, drafts: np.ndarray, counts: np.ndarray, num_tokens: int):
+    """``(n, y, valid)`` per run from padded outputs ``(R, B, K + 1)``."""
+    is_pad = tokens == PAD
+    length = np.where(is_pad.any(-1), is_pad.argmax(-1), tokens.shape[-1])
+    n = length - 1
+    after = np.arange(tokens.shape[-1]) >= length[..., None]
+    valid = (length >= 1) & np.all(np.where(after, is_pad, True), axis=-1)
+    valid &= n <= counts[None]
+    kept = np.arange(drafts.shape[-1]) < n[..., None]
+    valid &= np.all(np.where(kept, tokens[..., :-1] == drafts[None], True), axis=-1)
+    y = np.take_along_axis(tokens, np.clip(n, 0, None)[..., None], -1)[..., 0]
+    valid &= (y >= 0) & (y < num_tokens)
+    return np.clip(n, 0, None), np.clip(y, 0, num_tokens - 1), valid
+
+
+def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
+                    num_drafts=None, alpha: float = 1e-3,
+                    min_expected: float = 5.0) -> EngineComparison:
+    """Test an engine's verification outputs against specjax's exact law of them.
+
+    Args:
+      decoder: the rule the engine claims to implement (``specjax.Speculative()`` for SD).
+      draft_tokens, draft_probs, target_probs, num_drafts: the inputs the engine was given,
+        as for ``specjax.verify_drafts`` (``draft_probs`` the rows the drafts were drawn
+        from, ``None`` for greedy or n-gram drafts).
+      tokens: the engine's outputs, ``(R, B, K + 1)`` for ``R`` runs of the ``B`` requests
+        (``(B, K + 1)`` for one run; ``(R, K + 1)`` when ``draft_tokens`` is ``(K,)``):
+        the accepted drafts, the recovered or bonus token, then ``-1`` padding.
+      alpha: the false-alarm rate of the verdict, in ``(0, 1)``.
+      min_expected: categories of smaller expected count are pooled (chi-square validity).
+
+    Returns:
+      ``EngineComparison`` (``print(result)`` for a verdict).
+
+    Raises:
+      ValueError: bad inputs (as ``verify_drafts``), outputs of the wrong shape or dtype,
+        ``alpha`` outside ``(0, 1)``, a non-positive ``min_expected``; before any work.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, specjax
+      >>> p = jnp.array([[0.5, 0.5, 0.0]]); q = jnp.array([[0.4, 0.4, 0.2], [0.3, 0.3, 0.4]])
+      >>> x = jnp.array([1])
+      >>> runs = specjax.verify_drafts(  # 2,000 runs of one request, as a batch of copies
+      ...     jax.random.key(0), specjax.Speculative(), jnp.tile(x, (2000, 1)),
+      ...     jnp.tile(p, (2000, 1, 1)), jnp.tile(q, (2000, 1, 1))).tokens
+      >>> result = specjax.compare_outputs(specjax.Speculative(), x, p, q, runs)
+      >>> result.flagged, result.impossible
+      (False, 0)
+    """
+    check_given_decoder(decoder)
+    inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) \
+            or not 0 < float(alpha) < 1:
+        raise ValueError(f"alpha must be a false-alarm rate in (0, 1), got {alpha!r}")
+    if isinstance(min_expected, bool) or not isinstance(min_expected, numbers.Real) \
+            or not float(min_expected) > 0:
+        raise ValueError(f"min_expected must be a positive number, got {min_expected!r}")
+    num_requests, lookahead = inputs.tokens.shape
+    num_tokens = inputs.target_probs.shape[-1]
+    out = np.asarray(tokens)
+    if not np.issubdtype(out.dtype, np.integer):
+        raise ValueError(f"tokens must hold integer ids (padded with -1), got dtype {out.dtype}")
+    base = (num_requests, lookahead + 1) if inputs.batched else (lookahead + 1,)
+    if out.shape == base and inputs.batched:
+        out = out[None]
+    elif out.ndim == len(base) + 1 and out.shape[1:] == base:
+        pass
+    else:
+        raise ValueError(f"tokens must have shape (R,) + {base} (R runs) or {base} (one run of "
+                         f"a batch), got {out.shape}")
+    out = out.reshape(out.shape[0], num_requests, lookahead + 1)
+    runs = out.shape[0]
+    law = _law(decoder, inputs._replace(batched=None))
+    outcome = np.asarray(law.outcome, np.float64)  # (B, K + 1, V)
+    outcome /= outcome.sum((1, 2), keepdims=True)
+    counts = np.asarray(inputs.num_drafts)
+    drafts = np.asarray(jnp.asarray(draft_tokens).reshape(num_requests, lookahead))
+    n, y, valid = _parse(out, drafts, counts, num_tokens)
+    prob = outcome[np.arange(num_requests)[None], n, y]
+    impossible = ~valid | (prob <= 0)
+    examples = [(int(r), int(b), out[r, b].tolist()) for r, b in np.argwhere(impossible)[:5]]
+    ok = ~impossible
+
+    def observed(index, size):
+        return np.bincount(index[ok], minlength=size)
+
+    tests_per_position = []
+    cells = np.where(ok, n * num_tokens + y, 0)
+    flat = outcome.reshape(num_requests, -1)
+    outcome_p = _generalised_chi2(flat, observed(cells, flat.shape[1]), runs, min_expected)
+    accepted_law = outcome.sum(-1)  # (B, K + 1)
+    accepted_counts = observed(n, lookahead + 1)
+    accepted_p = _generalised_chi2(accepted_law, accepted_counts, runs, min_expected)
+    for j in range(lookahead + 1):
+        # categories: absent (n < j), draft kept (n > j), last token y here (V of them)
+        laws = np.concatenate([accepted_law[:, :j].sum(1, keepdims=True),
+                               accepted_law[:, j + 1:].sum(1, keepdims=True), outcome[:, j]],
+                              axis=1)
+        index = np.where(n < j, 0, np.where(n > j, 1, 2 + y))
+        tests_per_position.append(_generalised_chi2(laws, observed(index, num_tokens + 2), runs,
+                                                    min_expected))
+    mean_law = (accepted_law * np.arange(lookahead + 1)).sum(1)
+    var_law = (accepted_law * np.arange(lookahead + 1) ** 2).sum(1) - mean_law ** 2
+    total = runs * num_requests
+    num_tests = lookahead + 3
+    pvalues = np.array([outcome_p, accepted_p, *tests_per_position])
+    flagged = bool(impossible.any() or (pvalues < alpha / num_tests).any())
+    return EngineComparison(
+        flagged=flagged, impossible=int(impossible.sum()), impossible_examples=examples,
+        outcome_pvalue=outcome_p, num_accepted_pvalue=accepted_p,
+        position_pvalues=np.array(tests_per_position), num_accepted_counts=accepted_counts,
+        num_accepted_expected=runs * accepted_law.sum(0), mean_accepted=float(n.mean()),
+        mean_accepted_expected=float(mean_law.mean()),
+        mean_accepted_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
+        num_runs=runs, num_tests=num_tests, alpha=float(alpha))

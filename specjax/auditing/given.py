@@ -1,0 +1,379 @@
+"""Verification of given drafts, in the shape serving engines use.
+
+A serving engine's rejection sampler (vLLM, SGLang, FlashInfer, HuggingFace, keras-hub) sees, per
+request, ``K`` drafted token ids, the draft's probabilities at those ``K`` positions (or none, for
+greedy and n-gram drafts), the target's probabilities at ``K + 1`` positions (the ``K`` drafted
+positions and the one after them), and random numbers; it returns the accepted prefix and one
+more token, recovered after a rejection or the bonus token after ``K`` acceptances.
+
+* ``verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs)`` does exactly that for
+  a batch of requests with their own ``K`` (``num_drafts``, ragged, ``0`` included), with a key or
+  with the random numbers themselves (``uniforms``), so a kernel using the same convention can be
+  compared token for token.
+* ``verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs)`` is the exact law of that
+  output over the random numbers: ``P(n drafts accepted, last token y)`` per request.
+
+Both read the decoder's verification law (``decoder.laws(p, q)``, the one written in
+``specjax.decoders.verification``), so SD, biased SD and any ``RejectionRule`` of the paper's
+Algorithm 2 verify given drafts through the same code that samples and enumerates them elsewhere.
+
+**The convention** (what a kernel must do to agree token for token). Row ``j`` of a request
+(``0 <= j < K_b``) verifies draft ``x_j`` with the accept uniform ``u_j`` and the sample uniform
+``v_j``; the bonus uses ``v_{K_b}``.
+
+* Accept ``x_j`` iff ``u_j * p_j(x_j) < a_j(x_j)``, where ``a_j`` is the decoder's accepted mass
+  (``min(p, q)`` for SD: accept iff ``u * p(x) < q(x)``, i.e. ``u < q(x) / p(x)``). A draft with
+  ``p_j(x_j) = 0`` is therefore rejected (as in vLLM), and a token with ``q_j(x_j) = 0`` is never
+  accepted, ``u = 0`` included. Greedy and n-gram drafts (``draft_probs=None``) are scored with the
+  one-hot of the drafted token: accept iff ``u < q(x)``.
+* At the first rejection ``j`` the last token is the inverse CDF of the decoder's rejected mass
+  (``[q_j - p_j]_+`` for SD; the target's row ``q_j`` if that mass is zero, which only rounding
+  can make happen) at ``v_j``: the smallest ``y`` with ``v_j * W < cumsum(w)[y]`` (``W`` the
+  total), computed without division, so a token of zero mass is never drawn. After ``K_b``
+  acceptances the bonus is the inverse CDF of ``q_{K_b}`` at ``v_{K_b}``.
+* ``u`` and ``v`` are uniform on ``[0, 1)``. With a key, ``u = uniform(k1, (B, K))`` and
+  ``v = uniform(k2, (B, K + 1))`` in the probabilities' dtype, ``k1, k2 = split(key)``.
+
+Engines draw the recovered token differently (vLLM v1: an exponential race over the vocabulary;
+HuggingFace: ``torch.multinomial``), so token-for-token agreement is available for the accept
+decisions of any engine and for the whole output of a kernel that uses inverse CDFs; for the
+others, compare laws with ``specjax.compare_outputs``.
+
+Padding: only the first ``K_b`` drafts and ``K_b + 1`` target rows of request ``b`` are read
+(values beyond may be anything finite: ``-1`` ids, zero rows); outputs are padded with ``-1``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.auditing.rules import _inverse_cdf
+from specjax.auditing.rules import _mass_or_target
+from specjax.decoders import verification
+from specjax.decoders.base import TokenwiseDecoder
+from specjax.decoders.base import check_decoder
+
+__all__ = ["Verified", "DraftsLaw", "verify_drafts", "verify_drafts_law", "PAD"]
+
+#: The id that pads ``Verified.tokens`` after the last emitted token.
+PAD = -1
+
+
+class Verified(NamedTuple):
+    """What ``verify_drafts`` returns (leading ``B`` only for batched input).
+
+    Attributes:
+      tokens: ``(B, K + 1)`` int32; request ``b`` emits ``tokens[b, :num_accepted[b] + 1]`` (its
+        accepted drafts, then the recovered or bonus token), ``-1`` after.
+      num_accepted: ``(B,)`` int32; drafts accepted, ``0..K_b``.
+      bonus: ``(B,)`` bool; whether the last token is the bonus (all ``K_b`` drafts accepted;
+        always true for ``K_b = 0``).
+    """
+
+    tokens: jax.Array  # shape=(B, K + 1), int32
+    num_accepted: jax.Array  # shape=(B,), int32
+    bonus: jax.Array  # shape=(B,), bool
+
+
+class DraftsLaw(NamedTuple):
+    """The exact law of ``verify_drafts``'s output over its random numbers, per request.
+
+    Attributes:
+      outcome: ``(B, K + 1, V)``; ``P(num_accepted = n, last token = y)``. Since the accepted
+        tokens are the given drafts, this is the law of the whole output.
+      num_accepted: ``(B, K + 1)``; ``P(num_accepted = n)`` (zero for ``n > K_b``).
+      acceptance: ``(B, K)``; ``P(draft j accepted | drafts before it accepted)`` (zero for
+        ``j >= K_b``).
+    """
+
+    outcome: jax.Array  # shape=(B, K + 1, V)
+    num_accepted: jax.Array  # shape=(B, K + 1)
+    acceptance: jax.Array  # shape=(B, K)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation.
+
+
+class _Inputs(NamedTuple):
+    tokens: jax.Array  # (B, K) int32, padded ids clipped into range
+    draft_probs: jax.Array | None  # (B, K, V) or None
+    target_probs: jax.Array  # (B, K + 1, V)
+    num_drafts: jax.Array  # (B,) int32
+    batched: bool
+
+
+def check_given_decoder(decoder) -> None:
+    """Raise ``ValueError`` unless ``decoder`` verifies one given draft per position."""
+    check_decoder(decoder)
+    if hasattr(decoder, "validate"):
+        decoder.validate()
+    one_draft = getattr(decoder, "num_drafts", 1) == 1
+    if not isinstance(decoder, TokenwiseDecoder) or not decoder.same_root or not one_draft \
+            or type(decoder).bind is not TokenwiseDecoder.bind \
+            or type(decoder).laws_at is not TokenwiseDecoder.laws_at:
+        raise ValueError(
+            f"decoder must verify one given draft per position with a law of its rows alone "
+            f"(specjax.Speculative(), specjax.BiasedSpeculative(eps), a specjax.RejectionRule); "
+            f"got {decoder!r}, which drafts several sequences, verifies a block or a tree "
+            f"jointly, or depends on the whole models: it has no given-drafts form yet")
+
+
+def _float_array(name, x, ndim):
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} axes, got shape {x.shape}")
+    return x
+
+
+def _check_valid_rows(name, x, valid):
+    """Probability checks on the rows ``x[valid]`` (concrete arrays only)."""
+    if not _checks.is_concrete(x):
+        return
+    rows = np.asarray(x)[np.asarray(valid)]
+    if rows.size:
+        _checks.check_probabilities(name, rows)
+
+
+def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs:
+    """Shapes, dtypes and (when concrete) values of the given-drafts arguments."""
+    tokens = jnp.asarray(draft_tokens)
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"draft_tokens must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.ndim not in (1, 2):
+        raise ValueError(f"draft_tokens must have shape (K,) or (B, K), got {tokens.shape}")
+    batched = tokens.ndim == 2
+    if not batched:
+        tokens = tokens[None]
+    num_requests, lookahead = tokens.shape
+    target = _float_array("target_probs", target_probs, 3 if batched else 2)
+    target = target if batched else target[None]
+    if target.shape[:2] != (num_requests, lookahead + 1):
+        raise ValueError(
+            f"target_probs must have shape {'(B, K + 1, V)' if batched else '(K + 1, V)'} "
+            f"with B, K = {num_requests}, {lookahead} from draft_tokens, got "
+            f"{jnp.shape(target_probs)}")
+    num_tokens = target.shape[-1]
+    if num_tokens < 1:
+        raise ValueError("target_probs must have at least one token on its last axis")
+    draft = None
+    if draft_probs is not None:
+        draft = _float_array("draft_probs", draft_probs, 3 if batched else 2)
+        draft = draft if batched else draft[None]
+        if draft.shape != (num_requests, lookahead, num_tokens):
+            raise ValueError(
+                f"draft_probs must have shape {(num_requests, lookahead, num_tokens)[-3 + (not batched):]}"
+                f" (the rows the drafts were drawn from, V = {num_tokens} as in target_probs), "
+                f"got {jnp.shape(draft_probs)}; pass None for greedy or n-gram drafts")
+    if num_drafts is None:
+        counts = jnp.full((num_requests,), lookahead, jnp.int32)
+    else:
+        counts = jnp.asarray(num_drafts)
+        if not jnp.issubdtype(counts.dtype, jnp.integer):
+            raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
+        if counts.shape != ((num_requests,) if batched else ()):
+            raise ValueError(f"num_drafts must have shape {(num_requests,) if batched else ()} "
+                             f"(one K_b per request), got {counts.shape}")
+        counts = counts.reshape(num_requests).astype(jnp.int32)
+        if _checks.is_concrete(counts):
+            bad = np.flatnonzero((np.asarray(counts) < 0) | (np.asarray(counts) > lookahead))
+            if bad.size:
+                raise ValueError(f"num_drafts must lie in [0, K] = [0, {lookahead}], got "
+                                 f"{int(np.asarray(counts)[bad[0]])} at request {bad[0]}")
+    positions = jnp.arange(lookahead)
+    if _checks.is_concrete(tokens) and _checks.is_concrete(counts):
+        valid = np.asarray(positions[None] < counts[:, None])
+        ids = np.asarray(tokens)[valid]
+        if ids.size and (ids.min() < 0 or ids.max() >= num_tokens):
+            bad = ids[(ids < 0) | (ids >= num_tokens)][0]
+            raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
+                             f"each request's num_drafts, got {int(bad)}")
+        _check_valid_rows("target_probs", target,
+                          np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])
+        if draft is not None:
+            _check_valid_rows("draft_probs", draft, valid)
+    dtype = jnp.result_type(target.dtype, *(() if draft is None else (draft.dtype,)))
+    target = target.astype(dtype)
+    draft = None if draft is None else draft.astype(dtype)
+    tokens = jnp.clip(tokens, 0, num_tokens - 1).astype(jnp.int32)
+    return _Inputs(tokens, draft, target, counts, batched)
+
+
+def _check_uniforms(uniforms, num_requests, lookahead, batched, dtype):
+    if not isinstance(uniforms, (tuple, list)) or len(uniforms) != 2:
+        raise ValueError("uniforms must be a pair (accept, sample) of arrays of shapes (B, K) "
+                         "and (B, K + 1)")
+    out = []
+    for name, x, width in zip(("accept", "sample"), uniforms, (lookahead, lookahead + 1)):
+        x = jnp.asarray(x)
+        shape = (num_requests, width) if batched else (width,)
+        if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
+            raise ValueError(f"uniforms[{name!r}] must be a float array of shape {shape}, got "
+                             f"dtype {x.dtype} and shape {x.shape}")
+        if _checks.is_concrete(x):
+            values = np.asarray(x)
+            if not np.all((values >= 0) & (values < 1)):
+                raise ValueError(f"uniforms[{name!r}] must lie in [0, 1), got values in "
+                                 f"[{values.min()}, {values.max()}]")
+        out.append(x.reshape(num_requests, width).astype(dtype))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel and its law (one verification rule: the decoder's law).
+
+
+def _rows(inputs: _Inputs):
+    """``(p, q)`` of the drafted positions, ``p`` the one-hot of the drafts when not given."""
+    q = inputs.target_probs
+    lookahead = inputs.tokens.shape[1]
+    p = inputs.draft_probs
+    if p is None:
+        p = jax.nn.one_hot(inputs.tokens, q.shape[-1], dtype=q.dtype)
+    return p, q[:, :lookahead]
+
+
+def _gather(rows, tokens):
+    return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
+
+
+@jax.jit
+def _verify(decoder, inputs: _Inputs, u, v) -> Verified:
+    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
+    num_requests, lookahead = tokens.shape
+    rows = jnp.arange(num_requests)
+    if lookahead:
+        p, q_drafted = _rows(inputs)
+        law = decoder.laws(p, q_drafted)[1]
+        keep = u * _gather(p, tokens) < _gather(law.accepted, tokens)
+        keep &= jnp.arange(lookahead)[None] < counts[:, None]
+        num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
+        rejected = law.rejected[rows, jnp.minimum(num_accepted, lookahead - 1)]
+    else:
+        num_accepted = jnp.zeros((num_requests,), jnp.int32)
+        rejected = q[:, 0]
+    bonus = num_accepted == counts
+    q_last = q[rows, num_accepted]
+    w = jnp.where(bonus[:, None], q_last, jax.vmap(_mass_or_target)(rejected, q_last))
+    last = jax.vmap(_inverse_cdf)(v[rows, num_accepted], jnp.ones_like(v[:, 0]), w)
+    position = jnp.arange(lookahead + 1)[None]
+    padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
+    out = jnp.where(position < num_accepted[:, None], padded,
+                    jnp.where(position == num_accepted[:, None], last[:, None], PAD))
+    return Verified(out.astype(jnp.int32), num_accepted, bonus)
+
+
+@jax.jit
+def _law(decoder, inputs: _Inputs) -> DraftsLaw:
+    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
+    num_requests, lookahead = tokens.shape
+    inside = jnp.arange(lookahead)[None] < counts[:, None]
+    if lookahead:
+        p, q_drafted = _rows(inputs)
+        law = decoder.laws(p, q_drafted)[1]
+        # P(u p(x) < a(x)) for u ~ U[0, 1): a(x) / p(x), and 0 where p(x) = 0 (then a(x) = 0).
+        accept = verification._safe_ratio(_gather(law.accepted, tokens), _gather(p, tokens), 0)
+        accept = jnp.where(inside, jnp.clip(accept, 0, 1), 0)
+        residual = jax.vmap(jax.vmap(_mass_or_target))(law.rejected, q_drafted)
+        last_rows = jnp.concatenate([verification.safe_normalize(residual), q[:, -1:]], axis=1)
+    else:
+        accept = jnp.zeros((num_requests, 0), q.dtype)
+        last_rows = q
+    # Row n < K_b: the law after a rejection at n; row K_b: the bonus row q_{K_b}.
+    bonus_row = jnp.arange(lookahead + 1)[None] == counts[:, None]
+    last_rows = jnp.where(bonus_row[..., None], q, last_rows)
+    reach = jnp.cumprod(jnp.concatenate([jnp.ones((num_requests, 1), q.dtype), accept], axis=1),
+                        axis=1)
+    stop = 1 - jnp.concatenate([accept, jnp.zeros((num_requests, 1), q.dtype)], axis=1)
+    num_accepted = reach * stop
+    return DraftsLaw(num_accepted[..., None] * last_rows, num_accepted, accept)
+
+
+def _unbatch(result, batched):
+    return result if batched else jax.tree_util.tree_map(lambda x: x[0], result)
+
+
+def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,
+                  uniforms=None) -> Verified:
+    """Verify given drafts as a serving engine's rejection sampler does, for a batch of requests.
+
+    Args:
+      key: a PRNG key, or ``None`` when ``uniforms`` are given.
+      decoder: a token-wise decoder with one draft per position: ``specjax.Speculative()`` (its
+        ``lookahead`` is ignored: ``K`` comes from the drafts), ``specjax.BiasedSpeculative``,
+        a ``specjax.RejectionRule``.
+      draft_tokens: ``(B, K)`` int drafted ids (or ``(K,)`` for one request).
+      draft_probs: ``(B, K, V)``, row ``j`` the law draft ``j`` was drawn from; ``None`` for
+        greedy or n-gram drafts (scored with their one-hot).
+      target_probs: ``(B, K + 1, V)``, the target's rows at the ``K`` drafted positions and
+        after them.
+      num_drafts: ``(B,)`` ints in ``[0, K]``, each request's own ``K_b`` (ragged batches;
+        ``0``: the request only takes the target's token). Default: ``K`` for all.
+      uniforms: ``(accept (B, K), sample (B, K + 1))`` in ``[0, 1)``: the random numbers
+        themselves (see the module's convention), instead of ``key``.
+
+    Returns:
+      ``Verified(tokens (B, K + 1), num_accepted (B,), bonus (B,))``.
+
+    Raises:
+      ValueError: a bad key, decoder, shape, dtype, id, probability row (of the rows read),
+        ``num_drafts`` or uniform; before any work. Under the caller's ``jit`` only the shape
+        and dtype checks run (values are tracers).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, specjax
+      >>> p = jnp.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+      >>> q = jnp.array([[0.4, 0.4, 0.2], [0.1, 0.1, 0.8], [1.0, 0.0, 0.0]])
+      >>> out = specjax.verify_drafts(None, specjax.Speculative(), jnp.array([1, 2]), p, q,
+      ...                             uniforms=(jnp.array([0.5, 0.9]), jnp.array([0.0, 0.0, 0.0])))
+      >>> out.tokens.tolist(), int(out.num_accepted), bool(out.bonus)
+      ([1, 2, 0], 2, True)
+    """
+    check_given_decoder(decoder)
+    inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    num_requests, lookahead = inputs.tokens.shape
+    dtype = inputs.target_probs.dtype
+    if uniforms is not None:
+        if key is not None:
+            raise ValueError("pass key=None with uniforms: the random numbers are given")
+        u, v = _check_uniforms(uniforms, num_requests, lookahead, inputs.batched, dtype)
+    else:
+        if key is None:
+            raise ValueError("key must be a PRNG key (or None with uniforms given)")
+        _checks.check_key(key)
+        k1, k2 = jax.random.split(key)
+        u = jax.random.uniform(k1, (num_requests, lookahead), dtype)
+        v = jax.random.uniform(k2, (num_requests, lookahead + 1), dtype)
+    return _unbatch(_verify(decoder, inputs._replace(batched=None), u, v), inputs.batched)
+
+
+def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *,
+                      num_drafts=None) -> DraftsLaw:
+    """The exact law of ``verify_drafts``'s output over its random numbers, given the drafts.
+
+    Arguments as ``verify_drafts`` (without ``key`` and ``uniforms``).
+
+    Returns:
+      ``DraftsLaw(outcome (B, K + 1, V), num_accepted (B, K + 1), acceptance (B, K))``.
+      Averaged over drafts drawn from ``draft_probs`` (and target rows that follow the drafted
+      prefix), the emitted tokens continued by the target are distributed as the target's
+      sequence for SD; for biased SD and other rules, as the rule's output law.
+
+    Example:
+      >>> import jax.numpy as jnp, specjax
+      >>> p = jnp.array([[0.5, 0.5, 0.0]])
+      >>> q = jnp.array([[0.4, 0.4, 0.2], [1.0, 0.0, 0.0]])
+      >>> law = specjax.verify_drafts_law(specjax.Speculative(), jnp.array([1]), p, q)
+      >>> print(law.num_accepted.round(3), law.outcome[0].round(3))
+      [0.2 0.8] [0.  0.  0.2]
+    """
+    check_given_decoder(decoder)
+    inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    return _unbatch(_law(decoder, inputs._replace(batched=None)), inputs.batched)

@@ -1,0 +1,279 @@
+"""Verification of given drafts (engine-shaped), its exact law, and the comparison of an
+engine's outputs with that law.
+
+Checked three ways: (1) the kernel equals a literal NumPy transcription of the published
+algorithm token for token on the same random numbers (``engine_reference.literal_verify``), and
+its exact law equals that transcription's closed form and, averaged over drafts drawn along a
+Markov chain, the target's sequence law, ragged ``K`` including 0; (2) the kernel's law
+integrated exactly over its uniforms (``specjax.audit_exact``'s grid and bisection, on the kernel
+itself) equals ``verify_drafts_law``; (3) Monte Carlo of the kernel against the exact law.
+``compare_outputs`` passes the correct sampler and flags the classic bugs.
+"""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from conftest import random_rows
+from engine_reference import literal_law
+from engine_reference import literal_verify
+from reference import biased_accept
+from reference import optimal_residual
+from stats import assert_law
+from stats import count_rows
+
+SD = specjax.Speculative()
+K, V = 3, 5
+COUNTS = np.array([3, 1, 0, 2])  # ragged, 0 included
+
+
+def requests(seed, num_requests=4, lookahead=K, num_tokens=V, zero_fraction=0.3, greedy=False):
+    """Drafts drawn from their rows (padded with -1 beyond each K_b), draft rows, target rows."""
+    rng = np.random.default_rng(seed)
+    p = random_rows(rng, (num_requests, lookahead, num_tokens), zero_fraction)
+    q = random_rows(rng, (num_requests, lookahead + 1, num_tokens), zero_fraction)
+    x = np.array([[rng.choice(num_tokens, p=row) for row in rows] for rows in p])
+    if greedy:
+        x = p.argmax(-1)
+    counts = COUNTS[:num_requests] if num_requests == len(COUNTS) else \
+        rng.integers(0, lookahead + 1, num_requests)
+    x = np.where(np.arange(lookahead)[None] < counts[:, None], x, -1)
+    return x, p, q, counts
+
+
+def test_kernel_equals_the_literal_transcription_token_for_token(x64):
+    x, p, q, counts = requests(0)
+    rng = np.random.default_rng(1)
+    for trial in range(30):
+        u = rng.random((4, K))
+        v = rng.random((4, K + 1))
+        if trial % 3 == 0:  # u = 0 and v = 0 exactly: no zero-probability token may pass
+            u[:, 0] = 0.0
+            v[:, :2] = 0.0
+        for greedy in (False, True):
+            out = specjax.verify_drafts(None, SD, x, None if greedy else p, q,
+                                        num_drafts=counts, uniforms=(u, v))
+            for b in range(4):
+                want = literal_verify(x[b], p[b], q[b], counts[b], u[b], v[b], greedy=greedy)
+                assert np.asarray(out.tokens[b]).tolist() == want.tolist(), (trial, b, greedy)
+                n = int(out.num_accepted[b])
+                assert (want[:n + 1] != -1).all() and (want[n + 1:] == -1).all()
+                assert bool(out.bonus[b]) == (n == counts[b])
+
+
+def test_exact_law_equals_the_literal_closed_form_for_every_rule(x64):
+    x, p, q, counts = requests(2)
+    eps = 0.1
+    rules = [
+        (SD, None, None),
+        (specjax.BiasedSpeculative(eps),
+         lambda pr, qr, t: biased_accept(pr, qr, eps)[t],
+         lambda pr, qr: optimal_residual(pr, qr, biased_accept(pr, qr, eps))),
+        (specjax.BiasedSpeculative(eps, residual="target"),
+         lambda pr, qr, t: biased_accept(pr, qr, eps)[t], lambda pr, qr: qr),
+        (specjax.RejectionRule(lambda pr, qr: jnp.full_like(pr, 0.5),
+                               lambda pr, qr, b: jnp.maximum(qr - 0.5 * pr, 0)),
+         lambda pr, qr, t: 0.5 if pr[t] > 0 else 0.0, lambda pr, qr: np.maximum(qr - 0.5 * pr, 0)),
+    ]
+    for decoder, accept, residual in rules:
+        for greedy in (False, True):
+            law = specjax.verify_drafts_law(decoder, x, None if greedy else p, q,
+                                            num_drafts=counts)
+            for b in range(4):
+                want = literal_law(x[b], p[b], q[b], counts[b], greedy, accept, residual)
+                np.testing.assert_allclose(law.outcome[b], want, atol=1e-13,
+                                           err_msg=f"{decoder.label}, request {b}")
+                np.testing.assert_allclose(law.num_accepted[b], want.sum(-1), atol=1e-13)
+
+
+def test_output_law_is_the_target_sequence_law_averaged_over_drafts(x64):
+    """Drafts drawn along a Markov chain, target rows following the drafted prefix: the emitted
+    tokens continued by the target are distributed as the target's K + 1 tokens, for every
+    K_b in 0..K, with sampled and with greedy drafts."""
+    lookahead, num_tokens = 2, 3
+    rng = np.random.default_rng(3)
+    p_trans = random_rows(rng, (lookahead + 1, num_tokens, num_tokens), 0.3)
+    q_trans = random_rows(rng, (lookahead + 1, num_tokens, num_tokens), 0.3)
+    start = 1
+    p_trans[0, start] = q_trans[0, start]  # p = q on the first row
+    for greedy, count in itertools.product((False, True), range(lookahead + 1)):
+        completed = np.zeros((num_tokens,) * (lookahead + 1))
+        for drawn in itertools.product(range(num_tokens), repeat=count):
+            drafts = drawn + (0,) * (lookahead - count)  # padding beyond K_b, never read
+            prefix = (start,) + drafts
+            weight = 1.0
+            for j in range(count):
+                row = p_trans[j, prefix[j]]
+                weight *= float(row.argmax() == drafts[j]) if greedy else row[drafts[j]]
+            if weight == 0:
+                continue
+            p = np.stack([p_trans[j, prefix[j]] for j in range(lookahead)])
+            q = np.stack([q_trans[j, prefix[j]] for j in range(lookahead + 1)])
+            law = np.asarray(specjax.verify_drafts_law(
+                SD, np.array(drafts), None if greedy else p, q, num_drafts=np.int32(count)).outcome)
+            for n, y in itertools.product(range(count + 1), range(num_tokens)):
+                mass = weight * law[n, y]
+                if mass == 0:
+                    continue
+                head = drafts[:n] + (y,)
+                # continue with the target after the emitted tokens
+                for tail in itertools.product(range(num_tokens), repeat=lookahead - n):
+                    seq = (start,) + head + tail
+                    m = mass
+                    for j in range(n + 1, lookahead + 1):
+                        m *= q_trans[j, seq[j], seq[j + 1]]
+                    completed[head + tail] += m
+        target = np.zeros_like(completed)
+        for seq in itertools.product(range(num_tokens), repeat=lookahead + 1):
+            full = (start,) + seq
+            target[seq] = np.prod([q_trans[j, full[j], full[j + 1]] for j in range(lookahead + 1)])
+        np.testing.assert_allclose(completed, target, atol=1e-13,
+                                   err_msg=f"greedy={greedy}, K_b={count}")
+
+
+def _one_position_rule(decoder, x, p_row, q_row, part):
+    """The kernel at one drafted position as a rule of one uniform, for ``audit_exact``: the
+    accept uniform (``part="accept"``, sample uniform 0.5) or the sample uniform after a sure
+    rejection (``part="residual"``, accept uniform just below 1)."""
+    q_rows = jnp.stack([q_row, q_row])
+    below_one = jnp.nextafter(jnp.asarray(1.0, q_row.dtype), 0)
+
+    def verify_u(u, p_, q_, x_):
+        del p_, q_, x_
+        accept_u, sample_u = (u, 0.5) if part == "accept" else (below_one, u)
+        out = specjax.verify_drafts(None, decoder, jnp.array([x]), p_row[None], q_rows,
+                                    uniforms=(jnp.reshape(accept_u, (1,)),
+                                              jnp.stack([jnp.asarray(sample_u, q_row.dtype)] * 2)))
+        return out.num_accepted == 1, out.tokens[0]
+
+    return verify_u
+
+
+def test_kernel_integrated_exactly_over_its_uniforms_equals_the_law(x64):
+    """audit_exact integrates the kernel itself over each uniform (grid and bisection): the
+    acceptance and the residual it finds equal ``verify_drafts_law``'s at every position."""
+    x, p, q, counts = requests(4, num_requests=4)
+    for decoder in (SD, specjax.BiasedSpeculative(0.05)):
+        law = specjax.verify_drafts_law(decoder, x, p, q, num_drafts=counts)
+        for b, j in [(0, 0), (0, 1), (0, 2), (3, 1)]:
+            tok, p_row, q_row = int(x[b, j]), jnp.asarray(p[b, j]), jnp.asarray(q[b, j])
+            point = jax.nn.one_hot(tok, V, dtype=p_row.dtype)  # audit_exact's greedy draft = x
+            acc = specjax.audit_exact(_one_position_rule(decoder, tok, p_row, q_row, "accept"),
+                                      point, q_row, drafting="greedy", grid=256)
+            np.testing.assert_allclose(acc.acceptance_rate, law.acceptance[b, j], atol=1e-12)
+            if law.acceptance[b, j] < 1:
+                res = specjax.audit_exact(_one_position_rule(decoder, tok, p_row, q_row,
+                                                             "residual"),
+                                          point, q_row, drafting="greedy", grid=256)
+                reached = law.num_accepted[b, j:].sum()
+                want = law.outcome[b, j] / (reached * (1 - law.acceptance[b, j]))
+                np.testing.assert_allclose(res.output_law, want, atol=1e-12)
+
+
+def test_monte_carlo_fits_the_exact_law():
+    """100,000 runs of four ragged requests (float32): the joint (n, y) counts of each request
+    against the exact law, chi-square at the suite's ALPHA, no outcome of zero probability."""
+    x, p, q, counts = requests(5)
+    runs = 25_000
+    tile = lambda a: np.tile(a, (runs,) + (1,) * (a.ndim - 1))  # noqa: E731
+    out = specjax.verify_drafts(jax.random.key(11), SD, tile(x), tile(p).astype(np.float32),
+                                tile(q).astype(np.float32), num_drafts=tile(counts))
+    law = np.asarray(specjax.verify_drafts_law(SD, x, p.astype(np.float32),
+                                               q.astype(np.float32), num_drafts=counts).outcome,
+                     np.float64)
+    n = np.asarray(out.num_accepted).reshape(runs, 4)
+    last = np.asarray(out.tokens)[np.arange(runs * 4), np.asarray(out.num_accepted)]
+    last = last.reshape(runs, 4)
+    for b in range(4):
+        observed = count_rows(np.stack([n[:, b], last[:, b]], axis=1))
+        expected = {(i, y): law[b, i, y] for i in range(K + 1) for y in range(V)
+                    if law[b, i, y] > 0}
+        assert_law(observed, expected, runs, f"request {b}")
+
+
+def test_batch_equals_each_request_alone_and_padding_is_ignored():
+    x, p, q, counts = requests(6)
+    u = np.random.default_rng(0).random((4, K)).astype(np.float32)
+    v = np.random.default_rng(1).random((4, K + 1)).astype(np.float32)
+    p32, q32 = p.astype(np.float32), q.astype(np.float32)
+    batch = specjax.verify_drafts(None, SD, x, p32, q32, num_drafts=counts, uniforms=(u, v))
+    garbage_p, garbage_q = p32.copy(), q32.copy()
+    for b, c in enumerate(counts):  # rows beyond K_b: zeros, as engines pad
+        garbage_p[b, c:] = 0
+        garbage_q[b, c + 1:] = 0
+    padded = specjax.verify_drafts(None, SD, x, garbage_p, garbage_q, num_drafts=counts,
+                                   uniforms=(u, v))
+    np.testing.assert_array_equal(batch.tokens, padded.tokens)
+    for b, c in enumerate(counts):
+        alone = specjax.verify_drafts(None, SD, x[b, :c], p32[b, :c], q32[b, :c + 1],
+                                      uniforms=(u[b, :c], v[b, :c + 1]))
+        np.testing.assert_array_equal(np.asarray(batch.tokens[b, :c + 1]), alone.tokens)
+        assert int(alone.num_accepted) == int(batch.num_accepted[b])
+    zero = specjax.verify_drafts(jax.random.key(0), SD, np.zeros((2, 0), np.int32), None,
+                                 q32[:2, :1])
+    assert zero.tokens.shape == (2, 1) and bool(zero.bonus.all())
+
+
+def test_edge_rows_give_finite_laws_and_gradients(x64):
+    p = np.array([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.0, 0.5, 0.5, 0.0]])
+    q = np.array([[0.0, 0.0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2],
+                  [1.0, 0.0, 0.0, 0.0]])
+    x = np.array([0, 1, 3])  # disjoint supports, p = q, p(x) = 0 < q(x)
+    for dtype in (np.float32, np.float64):
+        law = specjax.verify_drafts_law(SD, x, p.astype(dtype), q.astype(dtype))
+        assert law.outcome.dtype == dtype
+        np.testing.assert_allclose(law.acceptance, [0, 1, 0])
+        np.testing.assert_allclose(law.outcome[0], [0, 0, 0.5, 0.5], atol=1e-7)
+        grad = jax.grad(lambda pq: jnp.sum(specjax.verify_drafts_law(
+            SD, x, pq[0], pq[1]).num_accepted * jnp.arange(4)))((p.astype(dtype),
+                                                                 q.astype(dtype)))
+        assert all(np.isfinite(g).all() for g in grad)
+    out = specjax.verify_drafts(None, SD, x, p, q, uniforms=(np.zeros(3), np.zeros(4)))
+    assert out.tokens.tolist() == [2, -1, -1, -1]
+
+
+def test_bad_arguments_are_refused_by_name():
+    x, p, q, counts = requests(7)
+    key = jax.random.key(0)
+    cases = [
+        (dict(decoder=specjax.BatchSpeculative(2)), "decoder"),
+        (dict(decoder=specjax.BlockVerification(2)), "decoder"),
+        (dict(draft_tokens=x.astype(float)), "draft_tokens"),
+        (dict(draft_tokens=np.where(x == -1, 0, x + V)), "draft_tokens"),
+        (dict(draft_probs=p[:, :2]), "draft_probs"),
+        (dict(target_probs=q[:, :3]), "target_probs"),
+        (dict(target_probs=q * 2), "target_probs"),
+        (dict(num_drafts=counts + 1), "num_drafts"),
+        (dict(num_drafts=counts[:2]), "num_drafts"),
+        (dict(key=None), "key"),
+        (dict(uniforms=(np.zeros((4, K)), np.ones((4, K + 1)))), "uniforms"),
+        (dict(uniforms=(np.zeros((4, K)),)), "uniforms"),
+    ]
+    base = dict(key=key, decoder=SD, draft_tokens=x, draft_probs=p, target_probs=q,
+                num_drafts=counts)
+    for change, name in cases:
+        args = {**base, **change}
+        if "uniforms" in change:
+            args["key"] = None
+        with pytest.raises(ValueError, match=name):
+            specjax.verify_drafts(args.pop("key"), args.pop("decoder"), args.pop("draft_tokens"),
+                                  args.pop("draft_probs"), args.pop("target_probs"), **args)
+    with pytest.raises(ValueError, match="key=None"):
+        specjax.verify_drafts(key, SD, x, p, q, num_drafts=counts,
+                              uniforms=(np.zeros((4, K)), np.zeros((4, K + 1))))
+
+
+def test_docstring_examples_run():
+    from specjax.auditing import compare
+    from specjax.auditing import given
+    from specjax.models import logits
+    for module in (given, compare, logits):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
