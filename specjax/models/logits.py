@@ -113,8 +113,8 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
     Example:
       >>> import jax.numpy as jnp, specjax
       >>> logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
-      >>> [round(float(v), 3) for v in specjax.process_logits(logits, top_p=0.8)]
-      [0.625, 0.375, 0.0, 0.0]
+      >>> tuple(round(float(v), 3) for v in specjax.process_logits(logits, top_p=0.8))
+      (0.625, 0.375, 0.0, 0.0)
       >>> specjax.process_logits(logits, temperature=0.0).tolist()
       [1.0, 0.0, 0.0, 0.0]
     """
