@@ -39,6 +39,10 @@ from specjax.decoders import RejectionRule
 from specjax.decoders import SpecHub
 from specjax.decoders import Speculative
 from specjax.decoders import TokenTree
+from specjax.decoders import LenientSpeculative
+from specjax.decoders import ThresholdVerification
+from specjax.decoders import TopKAcceptance
+from specjax.decoders import TypicalAcceptance
 from specjax.decoders import TokenwiseDecoder
 from specjax.decoders import array_field
 from specjax.decoders import decoder_dataclass
@@ -200,6 +204,10 @@ __all__ = [
     "SpecHub",
     "Speculative",
     "TokenTree",
+    "LenientSpeculative",
+    "ThresholdVerification",
+    "TopKAcceptance",
+    "TypicalAcceptance",
     "StationaryDraft",
     "TokenwiseDecoder",
     "TuneResult",

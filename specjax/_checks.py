@@ -126,6 +126,32 @@ def check_finite_non_negative(name: str, value) -> float:
     return number
 
 
+def check_scalar_leaf(name: str, value, *, low: float = 0.0, high: float = math.inf,
+                      low_open: bool = False) -> None:
+    """A decoder's numeric parameter that is a pytree leaf (traced and differentiated like biased
+    SD's ``epsilon``): a real scalar (a number or a 0-d array, or a tracer), in ``[low, high]``
+    (``(low, high]`` with ``low_open``) when concrete."""
+    if isinstance(value, (str, bytes, bool)) or not (
+            isinstance(value, (int, float, np.number, np.ndarray, jax.Array))
+            or isinstance(value, jax.core.Tracer)):
+        raise ValueError(f"{name} must be a number (a float or a 0-d array), got "
+                         f"{type(value).__name__} {value!r}")
+    dtype = jnp.asarray(value).dtype
+    if not jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.complexfloating):
+        raise ValueError(f"{name} must be a real number, got dtype {dtype}")
+    if jnp.shape(value) != ():
+        raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
+    if not is_concrete(value):
+        return
+    number = float(np.asarray(value))
+    inside = (number > low if low_open else number >= low) and number <= high
+    if not inside:
+        if low == 0 and not low_open and high == math.inf:
+            raise ValueError(f"{name} must be non-negative and not NaN, got {number}")
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must lie in {interval}, got {number}")
+
+
 def check_key(key) -> None:
     """Raise ``ValueError`` unless ``key`` is a JAX PRNG key (typed or raw uint32[2])."""
     if isinstance(key, (numbers.Number, np.integer)):

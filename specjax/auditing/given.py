@@ -28,7 +28,8 @@ Algorithm 2 verify given drafts through the same code that samples and enumerate
   one-hot of the drafted token: accept iff ``u < q(x)``.
 * At the first rejection ``j`` the last token is the inverse CDF of the decoder's rejected mass
   (``[q_j - p_j]_+`` for SD; the target's row ``q_j`` if that mass is zero, which only rounding
-  can make happen) at ``v_j``: the smallest ``y`` with ``v_j * W < cumsum(w)[y]`` (``W`` the
+  can make happen; for a rule whose residual depends on the rejected draft, such as
+  ``ThresholdVerification``, its ``residual_given_draft(p_j, q_j, x_j)``) at ``v_j``: the smallest ``y`` with ``v_j * W < cumsum(w)[y]`` (``W`` the
   total), computed without division, so a token of zero mass is never drawn. After ``K_b``
   acceptances the bonus is the inverse CDF of ``q_{K_b}`` at ``v_{K_b}``.
 * ``u`` and ``v`` are uniform on ``[0, 1)``. With a key, ``u = uniform(k1, (B, K))`` and
@@ -244,6 +245,14 @@ def _gather(rows, tokens):
     return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
 
 
+def _residual_rows(decoder, p, q, tokens, rejected):
+    """The masses the token is drawn from after rejecting ``tokens``: the decoder's rejected
+    mass, or, for a rule whose residual depends on the rejected draft (SGLang's threshold
+    verification), its ``residual_given_draft(p, q, x)``."""
+    given = getattr(decoder, "residual_given_draft", None)
+    return rejected if given is None else given(p, q, tokens)
+
+
 @jax.jit
 def _verify(decoder, inputs: _Inputs, u, v) -> Verified:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
@@ -255,7 +264,9 @@ def _verify(decoder, inputs: _Inputs, u, v) -> Verified:
         keep = u * _gather(p, tokens) < _gather(law.accepted, tokens)
         keep &= jnp.arange(lookahead)[None] < counts[:, None]
         num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
-        rejected = law.rejected[rows, jnp.minimum(num_accepted, lookahead - 1)]
+        at = jnp.minimum(num_accepted, lookahead - 1)
+        rejected = _residual_rows(decoder, p[rows, at], q_drafted[rows, at],
+                                  tokens[rows, at], law.rejected[rows, at])
     else:
         num_accepted = jnp.zeros((num_requests,), jnp.int32)
         rejected = q[:, 0]
@@ -281,7 +292,8 @@ def _law(decoder, inputs: _Inputs) -> DraftsLaw:
         # P(u p(x) < a(x)) for u ~ U[0, 1): a(x) / p(x), and 0 where p(x) = 0 (then a(x) = 0).
         accept = verification._safe_ratio(_gather(law.accepted, tokens), _gather(p, tokens), 0)
         accept = jnp.where(inside, jnp.clip(accept, 0, 1), 0)
-        residual = jax.vmap(jax.vmap(_mass_or_target))(law.rejected, q_drafted)
+        rejected = _residual_rows(decoder, p, q_drafted, tokens, law.rejected)
+        residual = jax.vmap(jax.vmap(_mass_or_target))(rejected, q_drafted)
         last_rows = jnp.concatenate([verification.safe_normalize(residual), q[:, -1:]], axis=1)
     else:
         accept = jnp.zeros((num_requests, 0), q.dtype)

@@ -30,6 +30,10 @@ from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
 from specjax.decoders.tree import TokenTree
+from specjax.decoders.lenient import LenientSpeculative
+from specjax.decoders.threshold import ThresholdVerification
+from specjax.decoders.top_k import TopKAcceptance
+from specjax.decoders.typical import TypicalAcceptance
 
 __all__ = [
     "AdaptiveSpeculative",
@@ -58,6 +62,10 @@ __all__ = [
     "SpecHub",
     "Speculative",
     "TokenTree",
+    "LenientSpeculative",
+    "ThresholdVerification",
+    "TopKAcceptance",
+    "TypicalAcceptance",
     "TokenwiseDecoder",
     "array_field",
     "decoder_dataclass",

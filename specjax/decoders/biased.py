@@ -6,9 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import _checks
 from specjax.decoders import verification
@@ -18,22 +16,8 @@ from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
 
-def _residual_optimal(p, q, b):
-    return verification.optimal_residual(p, q, b)  # Theorem 4's P* (Decoding-OPT)
-
-
-def _residual_target(p, q, b):
-    del p, b
-    return q  # resample from q (Decoding-UNO)
-
-
-def _residual_standard(p, q, b):
-    del b
-    return verification.speculative_residual(p, q)  # SD's [q - p]_+
-
-
-RESIDUALS = {"optimal": _residual_optimal, "target": _residual_target,
-             "standard": _residual_standard}
+#: The residuals biased SD accepts (``verification.RESIDUALS`` has ``"argmax"`` too).
+RESIDUALS = {name: verification.RESIDUALS[name] for name in ("optimal", "target", "standard")}
 
 
 @pytree_dataclass
@@ -60,28 +44,12 @@ class BiasedSpeculative(TokenwiseDecoder):
     lookahead: int | None = None
 
     def __post_init__(self):
-        if self.residual not in RESIDUALS:
-            raise ValueError(f"residual must be one of {tuple(RESIDUALS)}, got {self.residual!r}")
+        verification.check_residual_name(self.residual, tuple(RESIDUALS))
         check_lookahead(self.lookahead)
 
     def validate(self) -> None:
         """Checks ``epsilon`` (a non-negative scalar; its value only when concrete)."""
-        epsilon = self.epsilon
-        if isinstance(epsilon, (str, bytes, bool)) or not (
-                isinstance(epsilon, (int, float, np.number, np.ndarray, jax.Array))
-                or isinstance(epsilon, jax.core.Tracer)):
-            raise ValueError(f"epsilon must be a number (a float or a 0-d array), got "
-                             f"{type(epsilon).__name__} {epsilon!r}")
-        if not jnp.issubdtype(jnp.asarray(epsilon).dtype, jnp.number) \
-                or jnp.issubdtype(jnp.asarray(epsilon).dtype, jnp.complexfloating):
-            raise ValueError(f"epsilon must be a real number, got dtype "
-                             f"{jnp.asarray(epsilon).dtype}")
-        shape = jnp.shape(self.epsilon)
-        if shape != ():
-            raise ValueError(f"epsilon must be a scalar, got shape {shape}")
-        if _checks.is_concrete(self.epsilon) and not bool(np.asarray(self.epsilon) >= 0):
-            raise ValueError(f"epsilon must be non-negative and not NaN, got "
-                             f"{float(self.epsilon)}")
+        _checks.check_scalar_leaf("epsilon", self.epsilon)
 
     def acceptance(self, p, q):
         """``b = min(1, (q + eps) / p)`` (1 where ``p = 0``)."""

@@ -148,6 +148,39 @@ def optimal_residual(p: jax.Array, q: jax.Array, accept_prob: jax.Array) -> jax.
     return safe_normalize(jnp.maximum(q - accept_prob * p, 0))
 
 
+def _residual_optimal(p, q, b):
+    return optimal_residual(p, q, b)  # Theorem 4's P* (Decoding-OPT)
+
+
+def _residual_target(p, q, b):
+    del p, b
+    return q  # resample from q (Decoding-UNO)
+
+
+def _residual_standard(p, q, b):
+    del b
+    return speculative_residual(p, q)  # SD's [q - p]_+
+
+
+def _residual_argmax(p, q, b):
+    del p, b
+    return jax.nn.one_hot(jnp.argmax(q, axis=-1), q.shape[-1], dtype=q.dtype)  # Medusa, vLLM
+
+
+#: The residuals a lossy rule may resample from after a rejection, by name: ``"optimal"``
+#: (Theorem 4's ``P*``, normalised ``[q - b p]_+``), ``"target"`` (``q``), ``"standard"``
+#: (SD's ``[q - p]_+``), ``"argmax"`` (the target's most likely token: Medusa's typical acceptance
+#: and vLLM's ``TypicalAcceptanceSampler``). Each is ``f(p, q, b) -> (..., V)`` masses.
+RESIDUALS = {"optimal": _residual_optimal, "target": _residual_target,
+             "standard": _residual_standard, "argmax": _residual_argmax}
+
+
+def check_residual_name(residual: str, allowed=tuple(RESIDUALS)) -> None:
+    """Raise ``ValueError`` unless ``residual`` names one of ``allowed``."""
+    if residual not in allowed:
+        raise ValueError(f"residual must be one of {tuple(allowed)}, got {residual!r}")
+
+
 def verification_law(p: jax.Array, accept_prob: jax.Array, residual: jax.Array) -> VerificationLaw:
     """The joint law of (token, rejected) of one step of Algorithm 2.
 
