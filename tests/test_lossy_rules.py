@@ -216,3 +216,23 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
                     return specjax.exact(rule, d, target).expected_rejections
                 value, grad = jax.value_and_grad(rejections)(jnp.log(draft.trans))
                 assert np.isfinite(value) and np.isfinite(grad).all(), (rule.label, dtype)
+
+
+def test_every_entry_point_and_model_kind_runs():
+    """The support table's row for these decoders: decode, decoding_statistics and exact on a
+    Markov chain, its finite-state lift and (Monte Carlo) an n-gram model; equal exact values on
+    the chain and its lift."""
+    draft, target = specjax.random_markov_chain(jax.random.key(1), 3, 4), \
+        specjax.random_markov_chain(jax.random.key(2), 3, 4)
+    lifted = [specjax.FiniteStateModel.from_markov_chain(m) for m in (draft, target)]
+    ngram = [specjax.NGramModel(jnp.asarray(m.trans[0]), 2) for m in (draft, target)]
+    key = jax.random.key(0)
+    for rule in (RULES[0], RULES[-1]):  # a deterministic test, a residual given the draft
+        on_chain = specjax.exact(rule, draft, target).expected_calls
+        np.testing.assert_allclose(specjax.exact(rule, *lifted, horizon=4).expected_calls,
+                                   on_chain, rtol=1e-5)
+        for models, kw in (((draft, target), {}), (lifted, dict(horizon=4)),
+                           (ngram, dict(horizon=4))):
+            assert specjax.decode(key, rule, *models, 8, **kw).tokens.shape[0] == 8
+            stats_ = specjax.decoding_statistics(key, rule, *models, 8, chunk_size=4, **kw)
+            assert np.isfinite(np.asarray(stats_.rejections_at)).all()
