@@ -53,6 +53,21 @@ def literal_verify(x, p, q, k, u, v, bug=None, greedy=False):
     return np.array(out)
 
 
+def end_output(out, k, stop_tokens=(), bonus=True):
+    """An engine's endings applied to one padded output (``literal_verify``'s): without the
+    bonus, an output that kept all ``k >= 1`` drafts loses its last token; then everything after
+    the first stop token is dropped."""
+    out = [int(t) for t in out]
+    length = out.index(-1) if -1 in out else len(out)
+    if not bonus and k >= 1 and length == k + 1:
+        length = k
+    for i in range(length):
+        if out[i] in stop_tokens:
+            length = i + 1
+            break
+    return np.array(out[:length] + [-1] * (len(out) - length))
+
+
 def literal_law(x, p, q, k, greedy=False, accept=None, residual=None):
     """``P(n accepted, last token y)`` (``(K + 1, V)``) of ``literal_verify`` without bugs, in
     closed form: accept ``min(1, q(x) / p(x))`` (0 where ``p(x) = 0``), then ``[q - p]_+``.

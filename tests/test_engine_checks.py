@@ -17,6 +17,7 @@ import pytest
 
 import specjax
 from conftest import random_rows
+from engine_reference import end_output
 from engine_reference import literal_law
 from engine_reference import literal_process
 from engine_reference import literal_verify
@@ -33,13 +34,13 @@ def _softmax(logits, temperature=1.0):
     return p / p.sum(-1, keepdims=True)  # float32 rows made float64 laws for NumPy
 
 
-def _instance(seed, num_requests=4, greedy=False, temperature=1.0, scale=1.5):
+def _instance(seed, num_requests=4, greedy=False, temperature=1.0, scale=1.5, zero_fraction=0.3):
     """Requests whose drafts are drawn from softmax(logits / temperature) (or its argmax);
     logits of standard deviation ``scale``."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, scale, (num_requests, K, V))
     p = _softmax(logits, temperature)
-    q = random_rows(rng, (num_requests, K + 1, V), zero_fraction=0.3)
+    q = random_rows(rng, (num_requests, K + 1, V), zero_fraction=zero_fraction)
     x = p.argmax(-1) if greedy else np.array([[rng.choice(V, p=r) for r in rows] for rows in p])
     counts = np.array([3, 2, 0, 3, 1, 3, 2, 1])[:num_requests] if num_requests <= 8 else \
         rng.integers(0, K + 1, num_requests)
@@ -75,9 +76,9 @@ def test_a_correct_sampler_passes():
                                          num_drafts=counts, alpha=ALPHA)
         assert not result.flagged, result.summary()
         assert result.impossible == 0 and result.num_runs == 1500
-        assert result.num_accepted_counts.sum() == 1500 * 4
-        assert abs(result.mean_accepted - result.mean_accepted_expected) \
-            < 4.5 * result.mean_accepted_se
+        assert result.length_counts.sum() == 1500 * 4
+        assert abs(result.mean_length - result.mean_length_expected) \
+            < 4.5 * result.mean_length_se
 
 
 def test_many_requests_one_run_each():
@@ -95,7 +96,7 @@ def test_accept_all_is_flagged():
     assert _mean_accepted(x, p, q, counts) < 0.8 * counts.mean()  # the bug changes n's law
     result = specjax.compare_outputs(SD, x, p, q, _run(x, p, q, counts, 500, 5, "accept_all"),
                                      num_drafts=counts)
-    assert result.flagged and result.num_accepted_pvalue < 1e-10, result.summary()
+    assert result.flagged and result.length_pvalue < 1e-10, result.summary()
 
 
 def test_a_residual_from_the_wrong_law_is_flagged():
@@ -165,6 +166,38 @@ def test_draft_sampled_at_one_temperature_scored_at_another_is_flagged():
     assert result.flagged, result.summary()
 
 
+def test_stop_tokens_and_a_dropped_bonus():
+    """An engine with an end-of-sequence token and without bonus tokens: the correct sampler
+    passes; one that keeps verifying past the end token, or emits the bonus anyway, is flagged
+    (outputs the exact law gives probability zero)."""
+    _, x, p, q, counts = _instance(18, zero_fraction=0.0)  # every draft can be kept
+    law = specjax.verify_drafts_law(SD, x, p, q, num_drafts=counts)
+    # The end token: the first draft of the request with K_b >= 2 most likely to keep it, so
+    # that runs verify past it (at least 100 expected) and the first bug shows.
+    ranked = [b for b in np.argsort(-np.asarray(law.acceptance[:, 0])) if counts[b] >= 2]
+    stop = [int(x[ranked[0], 0])]
+    assert 1500 * float(law.acceptance[ranked[0], 0]) > 100
+    # Some runs keep every draft of some request (at least 20 expected): the second bug shows.
+    all_kept = np.asarray(law.num_accepted)[np.arange(4), counts]
+    assert 1500 * float(all_kept[counts > 0].max()) > 20
+    raw = _run(x, p, q, counts, 1500, 19)
+    ended = np.stack([[end_output(raw[r, b], counts[b], stop, bonus=False) for b in range(4)]
+                      for r in range(1500)])
+    result = specjax.compare_outputs(SD, x, p, q, ended, num_drafts=counts, stop_tokens=stop,
+                                     bonus=False, alpha=ALPHA)
+    assert not result.flagged, result.summary()
+    past_stop = np.stack([[end_output(raw[r, b], counts[b], (), bonus=False) for b in range(4)]
+                          for r in range(1500)])
+    result = specjax.compare_outputs(SD, x, p, q, past_stop, num_drafts=counts,
+                                     stop_tokens=stop, bonus=False)
+    assert result.flagged and result.impossible > 0
+    with_bonus = np.stack([[end_output(raw[r, b], counts[b], stop) for b in range(4)]
+                           for r in range(1500)])
+    result = specjax.compare_outputs(SD, x, p, q, with_bonus, num_drafts=counts,
+                                     stop_tokens=stop, bonus=False)
+    assert result.flagged and result.impossible > 0
+
+
 def test_compare_refuses_bad_outputs_and_settings():
     _, x, p, q, counts = _instance(14)
     runs = _run(x, p, q, counts, 3, 15)
@@ -174,6 +207,10 @@ def test_compare_refuses_bad_outputs_and_settings():
         specjax.compare_outputs(SD, x, p, q, runs.astype(float), num_drafts=counts)
     with pytest.raises(ValueError, match="alpha"):
         specjax.compare_outputs(SD, x, p, q, runs, num_drafts=counts, alpha=1.5)
+    with pytest.raises(ValueError, match="stop_tokens"):
+        specjax.compare_outputs(SD, x, p, q, runs, num_drafts=counts, stop_tokens=[V])
+    with pytest.raises(ValueError, match="bonus"):
+        specjax.compare_outputs(SD, x, p, q, runs, num_drafts=counts, bonus=jnp.array(True))
     malformed = runs.copy()
     malformed[0, 0] = [-1, 2, -1, -1]  # a token after the padding
     result = specjax.compare_outputs(SD, x, p, q, malformed, num_drafts=counts)

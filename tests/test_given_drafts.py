@@ -23,6 +23,7 @@ import pytest
 import specjax
 from conftest import random_rows
 from engine_reference import literal_law
+from engine_reference import end_output
 from engine_reference import literal_verify
 from reference import biased_accept
 from reference import optimal_residual
@@ -66,6 +67,78 @@ def test_kernel_equals_the_literal_transcription_token_for_token(x64):
                 n = int(out.num_accepted[b])
                 assert (want[:n + 1] != -1).all() and (want[n + 1:] == -1).all()
                 assert bool(out.bonus[b]) == (n == counts[b])
+
+
+def test_stop_tokens_and_dropped_bonus_token_for_token(x64):
+    """The endings (a stop token among the drafts or emitted last, a dropped bonus) against the
+    literal ones applied to the literal kernel's outputs, on the same uniforms."""
+    x, p, q, counts = requests(8)
+    rng = np.random.default_rng(9)
+    stop = [int(x[0, 1]), int(x[1, 0])]  # drafts of requests 0 and 1 are stop tokens
+    for trial in range(20):
+        u = rng.random((4, K))
+        v = rng.random((4, K + 1))
+        for bonus in (True, False):
+            out = specjax.verify_drafts(None, SD, x, p, q, num_drafts=counts, uniforms=(u, v),
+                                        stop_tokens=stop, bonus=bonus)
+            for b in range(4):
+                raw = literal_verify(x[b], p[b], q[b], counts[b], u[b], v[b])
+                want = end_output(raw, counts[b], stop, bonus)
+                got = np.asarray(out.tokens[b])
+                assert got.tolist() == want.tolist(), (trial, b, bonus)
+                length = int((want != -1).sum())
+                assert int(out.num_emitted[b]) == length
+                assert bool(out.stopped[b]) == any(t in stop for t in want[:length])
+
+
+def test_output_law_with_stop_tokens_is_the_target_law_stopped(x64):
+    """With an end-of-sequence token, the emitted tokens continued by the target (which stops
+    at the end token too) are distributed as the target's sequence stopped at its first end
+    token, for every K_b and with the bonus dropped or not."""
+    lookahead, num_tokens, stop = 2, 3, 2
+    rng = np.random.default_rng(10)
+    p_trans = random_rows(rng, (lookahead + 1, num_tokens, num_tokens), 0.2)
+    q_trans = random_rows(rng, (lookahead + 1, num_tokens, num_tokens), 0.2)
+    start = 0
+
+    def target_paths(prefix, j):
+        """``{continuation: probability}`` of the target from ``prefix`` (position ``j``)."""
+        if j == lookahead + 1 or prefix[-1:] == (stop,):
+            return {(): 1.0}
+        out = {}
+        for y in range(num_tokens):
+            mass = q_trans[j, ((start,) + prefix)[-1], y]
+            if mass == 0:
+                continue
+            for tail, m in target_paths(prefix + (y,), j + 1).items():
+                out[(y,) + tail] = out.get((y,) + tail, 0.0) + mass * m
+        return out
+
+    target = target_paths((), 0)
+    for count, bonus in itertools.product(range(lookahead + 1), (True, False)):
+        completed = {}
+        for drawn in itertools.product(range(num_tokens), repeat=count):
+            drafts = drawn + (0,) * (lookahead - count)
+            prefix = (start,) + drafts
+            weight = np.prod([p_trans[j, prefix[j], drafts[j]] for j in range(count)])
+            if weight == 0:
+                continue
+            p = np.stack([p_trans[j, prefix[j]] for j in range(lookahead)])
+            q = np.stack([q_trans[j, prefix[j]] for j in range(lookahead + 1)])
+            law = np.asarray(specjax.verify_drafts_law(
+                SD, np.array(drafts), p, q, num_drafts=np.int32(count), stop_tokens=stop,
+                bonus=bonus).outcome)
+            for n, y in itertools.product(range(lookahead + 1), range(num_tokens)):
+                if law[n, y] == 0:
+                    continue
+                head = drafts[:n] + (y,)
+                for tail, m in target_paths(head, n + 1).items():
+                    key = head + tail
+                    completed[key] = completed.get(key, 0.0) + weight * law[n, y] * m
+        assert set(completed) <= set(target), (count, bonus)
+        for seq, mass in target.items():
+            np.testing.assert_allclose(completed.get(seq, 0.0), mass, atol=1e-13,
+                                       err_msg=f"K_b={count}, bonus={bonus}, {seq}")
 
 
 def test_exact_law_equals_the_literal_closed_form_for_every_rule(x64):

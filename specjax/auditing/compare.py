@@ -1,21 +1,23 @@
 """Is an engine's rejection sampler right? Its outputs tested against specjax's exact law.
 
 An engine author runs their sampler on given inputs (drafted ids, draft and target rows), many
-times or over many requests, and hands the emitted tokens to ``compare_outputs``. Since the
-accepted tokens are the given drafts, each output is the pair (number accepted ``n``, last token
-``y``), whose exact law ``verify_drafts_law`` computes per request. Three kinds of evidence:
+times or over many requests, and hands the emitted tokens to ``compare_outputs``. Since every
+token but the last is a given draft, each output is the pair (length ``n + 1``, last token
+``y``), whose exact law ``verify_drafts_law`` computes per request (with stop tokens and a
+dropped bonus when the engine uses them). Three kinds of evidence:
 
 * **impossible outcomes**: an output of probability zero under the exact law (a token of zero
   target mass, a recovered token the residual cannot produce, an accepted token that is not the
   draft, ``n`` above ``K_b``, malformed padding). One is proof of a bug: no false alarm.
-* **goodness of fit**, for the whole outcome ``(n, y)``, for the number accepted ``n``, and per
-  position ``j`` (absent / draft kept / last token ``y`` here): the counts of each category summed
+* **goodness of fit**, for the whole outcome ``(n, y)``, for the length, and per position ``j``
+  (absent / draft kept / last token ``y`` here): the counts of each category summed
   over runs and requests against their expectations, by the chi-square statistic of a sum of
   independent multinomials with different laws (``d^T C^+ d`` with ``C`` their summed
   covariance; for identical requests it is Pearson's statistic). Categories of expected count
   below ``min_expected`` are pooled. Asymptotic in the number of runs times requests.
-* the mean number accepted against its exact mean and standard error (reported, not tested
-  separately: the number accepted's test contains it).
+* the mean length against its exact mean and standard error (reported, not tested separately:
+  the length's test contains it). Without stop tokens and with the bonus, the length is one more
+  than the number of drafts accepted.
 
 **False alarms**: with ``m = K + 3`` tests, each at level ``alpha / m``, a correct sampler is
 flagged with probability at most about ``alpha`` (Bonferroni; the chi-square approximation needs
@@ -38,6 +40,7 @@ import numpy as np
 from specjax.auditing.audit import _chi2_sf
 from specjax.auditing.given import PAD
 from specjax.auditing.given import _law
+from specjax.auditing.given import check_endings
 from specjax.auditing.given import check_given_decoder
 from specjax.auditing.given import check_inputs
 
@@ -55,14 +58,14 @@ class EngineComparison(NamedTuple):
       impossible: number of runs whose output has probability zero under the exact law.
       impossible_examples: up to 5 of them, as ``(run, request, tokens)`` tuples.
       outcome_pvalue: p-value of the whole outcome ``(n, y)``.
-      num_accepted_pvalue: p-value of the number accepted.
+      length_pvalue: p-value of the output's length.
       position_pvalues: ``(K + 1,)``; p-value of position ``j``'s outcome (absent, the draft
         kept, or the last token, and which).
-      num_accepted_counts: ``(K + 1,)``; how many runs accepted ``n`` drafts.
-      num_accepted_expected: ``(K + 1,)``; their exact expectations.
-      mean_accepted: mean number accepted over runs and requests.
-      mean_accepted_expected: its exact expectation.
-      mean_accepted_se: the standard error of ``mean_accepted`` under the exact law.
+      length_counts: ``(K + 1,)``; how many runs emitted ``n + 1`` tokens.
+      length_expected: ``(K + 1,)``; their exact expectations.
+      mean_length: mean number of tokens emitted, over runs and requests.
+      mean_length_expected: its exact expectation.
+      mean_length_se: the standard error of ``mean_length`` under the exact law.
       num_runs: runs per request ``R``.
       num_tests: ``K + 3`` (each at level ``alpha / num_tests``).
       alpha: the false-alarm rate of ``flagged`` (about, asymptotically).
@@ -72,13 +75,13 @@ class EngineComparison(NamedTuple):
     impossible: int
     impossible_examples: list
     outcome_pvalue: float
-    num_accepted_pvalue: float
+    length_pvalue: float
     position_pvalues: np.ndarray
-    num_accepted_counts: np.ndarray
-    num_accepted_expected: np.ndarray
-    mean_accepted: float
-    mean_accepted_expected: float
-    mean_accepted_se: float
+    length_counts: np.ndarray
+    length_expected: np.ndarray
+    mean_length: float
+    mean_length_expected: float
+    mean_length_se: float
     num_runs: int
     num_tests: int
     alpha: float
@@ -92,9 +95,9 @@ class EngineComparison(NamedTuple):
                  + "".join(f"\n    run {r}, request {b}: {list(t)}"
                            for r, b, t in self.impossible_examples),
                  f"  outcome (n, y) p-value: {self.outcome_pvalue:.3g}",
-                 f"  number accepted p-value: {self.num_accepted_pvalue:.3g}; mean "
-                 f"{self.mean_accepted:.4f} against {self.mean_accepted_expected:.4f} "
-                 f"± {self.mean_accepted_se:.4f}",
+                 f"  length p-value: {self.length_pvalue:.3g}; mean "
+                 f"{self.mean_length:.4f} against {self.mean_length_expected:.4f} "
+                 f"± {self.mean_length_se:.4f}",
                  "  per position p-values: "
                  + ", ".join(f"{v:.3g}" for v in np.atleast_1d(self.position_pvalues))]
         return "\n".join(lines)
@@ -152,7 +155,7 @@ def _parse(tokens: np.ndarray, drafts: np.ndarray, counts: np.ndarray, num_token
 
 
 def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
-                    num_drafts=None, alpha: float = 1e-3,
+                    num_drafts=None, stop_tokens=None, bonus: bool = True, alpha: float = 1e-3,
                     min_expected: float = 5.0) -> EngineComparison:
     """Test an engine's verification outputs against specjax's exact law of them.
 
@@ -161,6 +164,8 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
       draft_tokens, draft_probs, target_probs, num_drafts: the inputs the engine was given,
         as for ``specjax.verify_drafts`` (``draft_probs`` the rows the drafts were drawn
         from, ``None`` for greedy or n-gram drafts).
+      stop_tokens, bonus: the engine's end-of-sequence ids and whether it emits the bonus
+        token, as for ``specjax.verify_drafts``.
       tokens: the engine's outputs, ``(R, B, K + 1)`` for ``R`` runs of the ``B`` requests
         (``(B, K + 1)`` for one run; ``(R, K + 1)`` when ``draft_tokens`` is ``(K,)``):
         the accepted drafts, the recovered or bonus token, then ``-1`` padding.
@@ -187,6 +192,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     """
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) \
             or not 0 < float(alpha) < 1:
         raise ValueError(f"alpha must be a false-alarm rate in (0, 1), got {alpha!r}")
@@ -208,7 +214,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
                          f"a batch), got {out.shape}")
     out = out.reshape(out.shape[0], num_requests, lookahead + 1)
     runs = out.shape[0]
-    law = _law(decoder, inputs._replace(batched=None))
+    law = _law(decoder, inputs._replace(batched=None), stop, with_bonus)
     outcome = np.asarray(law.outcome, np.float64)  # (B, K + 1, V)
     outcome /= outcome.sum((1, 2), keepdims=True)
     counts = np.asarray(inputs.num_drafts)
@@ -226,28 +232,28 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     cells = np.where(ok, n * num_tokens + y, 0)
     flat = outcome.reshape(num_requests, -1)
     outcome_p = _generalised_chi2(flat, observed(cells, flat.shape[1]), runs, min_expected)
-    accepted_law = outcome.sum(-1)  # (B, K + 1)
-    accepted_counts = observed(n, lookahead + 1)
-    accepted_p = _generalised_chi2(accepted_law, accepted_counts, runs, min_expected)
+    length_law = outcome.sum(-1)  # (B, K + 1): P(n + 1 tokens)
+    length_counts = observed(n, lookahead + 1)
+    length_p = _generalised_chi2(length_law, length_counts, runs, min_expected)
     for j in range(lookahead + 1):
         # categories: absent (n < j), draft kept (n > j), last token y here (V of them)
-        laws = np.concatenate([accepted_law[:, :j].sum(1, keepdims=True),
-                               accepted_law[:, j + 1:].sum(1, keepdims=True), outcome[:, j]],
+        laws = np.concatenate([length_law[:, :j].sum(1, keepdims=True),
+                               length_law[:, j + 1:].sum(1, keepdims=True), outcome[:, j]],
                               axis=1)
         index = np.where(n < j, 0, np.where(n > j, 1, 2 + y))
         tests_per_position.append(_generalised_chi2(laws, observed(index, num_tokens + 2), runs,
                                                     min_expected))
-    mean_law = (accepted_law * np.arange(lookahead + 1)).sum(1)
-    var_law = (accepted_law * np.arange(lookahead + 1) ** 2).sum(1) - mean_law ** 2
+    mean_law = (length_law * np.arange(1, lookahead + 2)).sum(1)
+    var_law = (length_law * np.arange(1, lookahead + 2) ** 2).sum(1) - mean_law ** 2
     total = runs * num_requests
     num_tests = lookahead + 3
-    pvalues = np.array([outcome_p, accepted_p, *tests_per_position])
+    pvalues = np.array([outcome_p, length_p, *tests_per_position])
     flagged = bool(impossible.any() or (pvalues < alpha / num_tests).any())
     return EngineComparison(
         flagged=flagged, impossible=int(impossible.sum()), impossible_examples=examples,
-        outcome_pvalue=outcome_p, num_accepted_pvalue=accepted_p,
-        position_pvalues=np.array(tests_per_position), num_accepted_counts=accepted_counts,
-        num_accepted_expected=runs * accepted_law.sum(0), mean_accepted=float(n.mean()),
-        mean_accepted_expected=float(mean_law.mean()),
-        mean_accepted_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
+        outcome_pvalue=outcome_p, length_pvalue=length_p,
+        position_pvalues=np.array(tests_per_position), length_counts=length_counts,
+        length_expected=runs * length_law.sum(0), mean_length=float((n + 1)[ok].mean()),
+        mean_length_expected=float(mean_law.mean()),
+        mean_length_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
         num_runs=runs, num_tests=num_tests, alpha=float(alpha))

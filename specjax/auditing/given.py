@@ -46,6 +46,7 @@ Padding: only the first ``K_b`` drafts and ``K_b + 1`` target rows of request ``
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -69,25 +70,34 @@ class Verified(NamedTuple):
     """What ``verify_drafts`` returns (leading ``B`` only for batched input).
 
     Attributes:
-      tokens: ``(B, K + 1)`` int32; request ``b`` emits ``tokens[b, :num_accepted[b] + 1]`` (its
-        accepted drafts, then the recovered or bonus token), ``-1`` after.
-      num_accepted: ``(B,)`` int32; drafts accepted, ``0..K_b``.
-      bonus: ``(B,)`` bool; whether the last token is the bonus (all ``K_b`` drafts accepted;
-        always true for ``K_b = 0``).
+      tokens: ``(B, K + 1)`` int32; request ``b`` emits ``tokens[b, :num_emitted[b]]``: its
+        accepted drafts, then the recovered or bonus token, ``-1`` after. Without stop tokens and
+        with the bonus, ``num_emitted = num_accepted + 1``.
+      num_accepted: ``(B,)`` int32; accepted drafts among the emitted tokens, ``0..K_b``.
+      bonus: ``(B,)`` bool; whether the last token is the bonus (all ``K_b`` drafts accepted and
+        the bonus emitted; always true for ``K_b = 0``, whose one token is the target's).
+      num_emitted: ``(B,)`` int32; tokens emitted, ``1..K_b + 1``.
+      stopped: ``(B,)`` bool; whether the output ends at a stop token (tokens verified after it
+        are dropped).
     """
 
     tokens: jax.Array  # shape=(B, K + 1), int32
     num_accepted: jax.Array  # shape=(B,), int32
     bonus: jax.Array  # shape=(B,), bool
+    num_emitted: jax.Array  # shape=(B,), int32
+    stopped: jax.Array  # shape=(B,), bool
 
 
 class DraftsLaw(NamedTuple):
     """The exact law of ``verify_drafts``'s output over its random numbers, per request.
 
     Attributes:
-      outcome: ``(B, K + 1, V)``; ``P(num_accepted = n, last token = y)``. Since the accepted
-        tokens are the given drafts, this is the law of the whole output.
-      num_accepted: ``(B, K + 1)``; ``P(num_accepted = n)`` (zero for ``n > K_b``).
+      outcome: ``(B, K + 1, V)``; ``P(the output has n + 1 tokens, the last one y)``. The tokens
+        before the last are the given drafts, so this is the law of the whole output. Without
+        stop tokens and with the bonus, it is ``P(n drafts accepted, then the token y)``; a stop
+        token or a dropped bonus makes some outputs end on a draft (``y = x_n``).
+      num_accepted: ``(B, K + 1)``; ``P(verification accepts n drafts)`` (zero for ``n > K_b``),
+        before a stop token or a dropped bonus shortens the output.
       acceptance: ``(B, K)``; ``P(draft j accepted | drafts before it accepted)`` (zero for
         ``j >= K_b``).
     """
@@ -207,6 +217,26 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs
     return _Inputs(tokens, draft, target, counts, batched)
 
 
+def check_endings(stop_tokens, bonus, num_tokens):
+    """``stop_tokens`` (``None`` or ids in ``[0, V)``) as an int32 array, and ``bonus`` (a bool:
+    static, it changes the outputs' shape of events)."""
+    if not isinstance(bonus, (bool, np.bool_)):
+        raise ValueError(f"bonus is a static setting: pass True or False, got {bonus!r}")
+    if stop_tokens is None:
+        return jnp.zeros((0,), jnp.int32), bool(bonus)
+    stop = jnp.asarray(stop_tokens)
+    if stop.ndim == 0:
+        stop = stop[None]
+    if stop.ndim != 1 or not jnp.issubdtype(stop.dtype, jnp.integer):
+        raise ValueError(f"stop_tokens must be token ids (an int or a 1-D int array), got dtype "
+                         f"{stop.dtype} and shape {stop.shape}")
+    if _checks.is_concrete(stop) and stop.size \
+            and (int(stop.min()) < 0 or int(stop.max()) >= num_tokens):
+        raise ValueError(f"stop_tokens must be ids in [0, V) = [0, {num_tokens}), got "
+                         f"{np.asarray(stop).tolist()}")
+    return stop.astype(jnp.int32), bool(bonus)
+
+
 def _check_uniforms(uniforms, num_requests, lookahead, batched, dtype):
     if not isinstance(uniforms, (tuple, list)) or len(uniforms) != 2:
         raise ValueError("uniforms must be a pair (accept, sample) of arrays of shapes (B, K) "
@@ -253,8 +283,8 @@ def _residual_rows(decoder, p, q, tokens, rejected):
     return rejected if given is None else given(p, q, tokens)
 
 
-@jax.jit
-def _verify(decoder, inputs: _Inputs, u, v) -> Verified:
+@functools.partial(jax.jit, static_argnames="with_bonus")
+def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
@@ -278,11 +308,11 @@ def _verify(decoder, inputs: _Inputs, u, v) -> Verified:
     padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
     out = jnp.where(position < num_accepted[:, None], padded,
                     jnp.where(position == num_accepted[:, None], last[:, None], PAD))
-    return Verified(out.astype(jnp.int32), num_accepted, bonus)
+    return _end_outputs(out.astype(jnp.int32), num_accepted, counts, stop, with_bonus)
 
 
-@jax.jit
-def _law(decoder, inputs: _Inputs) -> DraftsLaw:
+@functools.partial(jax.jit, static_argnames="with_bonus")
+def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     inside = jnp.arange(lookahead)[None] < counts[:, None]
@@ -303,9 +333,56 @@ def _law(decoder, inputs: _Inputs) -> DraftsLaw:
     last_rows = jnp.where(bonus_row[..., None], q, last_rows)
     reach = jnp.cumprod(jnp.concatenate([jnp.ones((num_requests, 1), q.dtype), accept], axis=1),
                         axis=1)
-    stop = 1 - jnp.concatenate([accept, jnp.zeros((num_requests, 1), q.dtype)], axis=1)
-    num_accepted = reach * stop
-    return DraftsLaw(num_accepted[..., None] * last_rows, num_accepted, accept)
+    num_accepted = reach * (1 - jnp.concatenate([accept, jnp.zeros((num_requests, 1), q.dtype)],
+                                                axis=1))
+    outcome = _end_law(num_accepted[..., None] * last_rows, reach, tokens, counts, stop,
+                       with_bonus)
+    return DraftsLaw(outcome, num_accepted, accept)
+
+
+def _end_outputs(out, num_accepted, counts, stop, with_bonus):
+    """Outputs after the endings: a dropped bonus (``with_bonus=False``, ``K_b >= 1``) and the
+    first stop token (the tokens after it dropped)."""
+    position = jnp.arange(out.shape[1])[None]
+    length = num_accepted + 1
+    if not with_bonus:
+        length = jnp.where((num_accepted == counts) & (counts > 0), num_accepted, length)
+    stopped = jnp.zeros(out.shape[:1], bool)
+    if stop.shape[0]:  # static: no stop token, no search (XLA would fold it slowly)
+        is_stop = jnp.isin(out, stop) & (position < length[:, None])
+        stopped = jnp.any(is_stop, axis=1)
+        length = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, length)
+    length = length.astype(jnp.int32)
+    out = jnp.where(position < length[:, None], out, PAD)
+    bonus = (num_accepted == counts) & (length == num_accepted + 1)
+    return Verified(out, jnp.minimum(num_accepted, length), bonus, length, stopped)
+
+
+def _end_law(outcome, reach, tokens, counts, stop, with_bonus):
+    """The law of the outputs after the endings, from ``outcome[b, n, y]`` (``n`` drafts
+    accepted, then ``y``) and ``reach[b, n]`` (``P(at least n accepted)``): outputs that pass
+    their first stop draft ``s`` end there (mass ``P(n > s)`` moved to ``(s, x_s)``); without
+    the bonus, the all-accepted outputs end on ``x_{K_b - 1}``."""
+    num_requests, lookahead = tokens.shape
+    rows = jnp.arange(num_requests)
+    if not lookahead:
+        return outcome
+    first = counts
+    if stop.shape[0]:  # static, as in _end_outputs
+        inside = jnp.arange(lookahead)[None] < counts[:, None]
+        is_stop = jnp.isin(tokens, stop) & inside
+        first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), counts)
+        outcome = outcome * (jnp.arange(lookahead + 1)[None] <= first[:, None])[..., None]
+        at = jnp.minimum(first, lookahead - 1)
+        passed = jnp.where(first < counts, reach[rows, first + 1], 0)
+        outcome = outcome.at[rows, at, tokens[rows, at]].add(passed)
+    if not with_bonus:
+        move = (counts > 0) & (first == counts)
+        last = jnp.maximum(counts - 1, 0)
+        mass = jnp.where(move, outcome[rows, counts].sum(-1), 0)
+        outcome = outcome.at[rows, counts].multiply(jnp.where(move, 0, 1)[:, None])
+        outcome = outcome.at[rows, last, tokens[rows, last]].add(mass)
+    return outcome
 
 
 def _unbatch(result, batched):
@@ -313,7 +390,7 @@ def _unbatch(result, batched):
 
 
 def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,
-                  uniforms=None) -> Verified:
+                  uniforms=None, stop_tokens=None, bonus: bool = True) -> Verified:
     """Verify given drafts as a serving engine's rejection sampler does, for a batch of requests.
 
     Args:
@@ -330,9 +407,13 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
         ``0``: the request only takes the target's token). Default: ``K`` for all.
       uniforms: ``(accept (B, K), sample (B, K + 1))`` in ``[0, 1)``: the random numbers
         themselves (see the module's convention), instead of ``key``.
+      stop_tokens: ids that end a sequence (end-of-sequence tokens): the output ends at the
+        first one it emits, an accepted draft or the last token (HuggingFace, keras-hub).
+      bonus: ``False`` drops the bonus token after ``K_b >= 1`` accepted drafts (vLLM's
+        ``disable_bonus_tokens``); a request with ``K_b = 0`` still emits the target's token.
 
     Returns:
-      ``Verified(tokens (B, K + 1), num_accepted (B,), bonus (B,))``.
+      ``Verified(tokens (B, K + 1), num_accepted, bonus, num_emitted, stopped)``, each ``(B,)``.
 
     Raises:
       ValueError: a bad key, decoder, shape, dtype, id, probability row (of the rows read),
@@ -350,6 +431,7 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     """
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     num_requests, lookahead = inputs.tokens.shape
     dtype = inputs.target_probs.dtype
     if uniforms is not None:
@@ -363,14 +445,16 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
         k1, k2 = jax.random.split(key)
         u = jax.random.uniform(k1, (num_requests, lookahead), dtype)
         v = jax.random.uniform(k2, (num_requests, lookahead + 1), dtype)
-    return _unbatch(_verify(decoder, inputs._replace(batched=None), u, v), inputs.batched)
+    return _unbatch(_verify(decoder, inputs._replace(batched=None), u, v, stop, with_bonus),
+                    inputs.batched)
 
 
-def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *,
-                      num_drafts=None) -> DraftsLaw:
+def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,
+                      stop_tokens=None, bonus: bool = True) -> DraftsLaw:
     """The exact law of ``verify_drafts``'s output over its random numbers, given the drafts.
 
-    Arguments as ``verify_drafts`` (without ``key`` and ``uniforms``).
+    Arguments as ``verify_drafts`` (without ``key`` and ``uniforms``), ``stop_tokens`` and
+    ``bonus`` included.
 
     Returns:
       ``DraftsLaw(outcome (B, K + 1, V), num_accepted (B, K + 1), acceptance (B, K))``.
@@ -388,4 +472,6 @@ def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *,
     """
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
-    return _unbatch(_law(decoder, inputs._replace(batched=None)), inputs.batched)
+    stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
+    return _unbatch(_law(decoder, inputs._replace(batched=None), stop, with_bonus),
+                    inputs.batched)
