@@ -136,7 +136,9 @@ from specjax.auditing import Verified
 from specjax.auditing import compare_outputs
 from specjax.auditing import verify_drafts
 from specjax.auditing import verify_drafts_law
+from specjax.models import ProcessedModel
 from specjax.models import process_chain
+from specjax.models import process_model
 from specjax.models import process_logits
 
 __version__ = "0.2.0"
@@ -221,6 +223,8 @@ __all__ = [
     "DraftsLaw",
     "EngineComparison",
     "process_chain",
+    "process_model",
+    "ProcessedModel",
     "process_logits",
     "Verified",
     "verify_drafts",

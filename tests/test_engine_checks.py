@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -278,3 +279,57 @@ def test_processing_refuses_bad_settings():
         specjax.process_logits(jnp.full(3, -jnp.inf))
     with pytest.raises(ValueError, match="chain"):
         specjax.process_chain(logits)
+
+
+def test_processing_every_model_kind(x64):
+    """``process_model``: a finite-state lift and an n-gram keep their kind with processed tables,
+    and their exact values equal those of the processed Markov chain; a model that gives logits
+    becomes a protocol model (``ProcessedModel``) that ``decode`` runs; settings work traced."""
+    rng = np.random.default_rng(20)
+    rows = jnp.asarray(rng.dirichlet(np.ones(4), size=4))
+    draft, target = (specjax.MarkovChain(jnp.full(4, 0.25), jnp.broadcast_to(r, (3, 4, 4)))
+                     for r in (rows, jnp.asarray(rng.dirichlet(np.ones(4), size=4))))
+    settings = dict(temperature=0.7, top_k=3, top_p=0.9)
+    want = specjax.exact(specjax.Speculative(2), specjax.process_chain(draft, **settings),
+                         specjax.process_chain(target, **settings)).expected_calls
+    lifted = [specjax.process_model(specjax.FiniteStateModel.from_markov_chain(m), **settings)
+              for m in (draft, target)]
+    assert isinstance(lifted[0], specjax.FiniteStateModel)
+    got = specjax.exact(specjax.Speculative(2), *lifted, horizon=3).expected_calls
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    ngram = specjax.process_model(specjax.NGramModel(rows, 2), **settings)
+    np.testing.assert_allclose(ngram.table, specjax.process_logits(jnp.log(rows), **settings),
+                               atol=1e-15)
+
+    @specjax.decoder_dataclass
+    class LogitsBigram:  # a user's model that gives logits
+        weights: jax.Array = specjax.array_field()
+
+        @property
+        def num_states(self):
+            return self.weights.shape[-1]
+
+        def init_state(self):
+            return jnp.int32(0)
+
+        def logits(self, state):
+            return self.weights[state]
+
+        def update(self, state, token):
+            del state
+            return token.astype(jnp.int32)
+
+    model = LogitsBigram(jnp.asarray(rng.normal(size=(4, 4))))
+    wrapped = specjax.process_model(model, temperature=0.5, min_p=0.2)
+    for state in range(4):
+        np.testing.assert_allclose(
+            wrapped.probs(jnp.int32(state)),
+            literal_process(np.asarray(model.weights[state]), temperature=0.5, min_p=0.2),
+            atol=1e-12)
+    trace = specjax.decode(jax.random.key(0), specjax.Speculative(2), wrapped,
+                           specjax.process_model(model), 16, horizon=5)
+    assert trace.tokens.shape == (16, 6)
+    traced = jax.jit(lambda t, p: specjax.process_logits(model.weights, temperature=t, top_p=p))
+    np.testing.assert_allclose(traced(0.5, 0.8), specjax.process_logits(
+        model.weights, temperature=0.5, top_p=0.8), atol=1e-12)
+    np.testing.assert_allclose(traced(0.0, 0.8), jax.nn.one_hot(model.weights.argmax(-1), 4))

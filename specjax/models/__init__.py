@@ -11,7 +11,9 @@ from specjax.models.autoregressive import greedy_draft
 from specjax.models.autoregressive import MAX_TABLE_SIZE
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
+from specjax.models.logits import ProcessedModel
 from specjax.models.logits import process_chain
+from specjax.models.logits import process_model
 from specjax.models.logits import process_logits
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "ngram_counts",
     "process_chain",
     "process_logits",
+    "process_model",
+    "ProcessedModel",
     "paper_instance",
     "random_markov_chain",
 ]

@@ -26,16 +26,20 @@ A processed row is renormalised over the kept tokens (softmax of the masked logi
 
 from __future__ import annotations
 
-import numbers
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax._pytree import array_field
+from specjax._pytree import pytree_dataclass
+from specjax.models.autoregressive import FiniteStateModel
+from specjax.models.autoregressive import NGramModel
 from specjax.models.markov import MarkovChain
 
-__all__ = ["process_logits", "process_chain", "ORDERS"]
+__all__ = ["process_logits", "process_chain", "process_model", "ProcessedModel", "ORDERS"]
 
 #: The engines whose order of processing steps ``process_logits`` follows.
 ORDERS = ("vllm", "huggingface")
@@ -66,12 +70,20 @@ def _min_p(logits, min_p):
     return _masked(logits, probs < min_p * jnp.max(probs, axis=-1, keepdims=True))
 
 
-def _check_settings(temperature, top_k, top_p, min_p, order, num_tokens):
+def _scalar(value):
+    """A concrete setting as a NumPy scalar array (NumPy: jnp ops would trace under a jit)."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.asarray(np.nan)
+
+
+def _check_settings(temperature, top_k, top_p, min_p, order):
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if _checks.is_concrete(temperature):
-        t = jnp.asarray(temperature)
-        if t.shape != () or not bool(jnp.isfinite(t)) or float(t) < 0:
+        t = _scalar(temperature)
+        if isinstance(temperature, bool) or t.shape != () or not np.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None:
         _checks.check_static_int("top_k", top_k)
@@ -80,13 +92,12 @@ def _check_settings(temperature, top_k, top_p, min_p, order, num_tokens):
     for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
         if value is None or not _checks.is_concrete(value):
             continue
-        v = jnp.asarray(value)
-        ok = v.shape == () and bool(jnp.isfinite(v)) and float(v) <= 1 \
-            and (float(v) > 0 if low_open else float(v) >= 0)
+        v = _scalar(value)
+        ok = not isinstance(value, bool) and v.shape == () and np.isfinite(v) and v <= 1 \
+            and (v > 0 if low_open else v >= 0)
         if not ok:
             interval = "(0, 1]" if low_open else "[0, 1]"
             raise ValueError(f"{name} must be a number in {interval} (or None), got {value!r}")
-    del num_tokens
 
 
 def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=None,
@@ -95,7 +106,7 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
 
     Args:
       logits: ``(..., V)`` floating logits (``-inf`` allowed: a masked token).
-      temperature: ``t >= 0`` (may be traced, then it must be positive); ``0`` is greedy.
+      temperature: ``t >= 0`` (may be traced); ``0`` is greedy.
       top_k: a static positive int, or ``None``; values above ``V`` keep every token.
       top_p: in ``(0, 1]``, or ``None`` (may be traced).
       min_p: in ``[0, 1]``, or ``None`` (may be traced).
@@ -124,17 +135,18 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
     if logits.ndim < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have shape (..., V) with V >= 1, got {logits.shape}")
     num_tokens = logits.shape[-1]
-    _check_settings(temperature, top_k, top_p, min_p, order, num_tokens)
+    _check_settings(temperature, top_k, top_p, min_p, order)
     if _checks.is_concrete(logits):
         values = np.asarray(logits)
         if np.isnan(values).any() or (values == np.inf).any():
             raise ValueError("logits must be finite or -inf, got NaN or +inf")
         if (~np.isfinite(values).any(axis=-1)).any():
             raise ValueError("logits has a row with no finite logit (every token masked)")
-    if isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) \
-            and temperature == 0:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), num_tokens, dtype=logits.dtype)
-    x = logits / jnp.asarray(temperature, logits.dtype)
+    greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), num_tokens, dtype=logits.dtype)
+    if _checks.is_concrete(temperature) and float(_scalar(temperature)) == 0:
+        return greedy
+    t = jnp.asarray(temperature, logits.dtype)
+    x = logits / jnp.where(t > 0, t, jnp.ones_like(t))  # a traced 0 selects greedy below
     steps = {"top_k": (lambda z: _top_k(z, min(top_k, num_tokens))) if top_k else None,
              "top_p": (lambda z: _top_p(z, top_p)) if top_p is not None else None,
              "min_p": (lambda z: _min_p(z, min_p)) if min_p is not None else None}
@@ -142,7 +154,10 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
     for name in names:
         if steps[name] is not None:
             x = steps[name](x)
-    return jax.nn.softmax(x, axis=-1)
+    probs = jax.nn.softmax(x, axis=-1)
+    if _checks.is_concrete(temperature):
+        return probs
+    return jnp.where(t > 0, probs, greedy)
 
 
 def process_chain(chain: MarkovChain, *, temperature=1.0, top_k: int | None = None, top_p=None,
@@ -163,3 +178,83 @@ def process_chain(chain: MarkovChain, *, temperature=1.0, top_k: int | None = No
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, order=order)
     return MarkovChain(process_logits(jnp.log(chain.init), **settings),
                        process_logits(jnp.log(chain.trans), **settings))
+
+
+@pytree_dataclass
+class ProcessedModel:
+    """A protocol model whose rows are processed as an engine processes logits.
+
+    ``probs(state)`` is ``process_logits(logits, ...)`` of ``model.logits(state)`` when the model
+    has that method (a model that gives logits), else of ``log(model.probs(state))``;
+    ``init_state``, ``update`` and ``num_states`` are the model's. Build it with
+    ``specjax.process_model``.
+
+    Attributes:
+      model: the wrapped model (a pytree child).
+      temperature, top_p, min_p: leaves (may be traced; ``None`` for no truncation).
+      top_k: static int or ``None``.
+      order: ``"vllm"`` or ``"huggingface"`` (static).
+    """
+
+    model: Any = array_field()
+    temperature: Any = array_field(default=1.0)
+    top_p: Any = array_field(default=None)
+    min_p: Any = array_field(default=None)
+    top_k: int | None = None
+    order: str = "vllm"
+
+    @property
+    def num_states(self) -> int:
+        return self.model.num_states
+
+    def init_state(self):
+        return self.model.init_state()
+
+    def update(self, state, token):
+        return self.model.update(state, token)
+
+    def logits(self, state):
+        """The wrapped model's logits in ``state`` (``log probs`` for a probability model)."""
+        if hasattr(self.model, "logits"):
+            return self.model.logits(state)
+        return jnp.log(self.model.probs(state))
+
+    def probs(self, state):
+        return process_logits(self.logits(state), temperature=self.temperature,
+                              top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              order=self.order)
+
+
+def process_model(model, *, temperature=1.0, top_k: int | None = None, top_p=None,
+                  min_p=None, order: str = "vllm"):
+    """Any model with its rows processed as an engine processes logits (``process_logits``).
+
+    A ``MarkovChain`` gives a ``MarkovChain`` (``process_chain``), a ``FiniteStateModel`` or an
+    ``NGramModel`` the same kind of model with its table processed (so the exact theory applies
+    to them), any other protocol model a ``ProcessedModel`` wrapper (Monte Carlo). A model that
+    gives logits rather than probabilities has a ``logits(state)`` method and no ``probs``:
+    ``process_model(model)`` makes it a protocol model (softmax, and the processing asked for).
+
+    Example:
+      >>> import jax.numpy as jnp, specjax
+      >>> lm = specjax.models.NGramModel(jnp.array([[0.5, 0.3, 0.2]] * 3), 2)
+      >>> cold = specjax.process_model(lm, temperature=0.5, top_k=2)
+      >>> tuple(round(float(v), 3) for v in cold.probs(cold.init_state()))
+      (0.735, 0.265, 0.0)
+    """
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, order=order)
+    if isinstance(model, MarkovChain):
+        return process_chain(model, **settings)
+    if isinstance(model, FiniteStateModel):
+        return FiniteStateModel(model.start, model.next_state,
+                                process_logits(jnp.log(model.table), **settings))
+    if isinstance(model, NGramModel):
+        return NGramModel(process_logits(jnp.log(model.table), **settings), model.order)
+    has_rows = callable(getattr(model, "logits", None)) or callable(getattr(model, "probs", None))
+    if not (has_rows and callable(getattr(model, "init_state", None))
+            and callable(getattr(model, "update", None)) and hasattr(model, "num_states")):
+        raise ValueError(f"model must be a MarkovChain or an autoregressive model (num_states, "
+                         f"init_state(), logits(state) or probs(state), update(state, token)), "
+                         f"got {type(model).__name__}")
+    _check_settings(temperature, top_k, top_p, min_p, order)
+    return ProcessedModel(model, temperature, top_p, min_p, top_k=top_k, order=order)
