@@ -57,8 +57,7 @@ class BiasedSpeculative(TokenwiseDecoder):
         return verification.acceptance_probability(p, q, epsilon=epsilon)
 
     def laws(self, p, q):
-        b = self.acceptance(p, q)
-        law = verification.verification_law(p, b, RESIDUALS[self.residual](p, q, b))
+        law = verification.named_residual_law(p, q, self.acceptance(p, q), self.residual)
         return law, law
 
     @property

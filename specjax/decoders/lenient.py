@@ -53,8 +53,7 @@ class LenientSpeculative(TokenwiseDecoder):
         return jnp.minimum(1, verification._safe_ratio(q, scaled, 1))
 
     def laws(self, p, q):
-        b = self.acceptance(p, q)
-        law = verification.verification_law(p, b, verification.RESIDUALS[self.residual](p, q, b))
+        law = verification.named_residual_law(p, q, self.acceptance(p, q), self.residual)
         return law, law
 
     @property

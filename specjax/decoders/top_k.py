@@ -49,8 +49,7 @@ class TopKAcceptance(TokenwiseDecoder):
         return jnp.where((q >= kth) & (q > 0), jnp.ones_like(sd), sd)
 
     def laws(self, p, q):
-        b = self.acceptance(p, q)
-        law = verification.verification_law(p, b, verification.RESIDUALS[self.residual](p, q, b))
+        law = verification.named_residual_law(p, q, self.acceptance(p, q), self.residual)
         return law, law
 
     @property

@@ -68,8 +68,7 @@ class TypicalAcceptance(TokenwiseDecoder):
         return (q > cut).astype(q.dtype)
 
     def laws(self, p, q):
-        b = self.acceptance(p, q)
-        law = verification.verification_law(p, b, verification.RESIDUALS[self.residual](p, q, b))
+        law = verification.named_residual_law(p, q, self.acceptance(p, q), self.residual)
         return law, law
 
     @property

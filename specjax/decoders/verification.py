@@ -175,6 +175,14 @@ RESIDUALS = {"optimal": _residual_optimal, "target": _residual_target,
              "standard": _residual_standard, "argmax": _residual_argmax}
 
 
+def named_residual_law(p: jax.Array, q: jax.Array, accept_prob: jax.Array,
+                       residual: str) -> VerificationLaw:
+    """``verification_law`` of acceptance ``accept_prob`` and the residual named ``residual`` (a
+    key of ``RESIDUALS``): the law of every rule given by an acceptance and a named residual
+    (biased SD, typical acceptance, lenient SD, top-k acceptance)."""
+    return verification_law(p, accept_prob, RESIDUALS[residual](p, q, accept_prob))
+
+
 def check_residual_name(residual: str, allowed=tuple(RESIDUALS)) -> None:
     """Raise ``ValueError`` unless ``residual`` names one of ``allowed``."""
     if residual not in allowed:
