@@ -103,7 +103,7 @@ def _softmax(z):
 def literal_process(logits, temperature=1.0, top_k=None, top_p=None, min_p=None, order="vllm"):
     """One row of logits through the engines' processing (see ``specjax.process_logits``)."""
     z = np.asarray(logits, np.float64).copy()
-    if temperature == 0:
+    if temperature < 1e-5:  # vLLM's _SAMPLING_EPS: greedy
         out = np.zeros(len(z))
         out[int(np.argmax(z))] = 1.0
         return out

@@ -911,6 +911,36 @@ def _cases() -> list[Case]:
     add(kind, "audit_exact", "drafting a function",
         lambda: S.audit_exact(specjax.auditing.rules.speculative_rule_u, p1(), q1(),
                               drafting=lambda kk, p: jnp.argmax(p)), "drafting")
+    x1, q2 = (lambda: np.array([1])), (lambda: jnp.stack([q1(), q1()]))
+    add(kind, "verify_drafts", "num_drafts 2 with K = 1",
+        lambda: S.verify_drafts(k(), S.Speculative(), x1(), p1()[None], q2(),
+                                num_drafts=np.int32(2)), "num_drafts")
+    add(kind, "verify_drafts", "uniforms of the wrong shape",
+        lambda: S.verify_drafts(None, S.Speculative(), x1(), p1()[None], q2(),
+                                uniforms=(np.zeros(2), np.zeros(2))), "uniforms")
+    add(kind, "verify_drafts_law", "target_probs with K rows",
+        lambda: S.verify_drafts_law(S.Speculative(), x1(), p1()[None], q1()[None]),
+        "target_probs")
+    add(kind, "verify_drafts_law", "stop_tokens out of range",
+        lambda: S.verify_drafts_law(S.Speculative(), x1(), p1()[None], q2(), stop_tokens=[V]),
+        "stop_tokens")
+    add(kind, "compare_outputs", "alpha 1.5",
+        lambda: S.compare_outputs(S.Speculative(), x1(), p1()[None], q2(),
+                                  np.array([[1, 0]]), alpha=1.5), "alpha")
+    add(kind, "compare_outputs", "tokens of the wrong shape",
+        lambda: S.compare_outputs(S.Speculative(), x1(), p1()[None], q2(), np.array([1])),
+        "tokens")
+    add(kind, "process_logits", "top_p 0", lambda: S.process_logits(jnp.zeros(V), top_p=0.0),
+        "top_p")
+    add(kind, "process_chain", "chain a string", lambda: S.process_chain("bigram"), "chain")
+    add(kind, "process_model", "model a string", lambda: S.process_model("bigram"), "model")
+    for name, make, arg in (("TypicalAcceptance", lambda: S.TypicalAcceptance(1.5), "threshold"),
+                            ("LenientSpeculative", lambda: S.LenientSpeculative(0.0),
+                             "lenience"),
+                            ("TopKAcceptance", lambda: S.TopKAcceptance(-1), "k"),
+                            ("ThresholdVerification", lambda: S.ThresholdVerification(0.0),
+                             "threshold_single")):
+        add(kind, name, f"{arg} out of range", lambda make=make: S.exact(make(), d(), t()), arg)
     add(kind, "chain_sharding", "devices []", lambda: S.chain_sharding(devices=[]), "devices")
     add(kind, "greedy_draft", "model a string", lambda: S.greedy_draft("bigram"), "model")
     add(kind, "GreedyModel", "model a MarkovChain... as a string",

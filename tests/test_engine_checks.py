@@ -199,6 +199,42 @@ def test_stop_tokens_and_a_dropped_bonus():
     assert result.flagged and result.impossible > 0
 
 
+def test_rare_categories_do_not_raise_false_alarms(x64):
+    """A token of probability 5e-5 seen once in 1,000 runs, alone or beside a request that
+    surely emits it (expected counts large, variance tiny): no flag (the review's reproducers).
+    Under x64 with float64 rows (which once crashed on a read-only array)."""
+    q = np.array([[1 - 5e-5, 5e-5]])
+    runs = np.zeros((1000, 1), np.int64)
+    runs[0] = 1
+    result = specjax.compare_outputs(SD, np.zeros((0,), np.int32), None, q, runs)
+    assert not result.flagged and result.impossible == 0
+    q2 = np.array([[[0.0, 1.0]], [[1 - 5e-5, 5e-5]]])
+    runs2 = np.zeros((1000, 2, 1), np.int64)
+    runs2[:, 0] = 1
+    runs2[0, 1] = 1
+    assert not specjax.compare_outputs(SD, np.zeros((2, 0), np.int32), None, q2, runs2).flagged
+
+
+def test_false_alarm_rate_of_correct_samplers():
+    """300 replicates of 200 different ragged requests run once each by ``verify_drafts``
+    (correct): flagged at alpha = 0.05 at most 33 times (the 1e-5 upper quantile of
+    Binomial(300, 0.05): a false failure has probability below 1e-5 if the stated rate holds;
+    a true rate of 0.15 fails with probability 0.97)."""
+    rng = np.random.default_rng(21)
+    num_requests, reps = 200, 300
+    p = random_rows(rng, (num_requests, K, V))
+    q = random_rows(rng, (num_requests, K + 1, V), zero_fraction=0.3)
+    x = np.array([[rng.choice(V, p=r) for r in rows] for rows in p])
+    counts = rng.integers(0, K + 1, num_requests)
+    tile = lambda a: np.tile(a, (reps,) + (1,) * (a.ndim - 1))  # noqa: E731
+    out = specjax.verify_drafts(jax.random.key(22), SD, tile(x), tile(p).astype(np.float32),
+                                tile(q).astype(np.float32), num_drafts=tile(counts))
+    runs = np.asarray(out.tokens).reshape(reps, 1, num_requests, K + 1)
+    flags = sum(specjax.compare_outputs(SD, x, p, q, runs[r], num_drafts=counts,
+                                        alpha=0.05).flagged for r in range(reps))
+    assert flags <= 33, flags
+
+
 def test_compare_refuses_bad_outputs_and_settings():
     _, x, p, q, counts = _instance(14)
     runs = _run(x, p, q, counts, 3, 15)
@@ -206,6 +242,10 @@ def test_compare_refuses_bad_outputs_and_settings():
         specjax.compare_outputs(SD, x, p, q, runs[..., :K], num_drafts=counts)
     with pytest.raises(ValueError, match="tokens"):
         specjax.compare_outputs(SD, x, p, q, runs.astype(float), num_drafts=counts)
+    with pytest.raises(ValueError, match="tokens"):
+        specjax.compare_outputs(SD, x, p, q, runs.astype(np.uint32), num_drafts=counts)
+    with pytest.raises(ValueError, match="tokens"):
+        specjax.compare_outputs(SD, x, p, q, runs[:0], num_drafts=counts)
     with pytest.raises(ValueError, match="alpha"):
         specjax.compare_outputs(SD, x, p, q, runs, num_drafts=counts, alpha=1.5)
     with pytest.raises(ValueError, match="stop_tokens"):
@@ -279,6 +319,10 @@ def test_processing_refuses_bad_settings():
         specjax.process_logits(jnp.full(3, -jnp.inf))
     with pytest.raises(ValueError, match="chain"):
         specjax.process_chain(logits)
+    with pytest.raises(ValueError, match="temperature"):
+        specjax.process_logits(logits, temperature="1")
+    tiny = specjax.process_logits(jnp.log(jnp.array([0.5, 0.3, 0.2])), temperature=1e-45)
+    np.testing.assert_array_equal(tiny, [1, 0, 0])  # below vLLM's 1e-5: greedy
 
 
 def test_processing_every_model_kind(x64):

@@ -338,9 +338,34 @@ def test_bad_arguments_are_refused_by_name():
         with pytest.raises(ValueError, match=name):
             specjax.verify_drafts(args.pop("key"), args.pop("decoder"), args.pop("draft_tokens"),
                                   args.pop("draft_probs"), args.pop("target_probs"), **args)
+    with pytest.raises(ValueError, match="uniforms"):  # 1 - 1e-9 is 1.0 in float32
+        specjax.verify_drafts(None, SD, x, p.astype(np.float32), q.astype(np.float32),
+                              num_drafts=counts, uniforms=(np.full((4, K), 1 - 1e-9),
+                                                           np.zeros((4, K + 1))))
     with pytest.raises(ValueError, match="key=None"):
         specjax.verify_drafts(key, SD, x, p, q, num_drafts=counts,
                               uniforms=(np.zeros((4, K)), np.zeros((4, K + 1))))
+
+
+def test_narrow_dtypes_are_computed_in_float32_and_rules_that_ignore_p_ignore_it():
+    """bfloat16 rows: the law and the uniforms in float32 (bfloat16 uniforms are multiples of
+    2^-8, which emitted a token of probability 0.003 at 0.0086). TypicalAcceptance reads only
+    the target's row: a draft row with p(x) = 0 does not change its decision."""
+    q = jnp.array([[0.003, 0.002, 0.5, 0.495]], jnp.bfloat16)
+    law = specjax.verify_drafts_law(SD, jnp.zeros((0,), jnp.int32), None, q)
+    assert law.outcome.dtype == jnp.float32
+    out = specjax.verify_drafts(jax.random.key(1), SD, jnp.zeros((40_000, 0), jnp.int32), None,
+                                jnp.broadcast_to(q, (40_000, 1, 4)))
+    counts = dict(zip(*np.unique(np.asarray(out.tokens[:, 0]), return_counts=True)))
+    want = np.asarray(law.outcome[0], np.float64)
+    assert_law(counts, {i: want[i] for i in range(4) if want[i] > 0}, 40_000, "bfloat16")
+    typical = specjax.TypicalAcceptance()
+    q_rows = np.array([[0.9, 0.05, 0.05], [1.0, 0.0, 0.0]])
+    with_p = specjax.verify_drafts_law(typical, np.array([0]), np.array([[0.0, 1.0, 0.0]]),
+                                       q_rows)
+    without = specjax.verify_drafts_law(typical, np.array([0]), None, q_rows)
+    np.testing.assert_allclose(with_p.acceptance, [1.0])
+    np.testing.assert_allclose(with_p.outcome, without.outcome)
 
 
 def test_docstring_examples_run():

@@ -158,7 +158,9 @@ def test_monte_carlo_fits_the_exact_output_law(rule):
 def test_threshold_verification_on_given_drafts_equals_its_literal_kernel(x64):
     """SGLang's kernel for a chain, transcribed (coin <= q(x) / acc or q(x) >= single; on
     rejection relu(q - d) with d(x) = q(x), sampled by the inverse CDF at the final coin), token
-    for token against ``verify_drafts`` with the same uniforms; and the law."""
+    for token against ``verify_drafts`` with the same uniforms (never 0 here); and the law. At
+    coin = 0 exactly the kernel's ``<=`` accepts a draft of target probability 0, which
+    ``verify_drafts`` (strict ``<``) rejects: the u = 0 bug, in SGLang's kernel."""
     rule = specjax.ThresholdVerification(0.6, 0.8)
     rng = np.random.default_rng(6)
     num_requests, lookahead, num_tokens = 6, 3, 5
@@ -172,7 +174,7 @@ def test_threshold_verification_on_given_drafts_equals_its_literal_kernel(x64):
             want = []
             for j in range(lookahead):
                 tok = x[b, j]
-                if u[b, j] < q[b, j, tok] / 0.8 or q[b, j, tok] >= 0.6:
+                if u[b, j] <= q[b, j, tok] / 0.8 or q[b, j, tok] >= 0.6:
                     want.append(int(tok))
                     continue
                 d = np.zeros(num_tokens)
@@ -183,6 +185,12 @@ def test_threshold_verification_on_given_drafts_equals_its_literal_kernel(x64):
                 want.append(inverse_cdf(v[b, lookahead], q[b, lookahead]))
             got = np.asarray(out.tokens[b])
             assert got[:len(want)].tolist() == want and (got[len(want):] == -1).all(), (trial, b)
+    zero = q[0].copy()
+    zero[0] = 0.0
+    zero[0, (x[0, 0] + 1) % num_tokens] = 1.0  # q(x_0) = 0
+    out = specjax.verify_drafts(None, rule, x[0], None, zero,
+                                uniforms=(np.zeros(lookahead), np.full(lookahead + 1, 0.5)))
+    assert int(out.num_accepted) == 0  # SGLang's coin <= 0 / acc would accept x_0
     law = specjax.verify_drafts_law(rule, x, None, q)
     b0 = [1.0 if q[0, j, x[0, j]] >= 0.6 else min(1.0, q[0, j, x[0, j]] / 0.8)
           for j in range(lookahead)]

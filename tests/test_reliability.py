@@ -91,6 +91,6 @@ def test_battery_covers_every_public_entry_point():
                  "StoppingPolicy", "EngineMetrics", "DraftFamily", "ExactDecoding",
                  "LookaheadChoice", "Objective", "ParetoFront", "SequoiaChoice", "TokenwiseDecoder", "TreeBudgetChoice", "TuneResult",
                  "VerificationLaw", "array_field", "decoder_dataclass", "Autoregressive",
-                 "marginals"}
+                 "marginals", "DraftsLaw", "EngineComparison", "Verified", "ProcessedModel"}
     missing = sorted(set(specjax.__all__) - entries - data_only)
     assert not missing, missing

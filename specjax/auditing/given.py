@@ -24,7 +24,8 @@ Algorithm 2 verify given drafts through the same code that samples and enumerate
 * Accept ``x_j`` iff ``u_j * p_j(x_j) < a_j(x_j)``, where ``a_j`` is the decoder's accepted mass
   (``min(p, q)`` for SD: accept iff ``u * p(x) < q(x)``, i.e. ``u < q(x) / p(x)``). A draft with
   ``p_j(x_j) = 0`` is therefore rejected (as in vLLM), and a token with ``q_j(x_j) = 0`` is never
-  accepted, ``u = 0`` included. Greedy and n-gram drafts (``draft_probs=None``) are scored with the
+  accepted, ``u = 0`` included. A rule whose test ignores the draft's probabilities
+  (``TypicalAcceptance``, ``ThresholdVerification``) accepts iff ``u_j < b(x_j)``. Greedy and n-gram drafts (``draft_probs=None``) are scored with the
   one-hot of the drafted token: accept iff ``u < q(x)``.
 * At the first rejection ``j`` the last token is the inverse CDF of the decoder's rejected mass
   (``[q_j - p_j]_+`` for SD; the target's row ``q_j`` if that mass is zero, which only rounding
@@ -33,7 +34,9 @@ Algorithm 2 verify given drafts through the same code that samples and enumerate
   total), computed without division, so a token of zero mass is never drawn. After ``K_b``
   acceptances the bonus is the inverse CDF of ``q_{K_b}`` at ``v_{K_b}``.
 * ``u`` and ``v`` are uniform on ``[0, 1)``. With a key, ``u = uniform(k1, (B, K))`` and
-  ``v = uniform(k2, (B, K + 1))`` in the probabilities' dtype, ``k1, k2 = split(key)``.
+  ``v = uniform(k2, (B, K + 1))`` in the computation's dtype, ``k1, k2 = split(key)``: the
+  probabilities' dtype, float32 at least (float16 and bfloat16 rows are upcast; their uniforms
+  would be too coarse).
 
 Engines draw the recovered token differently (vLLM v1: an exponential race over the vocabulary;
 HuggingFace: ``torch.multinomial``), so token-for-token agreement is available for the accept
@@ -210,7 +213,10 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs
                           np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])
         if draft is not None:
             _check_valid_rows("draft_probs", draft, valid)
-    dtype = jnp.result_type(target.dtype, *(() if draft is None else (draft.dtype,)))
+    # float32 at least: uniforms drawn in float16 or bfloat16 are multiples of 2^-11 or 2^-8,
+    # far from uniform on the scale of small probabilities.
+    dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
+        draft.dtype,))), jnp.float32)
     target = target.astype(dtype)
     draft = None if draft is None else draft.astype(dtype)
     tokens = jnp.clip(tokens, 0, num_tokens - 1).astype(jnp.int32)
@@ -242,18 +248,22 @@ def _check_uniforms(uniforms, num_requests, lookahead, batched, dtype):
         raise ValueError("uniforms must be a pair (accept, sample) of arrays of shapes (B, K) "
                          "and (B, K + 1)")
     out = []
-    for name, x, width in zip(("accept", "sample"), uniforms, (lookahead, lookahead + 1)):
-        x = jnp.asarray(x)
+    for name, raw, width in zip(("accept", "sample"), uniforms, (lookahead, lookahead + 1)):
+        x = jnp.asarray(raw)
         shape = (num_requests, width) if batched else (width,)
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
             raise ValueError(f"uniforms[{name!r}] must be a float array of shape {shape}, got "
                              f"dtype {x.dtype} and shape {x.shape}")
-        if _checks.is_concrete(x):
-            values = np.asarray(x)
+        cast = x.reshape(num_requests, width).astype(dtype)
+        if _checks.is_concrete(x):  # checked in the computation's dtype: 1 - 1e-9 rounds to 1
+            values = np.asarray(cast)
             if not np.all((values >= 0) & (values < 1)):
-                raise ValueError(f"uniforms[{name!r}] must lie in [0, 1), got values in "
-                                 f"[{values.min()}, {values.max()}]")
-        out.append(x.reshape(num_requests, width).astype(dtype))
+                given = np.asarray(raw)
+                raise ValueError(
+                    f"uniforms[{name!r}] must lie in [0, 1) in the computation's dtype "
+                    f"{jnp.dtype(dtype).name}, got values in [{given.min()}, {given.max()}] "
+                    f"({values.min()}, {values.max()} once rounded)")
+        out.append(cast)
     return out
 
 
@@ -275,6 +285,17 @@ def _gather(rows, tokens):
     return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
 
 
+def _accept_test(decoder, law, p, q, tokens):
+    """``(scale, mass)`` at the drafts: accept iff ``u * scale < mass``. In general
+    ``(p(x), a(x))`` with ``a`` the accepted mass (a draft with ``p(x) = 0`` is rejected); for a
+    rule whose test ignores the draft's probabilities (``reads_draft_probs = False``: typical
+    acceptance, SGLang's thresholds), ``(1, b(x))`` from its ``acceptance(p, q)``."""
+    if getattr(decoder, "reads_draft_probs", True):
+        return _gather(p, tokens), _gather(law.accepted, tokens)
+    b = _gather(decoder.acceptance(p, q), tokens)
+    return jnp.ones_like(b), b
+
+
 def _residual_rows(decoder, p, q, tokens, rejected):
     """The masses the token is drawn from after rejecting ``tokens``: the decoder's rejected
     mass, or, for a rule whose residual depends on the rejected draft (SGLang's threshold
@@ -291,7 +312,8 @@ def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     if lookahead:
         p, q_drafted = _rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
-        keep = u * _gather(p, tokens) < _gather(law.accepted, tokens)
+        scale, mass = _accept_test(decoder, law, p, q_drafted, tokens)
+        keep = u * scale < mass
         keep &= jnp.arange(lookahead)[None] < counts[:, None]
         num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
         at = jnp.minimum(num_accepted, lookahead - 1)
@@ -320,7 +342,8 @@ def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
         p, q_drafted = _rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
         # P(u p(x) < a(x)) for u ~ U[0, 1): a(x) / p(x), and 0 where p(x) = 0 (then a(x) = 0).
-        accept = verification._safe_ratio(_gather(law.accepted, tokens), _gather(p, tokens), 0)
+        scale, mass = _accept_test(decoder, law, p, q_drafted, tokens)
+        accept = verification._safe_ratio(mass, scale, 0)
         accept = jnp.where(inside, jnp.clip(accept, 0, 1), 0)
         rejected = _residual_rows(decoder, p, q_drafted, tokens, law.rejected)
         residual = jax.vmap(jax.vmap(_mass_or_target))(rejected, q_drafted)

@@ -50,6 +50,8 @@ class ThresholdVerification(TokenwiseDecoder):
     threshold_acc: Any = array_field(default=1.0)
     _: dataclasses.KW_ONLY
     lookahead: int | None = None
+    #: The test ignores the draft's probabilities (``verify_drafts`` accepts iff ``u < b(x)``).
+    reads_draft_probs = False
 
     def __post_init__(self):
         check_lookahead(self.lookahead)

@@ -26,8 +26,11 @@ class TypicalAcceptance(TokenwiseDecoder):
 
     A deterministic test on the target's row alone (the draft's probabilities are not read);
     after a rejection the token comes from ``residual``: ``"argmax"`` (the target's most likely
-    token, as Medusa and vLLM do), ``"optimal"`` (Theorem 4's ``P*`` for the same acceptance, the
-    least biased residual), ``"target"`` (``q``) or ``"standard"`` (``[q - p]_+``).
+    token: Medusa's code, and vLLM's ``TypicalAcceptanceSampler`` as its tests
+    ``test_get_recovered_token_ids`` check), ``"target"`` (a draw from ``q``: a review reports
+    that vLLM's last version emitted the target sampler's own token, not confirmed here),
+    ``"optimal"`` (Theorem 4's ``P*`` for the same acceptance, the least biased residual) or
+    ``"standard"`` (``[q - p]_+``).
 
     Attributes:
       threshold: ``posterior_threshold`` (vLLM's default 0.09), in ``[0, 1]``; a pytree leaf.
@@ -40,7 +43,7 @@ class TypicalAcceptance(TokenwiseDecoder):
 
     References:
       Cai et al. (2024), Medusa, Section 3.3.1; vLLM ``typical_acceptance_sampler.py``
-      (``_evaluate_accepted_tokens``, recovered token ``argmax q``).
+      (``_evaluate_accepted_tokens``; the recovered token in ``test_get_recovered_token_ids``).
     """
 
     threshold: Any = array_field(default=0.09)
@@ -48,6 +51,8 @@ class TypicalAcceptance(TokenwiseDecoder):
     _: dataclasses.KW_ONLY
     residual: str = "argmax"
     lookahead: int | None = None
+    #: The test ignores the draft's probabilities (``verify_drafts`` accepts iff ``u < b(x)``).
+    reads_draft_probs = False
 
     def __post_init__(self):
         verification.check_residual_name(self.residual)

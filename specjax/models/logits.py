@@ -7,8 +7,9 @@ temperature or a truncation does to acceptance and calls, exactly.
 
 Semantics (shared by vLLM v1 and HuggingFace ``transformers`` unless said):
 
-* **temperature** ``t``: logits divided by ``t``; ``t = 0`` is greedy: the one-hot of the first
-  maximal logit (vLLM's ``all_greedy`` path, HuggingFace's ``do_sample=False``).
+* **temperature** ``t``: logits divided by ``t``; ``t < 1e-5`` is greedy (vLLM's
+  ``_SAMPLING_EPS``): the one-hot of the first maximal logit (vLLM's ``all_greedy`` path,
+  HuggingFace's ``do_sample=False``).
 * **top-k** ``k``: logits below the ``k``-th largest masked (``-inf``); ties with the ``k``-th are
   kept (both engines compare with ``<`` against the ``k``-th value).
 * **top-p** ``P``: on the softmax of the current logits, sorted ascending, the tokens whose
@@ -70,8 +71,16 @@ def _min_p(logits, min_p):
     return _masked(logits, probs < min_p * jnp.max(probs, axis=-1, keepdims=True))
 
 
+#: Temperatures below this are greedy, as in vLLM (``_SAMPLING_EPS``): dividing by a smaller one
+#: overflows the logits (and a float32 temperature below about 1e-45 is 0).
+GREEDY_BELOW = 1e-5
+
+
 def _scalar(value):
-    """A concrete setting as a NumPy scalar array (NumPy: jnp ops would trace under a jit)."""
+    """A concrete setting as a NumPy scalar array (NumPy: jnp ops would trace under a jit); NaN
+    for what is not a number (strings included)."""
+    if isinstance(value, (str, bytes)):
+        return np.asarray(np.nan)
     try:
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -106,7 +115,7 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
 
     Args:
       logits: ``(..., V)`` floating logits (``-inf`` allowed: a masked token).
-      temperature: ``t >= 0`` (may be traced); ``0`` is greedy.
+      temperature: ``t >= 0`` (may be traced); below ``1e-5`` it is greedy (vLLM's rule).
       top_k: a static positive int, or ``None``; values above ``V`` keep every token.
       top_p: in ``(0, 1]``, or ``None`` (may be traced).
       min_p: in ``[0, 1]``, or ``None`` (may be traced).
@@ -143,10 +152,11 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
         if (~np.isfinite(values).any(axis=-1)).any():
             raise ValueError("logits has a row with no finite logit (every token masked)")
     greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), num_tokens, dtype=logits.dtype)
-    if _checks.is_concrete(temperature) and float(_scalar(temperature)) == 0:
+    if _checks.is_concrete(temperature) and float(_scalar(temperature)) < GREEDY_BELOW:
         return greedy
     t = jnp.asarray(temperature, logits.dtype)
-    x = logits / jnp.where(t > 0, t, jnp.ones_like(t))  # a traced 0 selects greedy below
+    warm = t >= GREEDY_BELOW
+    x = logits / jnp.where(warm, t, jnp.ones_like(t))  # a traced tiny one selects greedy below
     steps = {"top_k": (lambda z: _top_k(z, min(top_k, num_tokens))) if top_k else None,
              "top_p": (lambda z: _top_p(z, top_p)) if top_p is not None else None,
              "min_p": (lambda z: _min_p(z, min_p)) if min_p is not None else None}
@@ -157,7 +167,7 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
     probs = jax.nn.softmax(x, axis=-1)
     if _checks.is_concrete(temperature):
         return probs
-    return jnp.where(t > 0, probs, greedy)
+    return jnp.where(warm, probs, greedy)
 
 
 def process_chain(chain: MarkovChain, *, temperature=1.0, top_k: int | None = None, top_p=None,
