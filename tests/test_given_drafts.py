@@ -342,6 +342,10 @@ def test_bad_arguments_are_refused_by_name():
         specjax.verify_drafts(None, SD, x, p.astype(np.float32), q.astype(np.float32),
                               num_drafts=counts, uniforms=(np.full((4, K), 1 - 1e-9),
                                                            np.zeros((4, K + 1))))
+    bad = q.copy()
+    bad[1, 0] *= 2  # the error names the row by its place
+    with pytest.raises(ValueError, match=r"target_probs\[1, 0\]"):
+        specjax.verify_drafts(key, SD, x, p, bad, num_drafts=counts)
     with pytest.raises(ValueError, match="key=None"):
         specjax.verify_drafts(key, SD, x, p, q, num_drafts=counts,
                               uniforms=(np.zeros((4, K)), np.zeros((4, K + 1))))

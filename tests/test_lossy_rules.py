@@ -218,7 +218,7 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
         with jax.enable_x64(dtype == jnp.float64):
             draft = specjax.MarkovChain(jnp.asarray(p_init, dtype), jnp.asarray(p, dtype))
             target = specjax.MarkovChain(jnp.asarray(q_init, dtype), jnp.asarray(q, dtype))
-            for rule in RULES:
+            for rule in RULES[::2]:  # one of each class
                 def rejections(logits, rule=rule):
                     d = specjax.MarkovChain.from_logits(jnp.log(draft.init), logits)
                     return specjax.exact(rule, d, target).expected_rejections

@@ -147,13 +147,21 @@ def _float_array(name, x, ndim):
     return x
 
 
-def _check_valid_rows(name, x, valid):
-    """Probability checks on the rows ``x[valid]`` (concrete arrays only)."""
+def _check_valid_rows(name, x, valid, batched):
+    """Probability checks on the rows ``x[valid]`` (concrete arrays only); an error names the
+    first bad row by its place in ``x`` (``target_probs[b, j]``)."""
     if not _checks.is_concrete(x):
         return
-    rows = np.asarray(x)[np.asarray(valid)]
-    if rows.size:
-        _checks.check_probabilities(name, rows)
+    values = np.asarray(x)
+    tol = _checks.row_sum_tolerance(values.dtype)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values).all(-1) | (values < 0).any(-1) \
+            | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
+    bad &= np.asarray(valid)
+    if bad.any():
+        b, j = np.argwhere(bad)[0]
+        where = f"{name}[{b}, {j}]" if batched else f"{name}[{j}]"
+        _checks.check_probabilities(where, values[b, j])
 
 
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs:
@@ -210,9 +218,9 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs
             raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
                              f"each request's num_drafts, got {int(bad)}")
         _check_valid_rows("target_probs", target,
-                          np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])
+                          np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None], batched)
         if draft is not None:
-            _check_valid_rows("draft_probs", draft, valid)
+            _check_valid_rows("draft_probs", draft, valid, batched)
     # float32 at least: uniforms drawn in float16 or bfloat16 are multiples of 2^-11 or 2^-8,
     # far from uniform on the scale of small probabilities.
     dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
