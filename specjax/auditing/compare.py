@@ -37,10 +37,9 @@ import math
 import numbers
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from specjax.auditing.audit import _check_alpha
 from specjax.auditing.audit import _chi2_sf
 from specjax.auditing.given import PAD
 from specjax.auditing.given import _law
@@ -209,9 +208,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) \
-            or not 0 < float(alpha) < 1:
-        raise ValueError(f"alpha must be a false-alarm rate in (0, 1), got {alpha!r}")
+    alpha = _check_alpha(alpha)
     if isinstance(min_variance, bool) or not isinstance(min_variance, numbers.Real) \
             or not float(min_variance) > 0:
         raise ValueError(f"min_variance must be a positive number, got {min_variance!r}")
@@ -238,8 +235,8 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     outcome = np.array(law.outcome, np.float64)  # (B, K + 1, V), a writable copy
     outcome /= outcome.sum((1, 2), keepdims=True)
     counts = np.asarray(inputs.num_drafts)
-    drafts = np.asarray(jnp.asarray(draft_tokens).reshape(num_requests, lookahead))
-    n, y, valid = _parse(out, drafts, counts, num_tokens)
+    # the checked ids (padding clipped into range): the kept positions n <= K_b compare equal
+    n, y, valid = _parse(out, np.asarray(inputs.tokens), counts, num_tokens)
     prob = outcome[np.arange(num_requests)[None], n, y]
     impossible = ~valid | (prob <= 0)
     examples = [(int(r), int(b), out[r, b].tolist()) for r, b in np.argwhere(impossible)[:5]]
@@ -249,7 +246,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         return np.bincount(index[ok], minlength=size)
 
     tests_per_position = []
-    cells = np.where(ok, n * num_tokens + y, 0)
+    cells = n * num_tokens + y
     flat = outcome.reshape(num_requests, -1)
     outcome_p = _generalised_chi2(flat, observed(cells, flat.shape[1]), runs, min_variance)
     length_law = outcome.sum(-1)  # (B, K + 1): P(n + 1 tokens)
@@ -276,4 +273,4 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         length_expected=runs * length_law.sum(0), mean_length=float((n + 1)[ok].mean()),
         mean_length_expected=float(mean_law.mean()),
         mean_length_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
-        num_runs=runs, num_tests=num_tests, alpha=float(alpha))
+        num_runs=runs, num_tests=num_tests, alpha=alpha)
