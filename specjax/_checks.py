@@ -152,6 +152,21 @@ def check_scalar_leaf(name: str, value, *, low: float = 0.0, high: float = math.
         raise ValueError(f"{name} must lie in {interval}, got {number}")
 
 
+def check_logits(name: str, logits) -> None:
+    """Raise ``ValueError`` unless the concrete ``logits`` are finite or ``-inf`` (a zero
+    probability) with a finite entry in every row; skipped for tracers."""
+    if not is_concrete(logits):
+        return
+    values = np.asarray(logits)
+    if np.isnan(values).any() or (values == np.inf).any():
+        raise ValueError(f"{name} must be finite or -inf (a zero probability), got NaN or +inf")
+    empty = ~np.isfinite(values).any(axis=-1)
+    if empty.any():
+        row = tuple(int(i) for i in np.argwhere(empty)[0])
+        raise ValueError(f"{name} row {row} is all -inf (no finite logit): it gives no token a "
+                         f"positive probability")
+
+
 def check_key(key) -> None:
     """Raise ``ValueError`` unless ``key`` is a JAX PRNG key (typed or raw uint32[2])."""
     if isinstance(key, (numbers.Number, np.integer)):

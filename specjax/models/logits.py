@@ -145,12 +145,7 @@ def process_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=N
         raise ValueError(f"logits must have shape (..., V) with V >= 1, got {logits.shape}")
     num_tokens = logits.shape[-1]
     _check_settings(temperature, top_k, top_p, min_p, order)
-    if _checks.is_concrete(logits):
-        values = np.asarray(logits)
-        if np.isnan(values).any() or (values == np.inf).any():
-            raise ValueError("logits must be finite or -inf, got NaN or +inf")
-        if (~np.isfinite(values).any(axis=-1)).any():
-            raise ValueError("logits has a row with no finite logit (every token masked)")
+    _checks.check_logits("logits", logits)
     greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), num_tokens, dtype=logits.dtype)
     if _checks.is_concrete(temperature) and float(_scalar(temperature)) < GREEDY_BELOW:
         return greedy

@@ -122,17 +122,7 @@ class MarkovChain:
             raise ValueError(f"init_logits must have shape (V,) and trans_logits (T, V, V), got "
                              f"{init_logits.shape} and {trans_logits.shape}")
         for name, logits in (("init_logits", init_logits), ("trans_logits", trans_logits)):
-            if not _checks.is_concrete(logits):
-                continue
-            values = np.asarray(logits)
-            if np.isnan(values).any() or (values == np.inf).any():
-                raise ValueError(f"{name} must be finite or -inf (a zero probability), got NaN "
-                                 f"or +inf")
-            empty = ~np.isfinite(values).any(axis=-1)
-            if empty.any():
-                row = tuple(int(i) for i in np.argwhere(empty)[0])
-                raise ValueError(f"{name} row {row} is all -inf: it gives no token a positive "
-                                 f"probability")
+            _checks.check_logits(name, logits)
         return cls(jax.nn.softmax(init_logits, axis=-1), jax.nn.softmax(trans_logits, axis=-1))
 
     def __repr__(self) -> str:
