@@ -100,6 +100,29 @@ def _refuse_array(name: str, value) -> None:
             f"with static_argnames or bind it with functools.partial)")
 
 
+def check_stop_tokens(stop_tokens, num_states: int) -> tuple:
+    """``stop_tokens`` of a run (``decode``, ``exact``): ``None``, an id or a sequence of ids in
+    ``[0, V)``, as a sorted tuple of Python ints (empty for none). They are static: they select
+    the compiled program. A traced array is refused with a message that says so; a concrete
+    array is read."""
+    if stop_tokens is None:
+        return ()
+    if isinstance(stop_tokens, jax.core.Tracer):
+        raise ValueError(
+            "stop_tokens is a static setting (token ids fixed when the run is compiled), got a "
+            "traced array; pass Python ints, a list or a concrete array")
+    ids = np.asarray(stop_tokens)
+    if ids.ndim > 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)) \
+            or isinstance(stop_tokens, (bool, np.bool_)):
+        raise ValueError(f"stop_tokens must be token ids (an int or a sequence of ints), got "
+                         f"{stop_tokens!r}")
+    ids = ids.reshape(-1)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_states):
+        raise ValueError(f"stop_tokens must be ids in [0, V) = [0, {num_states}), got "
+                         f"{ids.tolist()}")
+    return tuple(sorted({int(i) for i in ids}))
+
+
 def check_position(position, horizon: int) -> None:
     """Raise ``ValueError`` unless ``position`` is a static Python int in ``[1, horizon]``."""
     _refuse_array("position", position)

@@ -99,10 +99,24 @@ def sd_residual(p, q, b):
 
 
 # ----------------------------------------------------------------------------- algorithms
-def general_literal(chooser, draft, target, accept, residual, lookahead=None):
+def _stop_after_call(x, rejected, start, stop, horizon):
+    """HuggingFace's and keras-hub's ending, after a call that emitted ``x[start:]``: if one of
+    those tokens is in ``stop``, the output is cut after the first one and the generation ends.
+    Returns ``None`` (go on), or the outcome padded to ``T`` positions with the stop token (not
+    rejected)."""
+    for i in range(start, len(x)):
+        if x[i] in stop:
+            x, rejected = list(x[:i + 1]), list(rejected[:i])
+            pad = horizon + 1 - len(x)
+            return tuple(x + [x[-1]] * pad), tuple(rejected + [False] * pad)
+    return None
+
+
+def general_literal(chooser, draft, target, accept, residual, lookahead=None, stop=()):
     """Algorithm 2 with lookahead ``K`` (``None``: ``K = T``), bonus token after ``K`` accepts.
 
-    ``draft`` and ``target`` are ``(init (V,), trans (T, V, V))`` NumPy pairs.
+    ``draft`` and ``target`` are ``(init (V,), trans (T, V, V))`` NumPy pairs. ``stop``: token
+    ids that end the generation after the call that emits one (``_stop_after_call``).
     Returns ``(tokens x_0..x_T, rejected R_1..R_T, calls)``.
     """
     p_init, p_trans = draft
@@ -142,13 +156,16 @@ def general_literal(chooser, draft, target, accept, residual, lookahead=None):
             # All K drafts accepted and positions remain: the target's bonus token.
             x.append(chooser.categorical(q_trans[last, x[-1]]))
             rejected.append(False)
+        ended = _stop_after_call(x, rejected, n, stop, horizon)
+        if ended is not None:
+            return ended + (calls,)
         n = len(x)
     return tuple(x), tuple(rejected), calls
 
 
-def sd_literal(chooser, draft, target, lookahead=None):
+def sd_literal(chooser, draft, target, lookahead=None, stop=()):
     """Algorithm 1 (``lookahead=None``) or practical SD with lookahead ``K``."""
-    return general_literal(chooser, draft, target, sd_accept, sd_residual, lookahead)
+    return general_literal(chooser, draft, target, sd_accept, sd_residual, lookahead, stop)
 
 
 def sd_rounds_literal(chooser, draft, target, lookahead):
@@ -280,7 +297,8 @@ def verify_rest(chooser, p_trans, q_trans, x, rejected, seq):
             break
 
 
-def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, replacement=True):
+def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, replacement=True,
+                  stop=()):
     """Algorithm 4 with ``K = T``.
 
     ``literal_reading=False`` follows the appendix proof: after all ``M`` first tokens are
@@ -332,6 +350,9 @@ def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, rep
             final = positive_part(q_n - p_trans[n0 - 1, root]) if literal_reading else q_n
             x.append(chooser.categorical(final))
             rejected.append(True)
+        ended = _stop_after_call(x, rejected, n0, stop, horizon)
+        if ended is not None:
+            return ended + (calls,)
         n = len(x)
     return tuple(x), tuple(rejected), calls
 

@@ -90,4 +90,5 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
         num_rejections=jnp.sum(rejected, axis=-1, dtype=jnp.int32),
         num_calls=jnp.sum(new_call, axis=-1, dtype=jnp.int32),
         new_call=new_call,
+        num_emitted=jnp.full((num_chains,), horizon, jnp.int32),
     ), ~bonus

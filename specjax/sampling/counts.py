@@ -51,6 +51,8 @@ class DecodingStatistics(NamedTuple):
         target's bonus token after ``K`` accepted drafts).
       calls_at: how many chains started a target call at position ``n``.
       final_token_counts: how many chains ended in each token ``x_T``.
+      emitted_at: how many chains emitted ``x_n`` (all of them, or with stop tokens those that
+        had not stopped before ``n``); its sum over the chains' number is the mean length.
 
     The per-chain fields are JAX arrays (laid out like the run's ``sharding``); the counts are
     NumPy int64, exact whatever the number of chains.
@@ -62,6 +64,7 @@ class DecodingStatistics(NamedTuple):
     verified_at: np.ndarray  # shape=(T,), dtype=int64
     calls_at: np.ndarray  # shape=(T,), dtype=int64
     final_token_counts: np.ndarray  # shape=(V,), dtype=int64
+    emitted_at: np.ndarray  # shape=(T,), dtype=int64
 
     @property
     def num_chains(self) -> int:
@@ -106,8 +109,9 @@ def _markov_counts(key, decoder, draft, target, offset, num_valid, *, num_chains
 def _trace_counts(trace, verified, num_valid, *, num_states):
     """The counts of a chunk's trace (engines that keep their tokens), padding not counted."""
     valid = jnp.arange(trace.tokens.shape[0]) < num_valid
+    emitted = jnp.arange(1, trace.tokens.shape[1])[None, :] <= trace.num_emitted[:, None]
     rows = [jnp.sum(flag & valid[:, None], axis=0, dtype=jnp.int32)
-            for flag in (trace.rejected, verified, trace.new_call)]
+            for flag in (trace.rejected, verified, trace.new_call, emitted)]
     final = jnp.bincount(trace.tokens[:, -1], weights=valid.astype(jnp.int32),
                          length=num_states)
     return engine.ChunkCounts(num_rejections=trace.num_rejections, num_calls=trace.num_calls,
@@ -115,11 +119,20 @@ def _trace_counts(trace, verified, num_valid, *, num_states):
                               final_tokens=final.astype(jnp.int32))
 
 
+def _keeps_tokens(run) -> bool:
+    """Whether a run's counts are taken from each chunk's trace: call-level decoders, protocol
+    models and stop tokens; token-wise decoders on Markov chains count inside the scan."""
+    return isinstance(run.decoder, CallDecoder) or run.models != "markov" \
+        or bool(run.stop_tokens)
+
+
 def _chunk_counts(key, run, offset: int, chunk: int, valid: int):
-    if run.models == "markov" and not isinstance(run.decoder, CallDecoder):
-        return _markov_counts(key, run.decoder, run.draft, run.target, np.uint32(offset),
-                              np.int32(valid), num_chains=chunk, lookahead=run.lookahead,
-                              sharding=run.sharding, tables=decoding.table_plan(run))
+    if not _keeps_tokens(run):
+        out = _markov_counts(key, run.decoder, run.draft, run.target, np.uint32(offset),
+                             np.int32(valid), num_chains=chunk, lookahead=run.lookahead,
+                             sharding=run.sharding, tables=decoding.table_plan(run))
+        every = jnp.full((run.horizon, 1), valid, jnp.int32)  # no stop: every x_n is emitted
+        return out._replace(per_position=jnp.concatenate([out.per_position, every], axis=1))
     trace, verified = decoding.run_chunk(key, run, np.uint32(offset), chunk)
     return _trace_counts(trace, verified, np.int32(valid), num_states=run.target.num_states)
 
@@ -171,7 +184,8 @@ def _check_fits(run, num_chains: int, chunk: int, num_chunks: int, keeps_tokens:
 
 def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, *,
                         chunk_size: int | None = None, progress: bool = False,
-                        sharding=None, horizon: int | None = None, **legacy) -> DecodingStatistics:
+                        sharding=None, horizon: int | None = None, stop_tokens=None,
+                        **legacy) -> DecodingStatistics:
     """Runs ``decoder`` like ``specjax.decode`` but keeps counts only, in chunks of chains.
 
     Args:
@@ -188,6 +202,8 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
         chunk has the same shape (the last one is padded and its padding not counted), so a run
         compiles once.
       progress: show a progress bar (tqdm) on standard error, one step per chunk.
+      stop_tokens: end-of-sequence ids, as for ``specjax.decode`` (the counts of a run with
+        them are taken from each chunk's tokens).
 
     Returns:
       ``DecodingStatistics``, equal to the counts of ``specjax.decode``'s ``DecodingTrace`` for
@@ -221,8 +237,8 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
             "call it outside jax.jit, vmap and grad; its key and models must be concrete. "
             "Inside a transformation use specjax.decode")
     run = decoding.plan(key, decoder, draft, target, num_chains, horizon=horizon,
-                      sharding=sharding)
-    keeps_tokens = isinstance(run.decoder, CallDecoder) or run.models != "markov"
+                        sharding=sharding, stop_tokens=stop_tokens)
+    keeps_tokens = _keeps_tokens(run)
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
                                 run.horizon if keeps_tokens else None)
     num_chunks = -(-num_chains // chunk)
@@ -235,7 +251,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     _check_fits(run, num_chains, chunk, num_chunks, keeps_tokens)
     run = decoding.replicate(run)
     bar = Progress(num_chunks, enabled=progress)
-    per_position = np.zeros((run.horizon, 3), np.int64)
+    per_position = np.zeros((run.horizon, 4), np.int64)
     final = np.zeros((run.target.num_states,), np.int64)
     rejections, calls = [], []
     for i in range(num_chunks):
@@ -255,6 +271,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
         verified_at=per_position[:, 1],
         calls_at=per_position[:, 2],
         final_token_counts=final,
+        emitted_at=per_position[:, 3],
     )
 
 

@@ -28,6 +28,7 @@ from specjax import _memory
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import resolve_run
 from specjax.models.checks import check_horizon
+from specjax.models.logits import as_probability_model
 from specjax.sampling import calls
 from specjax.sampling import engine
 from specjax.sampling import models
@@ -49,6 +50,7 @@ class Plan(NamedTuple):
     models: str  # the engine's model kind: "markov", or "protocol" (finite-state models too)
     horizon: int
     sharding: NamedSharding | None
+    stop_tokens: tuple = ()  # sorted ids; the chains end at the first one (engine.stop_trace)
 
 
 def check_supported(decoder, kind: str, what: str) -> None:
@@ -71,9 +73,13 @@ def counters_per_chain(decoder) -> int:
     return decoder.num_uniforms if isinstance(decoder, CallDecoder) else 1
 
 
-def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None) -> Plan:
+def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None,
+         stop_tokens=None) -> Plan:
     """Validates a run of ``decoder`` before any work and resolves its settings."""
     _checks.check_key(key)
+    same = draft is target
+    target = as_probability_model(target)  # a model that gives logits: softmax
+    draft = target if same else as_probability_model(draft)
     draft, kind = resolve_run(decoder, draft, target)
     horizon = check_horizon(kind, target, horizon)
     mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
@@ -91,8 +97,9 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
                          f"got {num_chains}")
     rows = horizon * target.num_states if mc_kind == "markov" else num_chains
     decoder.check(target.num_states, rows)
+    stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
-                resolved_sharding)
+                resolved_sharding, stop_tokens)
 
 
 class RunBytes(NamedTuple):
@@ -186,14 +193,15 @@ def replicate(run: Plan) -> Plan:
     return run._replace(decoder=decoder, draft=draft, target=target)
 
 
-@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding", "tables"))
+@functools.partial(jax.jit, static_argnames=("num_chains", "lookahead", "sharding", "tables",
+                                             "with_verified"))
 def _simulate_markov(key, decoder, draft, target, offset, *, num_chains, lookahead, sharding,
-                     tables=None):
+                     tables=None, with_verified=False):
     if tables is None:
         tables = engine.table_plan(decoder, target.num_states, target.horizon, lookahead)
     return engine.simulate_markov(key, decoder, draft.trans, target.trans, target.init,
                                   num_chains, lookahead, tables, offset=offset,
-                                  sharding=sharding)
+                                  sharding=sharding, with_verified=with_verified)
 
 
 def table_plan(run: Plan) -> engine.TablePlan:
@@ -201,24 +209,37 @@ def table_plan(run: Plan) -> engine.TablePlan:
     return engine.table_plan(run.decoder, run.target.num_states, run.horizon, run.lookahead)
 
 
+@functools.partial(jax.jit, static_argnames=("stop_tokens", "num_states"))
+def _stop(trace, verified, *, stop_tokens, num_states):
+    return engine.stop_trace(trace, verified, engine.stop_mask(stop_tokens, num_states))
+
+
 def run_chunk(key, run: Plan, offset, num_chains: int):
     """Chains ``offset .. offset + num_chains - 1`` of a planned run: ``(trace, verified)``,
-    ``verified`` ``None`` for the token-wise Markov engine (its counts path keeps it)."""
+    ``verified`` ``None`` for the token-wise Markov engine without stop tokens (its counts path
+    keeps it). With stop tokens, each chain ends at the first one (``engine.stop_trace``)."""
     if isinstance(run.decoder, CallDecoder):
-        return calls.simulate_calls(key, run.decoder, run.draft, run.target, offset,
-                                    num_chains=num_chains, sharding=run.sharding)
-    if run.models == "protocol":
-        return models.simulate_models(key, run.decoder, run.draft, run.target, offset,
-                                      num_chains=num_chains, horizon=run.horizon,
-                                      lookahead=run.lookahead, sharding=run.sharding)
-    trace = _simulate_markov(key, run.decoder, run.draft, run.target, offset,
-                             num_chains=num_chains, lookahead=run.lookahead,
-                             sharding=run.sharding, tables=table_plan(run))
-    return trace, None
+        out = calls.simulate_calls(key, run.decoder, run.draft, run.target, offset,
+                                   num_chains=num_chains, sharding=run.sharding)
+    elif run.models == "protocol":
+        out = models.simulate_models(key, run.decoder, run.draft, run.target, offset,
+                                     num_chains=num_chains, horizon=run.horizon,
+                                     lookahead=run.lookahead, sharding=run.sharding)
+    elif not run.stop_tokens:
+        return _simulate_markov(key, run.decoder, run.draft, run.target, offset,
+                                num_chains=num_chains, lookahead=run.lookahead,
+                                sharding=run.sharding, tables=table_plan(run)), None
+    else:
+        out = _simulate_markov(key, run.decoder, run.draft, run.target, offset,
+                               num_chains=num_chains, lookahead=run.lookahead,
+                               sharding=run.sharding, tables=table_plan(run), with_verified=True)
+    if not run.stop_tokens:
+        return out
+    return _stop(*out, stop_tokens=run.stop_tokens, num_states=run.target.num_states)
 
 
 def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None = None,
-           sharding=None) -> DecodingTrace:
+           sharding=None, stop_tokens=None) -> DecodingTrace:
     """Samples ``num_chains`` sequences with ``decoder``: the Monte Carlo entry point.
 
     Args:
@@ -232,10 +253,15 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` or a ``NamedSharding`` of
         the chain axis (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the
         number of shards. The tokens equal an unsharded run's with the same key.
+      stop_tokens: ``None``, or end-of-sequence ids (an int or a sequence; static): a chain ends
+        at its first stop token among ``x_1..x_T`` (the prompt ``x_0`` never ends it), as
+        HuggingFace's and keras-hub's generation loops stop. The tokens after it repeat it,
+        and nothing after it is rejected or called; ``num_emitted`` says where each chain
+        ended. The tokens up to the stop equal a run without stop tokens with the same key.
 
     Returns:
       ``DecodingTrace``: ``tokens (C, T + 1)``, ``rejected (C, T)``, ``num_rejections (C,)``
-      (the paper's ``N_rej``), ``num_calls (C,)``, ``new_call (C, T)``.
+      (the paper's ``N_rej``), ``num_calls (C,)``, ``new_call (C, T)``, ``num_emitted (C,)``.
 
     Raises:
       ValueError: a bad key, decoder, models or setting, a decoder that does not support the
@@ -252,7 +278,8 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       >>> trace.tokens.shape, bool(trace.num_rejections.mean() < 21)
       ((1000, 51), True)
     """
-    run = plan(key, decoder, draft, target, num_chains, horizon=horizon, sharding=sharding)
+    run = plan(key, decoder, draft, target, num_chains, horizon=horizon, sharding=sharding,
+               stop_tokens=stop_tokens)
     check_fits(run, run_bytes(run, num_chains), chains_argument=f"num_chains = {num_chains:,}",
                chains_what=f"tokens and flags of every chain, T = {run.horizon:,}",
                chains_remedy="use specjax.decoding_statistics (counts only, chunked) or fewer "

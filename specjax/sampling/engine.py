@@ -75,6 +75,8 @@ class DecodingTrace(NamedTuple):
       num_rejections: the paper's ``N_rej``, ``rejected.sum(-1)``.
       num_calls: target (oracle) calls, ``new_call.sum(-1)``.
       new_call: whether a target call starts at position ``n`` (the first position of a block).
+      num_emitted: how many of ``x_1..x_T`` were emitted: ``T``, or with stop tokens the position
+        of the first one (the chain stopped there; see ``stop_trace``).
     """
 
     tokens: jax.Array  # shape=(C, T + 1), dtype=int32
@@ -82,6 +84,51 @@ class DecodingTrace(NamedTuple):
     num_rejections: jax.Array  # shape=(C,), dtype=int32
     num_calls: jax.Array  # shape=(C,), dtype=int32
     new_call: jax.Array  # shape=(C, T), dtype=bool
+    num_emitted: jax.Array  # shape=(C,), dtype=int32
+
+
+def stop_mask(stop_tokens, num_states: int):
+    """``(V,)`` bool, true at the stop tokens (a static tuple of ids), or ``None`` without any."""
+    if not stop_tokens:
+        return None
+    return jnp.zeros((num_states,), bool).at[jnp.asarray(stop_tokens, jnp.int32)].set(True)
+
+
+def stop_trace(trace: DecodingTrace, verified, stop):
+    """Ends each chain of ``trace`` at its first stop token among ``x_1..x_T``.
+
+    Why a run can be stopped after the fact. What a decoder does up to the stop token does not
+    depend on what it would do after it, and chain ``c``'s random numbers at a position do not
+    depend on the earlier ones; so the run truncated at the stop is distributed as a run that
+    stops there, and equals it token for token with the same key. The tokens after the stop
+    repeat it (the padding), and the positions after it are not rejected, verified or called: a
+    call that emitted the stop token counts, the calls after it do not.
+
+    Args:
+      trace: a ``DecodingTrace`` whose ``num_emitted`` is ``T``.
+      verified: ``(C, T)`` bool (a draft was verified at the position), or ``None``.
+      stop: ``(V,)`` bool mask of the stop tokens (``stop_mask``), or ``None`` (no change).
+
+    Returns:
+      ``(trace, verified)`` of the stopped run.
+    """
+    if stop is None:
+        return trace, verified
+    tokens = trace.tokens
+    horizon = tokens.shape[1] - 1
+    is_stop = stop[tokens[:, 1:]]
+    stopped = jnp.any(is_stop, axis=1)
+    length = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, horizon).astype(jnp.int32)
+    position = jnp.arange(1, horizon + 1, dtype=jnp.int32)
+    live = position[None, :] <= length[:, None]  # (C, T): x_n was emitted
+    last = jnp.take_along_axis(tokens, length[:, None], axis=1)
+    tokens = jnp.concatenate([tokens[:, :1], jnp.where(live, tokens[:, 1:], last)], axis=1)
+    rejected, new_call = trace.rejected & live, trace.new_call & live
+    trace = DecodingTrace(tokens=tokens, rejected=rejected,
+                          num_rejections=jnp.sum(rejected, axis=1, dtype=jnp.int32),
+                          num_calls=jnp.sum(new_call, axis=1, dtype=jnp.int32),
+                          new_call=new_call, num_emitted=length)
+    return trace, None if verified is None else verified & live
 
 
 def _key_words(key) -> tuple[jax.Array, jax.Array]:
@@ -407,7 +454,7 @@ def _as_laws(thresholds) -> _Laws:
 
 
 def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, *,
-             offset=0, sharding=None) -> DecodingTrace:
+             offset=0, sharding=None, with_verified: bool = False) -> DecodingTrace:
     """Runs ``num_chains`` chains through the per-position law table.
 
     Args:
@@ -421,36 +468,41 @@ def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, 
       offset: index of the first chain (traced): the chains are ``offset .. offset + C - 1`` of
         a larger run with the same key.
       sharding: a ``NamedSharding`` of the chain axis (``specjax.sampling.sharding.resolve``), or ``None``.
+      with_verified: also return ``verified (C, T)`` (static; the counts of a stopped run need
+        it).
 
     Returns:
-      A ``DecodingTrace``.
+      A ``DecodingTrace``, or ``(trace, verified)`` with ``with_verified``.
     """
     token_dtype = small_int_dtype(init.shape[-1])
 
     def emit(outputs):
-        token, rejected, new_call, _ = outputs
-        return token.astype(token_dtype), rejected, new_call
+        token, rejected, new_call, verified = outputs
+        return token.astype(token_dtype), rejected, new_call, verified if with_verified else None
 
-    x0, carry, (tokens, rejected, new_call) = _run_chains(
+    x0, carry, (tokens, rejected, new_call, verified) = _run_chains(
         key, init, _as_laws(thresholds), num_chains, lookahead, offset, sharding, emit)
     _, _, num_rejections, num_calls = carry
     tokens = jnp.concatenate([x0[:, None], tokens.T.astype(jnp.int32)], axis=1)
-    return DecodingTrace(
+    trace = DecodingTrace(
         tokens=_sharding.constrain(tokens, sharding),
         rejected=_sharding.constrain(rejected.T, sharding),
         num_rejections=num_rejections,
         num_calls=num_calls,
         new_call=_sharding.constrain(new_call.T, sharding),
+        num_emitted=jnp.full_like(num_calls, tokens.shape[1] - 1),
     )
+    return (trace, _sharding.constrain(verified.T, sharding)) if with_verified else trace
 
 
 def simulate_markov(key, decoder, draft_trans: jax.Array, target_trans: jax.Array,
                     init: jax.Array, num_chains: int, lookahead: int, plan: TablePlan, *,
-                    offset=0, sharding=None) -> DecodingTrace:
+                    offset=0, sharding=None, with_verified: bool = False) -> DecodingTrace:
     """``simulate`` for a token-wise decoder on Markov transitions ``(T, V, V)``, its tables
     built as ``plan`` (``table_plan``) says; the tokens do not depend on the plan."""
     return simulate(key, init, markov_laws(decoder, draft_trans, target_trans, plan),
-                    num_chains, lookahead, offset=offset, sharding=sharding)
+                    num_chains, lookahead, offset=offset, sharding=sharding,
+                    with_verified=with_verified)
 
 
 def trace_bytes(num_chains: int, horizon: int, num_states: int) -> int:

@@ -142,5 +142,6 @@ def _simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon
     return DecodingTrace(tokens=_sharding.constrain(tokens, sharding),
                          rejected=_sharding.constrain(rejected.T, sharding),
                          num_rejections=num_rejections, num_calls=num_calls,
-                         new_call=_sharding.constrain(new_call.T, sharding)), verified.T, \
+                         new_call=_sharding.constrain(new_call.T, sharding),
+                         num_emitted=jnp.full_like(num_calls, horizon)), verified.T, \
         jnp.bitwise_or.reduce(carry[5])

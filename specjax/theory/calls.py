@@ -164,7 +164,8 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
     done, new_call, depths, drafted = (jnp.concatenate(parts) for parts in zip(*outputs))
     marginals = jnp.concatenate([target.init[None].astype(dtype), done[:, 0]])
     result = ExactDecoding(rejected=done[:, 1], new_call=new_call, marginals=marginals,
-                           verified=1 - jnp.sum(done[:, 2], axis=-1))
+                           verified=1 - jnp.sum(done[:, 2], axis=-1),
+                           emitted=jnp.ones_like(new_call))
     extra = (depths,) * with_depths + (drafted,) * with_drafted
     return (result,) + extra if extra else result
 

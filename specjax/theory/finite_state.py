@@ -17,6 +17,8 @@ import jax.numpy as jnp
 
 from specjax.decoders import verification
 from specjax.theory.recursion import ExactDecoding
+from specjax.theory.recursion import keep_live
+from specjax.theory.recursion import stopping
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -26,20 +28,25 @@ def _vecmat(x, a):
 
 
 @functools.partial(jax.jit, static_argnames=("horizon", "lookahead"))
-def forward_finite_state(decoder, draft, target, *, horizon, lookahead):
+def forward_finite_state(decoder, draft, target, *, horizon, lookahead, stop=None):
+    """``stop``: ``(V,)`` 0/1 mask of the stop tokens, or ``None`` (see
+    ``specjax.theory.recursion.stopping``): the mass of a stop token is not pushed on."""
     next_state = target.next_state
     num_contexts, num_states = next_state.shape
     q = target.table
     dtype = jnp.result_type(draft.table, q)
     flat_next = next_state.reshape(-1)
 
-    def push(mass):  # (..., S, V) -> (..., S): mass of (s, x) moves to next_state[s, x]
+    def push_all(mass):  # (..., S, V) -> (..., S): mass of (s, x) moves to next_state[s, x]
         lead = mass.shape[:-2]
         flat = mass.reshape(lead + (num_contexts * num_states,))
         return jnp.zeros(lead + (num_contexts,), dtype).at[..., flat_next].add(flat)
 
+    def push(mass):  # the chains that emitted a stop token stop
+        return push_all(keep_live(mass, stop))
+
     x0_law = q[draft.start]
-    pi0 = push(jnp.zeros((num_contexts, num_states), dtype).at[draft.start].set(x0_law))
+    pi0 = push_all(jnp.zeros((num_contexts, num_states), dtype).at[draft.start].set(x0_law))
 
     in_call_only = lookahead >= horizon
     one_phase = lookahead == 0 or (in_call_only and decoder.same_root)
@@ -57,7 +64,8 @@ def forward_finite_state(decoder, draft, target, *, horizon, lookahead):
     def step(pi, _):
         if one_phase:  # pi: (S,)
             rejected = _vecmat(pi, root.rejected)
-            return push(outer(pi, root_total)), (rejected, _vecmat(pi, root_total), jnp.sum(pi))
+            return push(outer(pi, root_total)), (rejected, _vecmat(pi, root_total), jnp.sum(pi),
+                                                 None)
         if in_call_only:  # pi: (2, S) = (root, in-call)
             rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
             token = _vecmat(pi[0], root_total) + _vecmat(pi[1], verify_total)
@@ -65,7 +73,7 @@ def forward_finite_state(decoder, draft, target, *, horizon, lookahead):
                 outer(pi[0], root.rejected) + outer(pi[1], verify.rejected),
                 outer(pi[0], root.accepted) + outer(pi[1], verify.accepted),
             ]))
-            return new_pi, (rejected, token, jnp.sum(pi[0]))
+            return new_pi, (rejected, token, jnp.sum(pi[0]), None)
         # pi: (K + 1, S): root, K - 1 in-call phases, bonus.
         inside = jnp.sum(pi[1:lookahead], axis=0)
         bonus = pi[lookahead]
@@ -85,20 +93,20 @@ def forward_finite_state(decoder, draft, target, *, horizon, lookahead):
     else:
         num_phases = 2 if in_call_only else lookahead + 1
         carry0 = jnp.zeros((num_phases, num_contexts), dtype).at[0].set(pi0)
-    _, outputs = jax.lax.scan(step, carry0, None, length=horizon)
-    rejected, marginals, new_call = outputs[:3]
+    step = functools.partial(stopping(step, stop), mask=lambda pi: pi)  # push() masked it
+    _, outputs = jax.lax.scan(step, (carry0, jnp.zeros((num_states,), dtype)), None,
+                              length=horizon)
+    rejected, marginals, new_call, verified, emitted = outputs
     if lookahead == 0:  # every position is a call and a bonus token, nothing is verified
-        new_call = jnp.ones((horizon,), dtype)
+        new_call = emitted
         verified = jnp.zeros((horizon,), dtype)
         rejected = jnp.zeros_like(rejected)
-    elif one_phase:  # K >= T: a call at n = 1 and right after every rejection
-        rate = jnp.sum(rejected, axis=-1)
+    elif one_phase:  # K >= T: a call at n = 1 and right after every rejection not at a stop
+        rate = jnp.sum(keep_live(rejected, stop), axis=-1)
         new_call = jnp.concatenate([jnp.ones((1,), dtype), rate[:-1]])
-        verified = jnp.ones((horizon,), dtype)
+        verified = emitted
     elif in_call_only:
-        verified = jnp.ones((horizon,), dtype)
-    else:
-        verified = outputs[3]
+        verified = emitted
     return ExactDecoding(rejected=rejected, new_call=new_call,
                          marginals=jnp.concatenate([x0_law[None], marginals]),
-                         verified=verified)
+                         verified=verified, emitted=emitted)

@@ -45,8 +45,11 @@ class ExactDecoding(NamedTuple):
       marginals: the law of ``x_n`` for ``n = 0..T`` (the target's marginals for unbiased rules).
       verified: ``P(a draft is verified at position n)``, i.e. ``x_n`` is not the target's bonus
         token after ``K`` accepted drafts (1 for ``K = T``, 0 for autoregressive decoding).
+      emitted: ``P(x_n is emitted)``: 1, or with stop tokens the probability that the chain has
+        not stopped before ``n`` (the other fields then count only the emitted positions, and
+        ``marginals`` is the law of the stopped output, whose tokens repeat the stop token).
 
-    ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls``,
+    ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls``, ``expected_length``,
     ``rejection_rate`` (``E[R_n]``, shape ``(T,)``) and ``acceptance_rate`` (per position, given
     a draft was verified there) are derived properties; they reduce the trailing axes only, so
     they also work on a ``vmap``-ped batch of results.
@@ -56,6 +59,7 @@ class ExactDecoding(NamedTuple):
     new_call: jax.Array  # shape=(T,)
     marginals: jax.Array  # shape=(T + 1, V)
     verified: jax.Array  # shape=(T,)
+    emitted: jax.Array  # shape=(T,)
 
     @property
     def rejection_rate(self) -> jax.Array:
@@ -80,6 +84,12 @@ class ExactDecoding(NamedTuple):
     def expected_calls(self) -> jax.Array:
         """Expected number of target calls, shape ``(...)``."""
         return jnp.sum(self.new_call, axis=-1)
+
+    @property
+    def expected_length(self) -> jax.Array:
+        """Expected number of emitted tokens among ``x_1..x_T`` (``T`` without stop tokens),
+        shape ``(...)``."""
+        return jnp.sum(self.emitted, axis=-1)
 
 
 def _vecmat(x, a):
@@ -107,7 +117,7 @@ def check_fits(num_states: int, horizon: int, lookahead: int, dtype_bytes: int =
         remedy="use models with fewer tokens, or a machine (device) with more memory")
 
 
-def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
+def forward(init, p, q, decoder, lookahead: int, stop=None) -> ExactDecoding:
     """Exact statistics of a token-wise ``decoder`` with lookahead ``K`` for drafts ``p`` and
     targets ``q``.
 
@@ -118,6 +128,8 @@ def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
       decoder: a token-wise decoder (its ``laws``, ``same_root``, ``root_scale``).
       lookahead: ``K`` (static); ``K >= T`` is the paper's setting (no bonus token), ``K = 0``
         autoregressive decoding.
+      stop: ``(V,)`` 0/1 mask of the stop tokens, or ``None``: a chain stops after its first stop
+        token among ``x_1..x_T`` (its mass leaves the recursion and repeats the token).
 
     Returns:
       ``ExactDecoding``.
@@ -129,33 +141,64 @@ def forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     check_fits(q.shape[-1], q.shape[0], lookahead, jnp.dtype(q.dtype).itemsize)
     decoder = decoder.bind(p, q)
     if lookahead == 0:
-        return _autoregressive(init, q)
-    if lookahead >= p.shape[0] and decoder.has_root_scale:
+        return _autoregressive(init, q, stop)
+    if lookahead >= p.shape[0] and decoder.has_root_scale and stop is None:
         return _unbiased_forward(init, p, q, decoder)
-    return _general_forward(init, p, q, decoder, lookahead)
+    return _general_forward(init, p, q, decoder, lookahead, stop)
 
 
-def _autoregressive(init, q) -> ExactDecoding:
+def keep_live(mass, stop):
+    """``mass`` ``(..., V)`` without its mass at the stop tokens (``stop`` ``(V,)`` 0/1, or
+    ``None``: unchanged)."""
+    if stop is None:
+        return mass
+    return mass * jnp.expand_dims(1 - stop, tuple(range(mass.ndim - 1)))
+
+
+def stopping(step, stop):
+    """``step(pi, inputs) -> (new_pi, (rejected, token, *rest))`` of a recursion over live mass
+    (``pi`` ``(..., V)`` or ``(..., S)``, the last axis pushed to ``token`` ``(V,)``), made to
+    stop chains at the tokens of ``stop`` (``(V,)`` 0/1, or ``None``: ``step`` unchanged but for
+    the carry). The carry becomes ``(pi, stopped)``, ``stopped`` ``(V,)`` the mass of chains
+    stopped so far at each stop token; ``token`` becomes the law of the output at ``n`` (the
+    stopped chains repeat their token), and ``P(x_n is emitted) = sum(pi)`` is appended to the
+    outputs. ``mask(new_pi, token)`` removes the stopped mass from ``new_pi``."""
+    def wrapped(carry, inputs, mask):
+        pi, stopped = carry
+        new_pi, (rejected, token, *rest) = step(pi, inputs)
+        emitted = jnp.sum(pi)
+        if stop is None:
+            return (new_pi, stopped), (rejected, token, *rest, emitted)
+        new_pi = mask(new_pi)
+        return (new_pi, stopped + token * stop), (rejected, token + stopped, *rest, emitted)
+    return wrapped
+
+
+def _autoregressive(init, q, stop=None) -> ExactDecoding:
     """Every position is one call and the target's own draw: nothing is verified or rejected."""
     def step(mu, q_n):
         mu = _vecmat(mu, q_n)
-        return mu, mu
+        return mu, (None, mu)
 
-    _, marginals = jax.lax.scan(step, init, q)
+    step = functools.partial(stopping(step, stop), mask=lambda mu: keep_live(mu, stop))
+    _, (_, marginals, emitted) = jax.lax.scan(step, (init, jnp.zeros_like(init)), q)
     zeros = jnp.zeros(q.shape[:1], q.dtype)
-    return _finish(init, jnp.zeros(q.shape[:2], q.dtype), marginals, new_call=zeros + 1,
-                   verified=zeros)
+    return _finish(init, jnp.zeros(q.shape[:2], q.dtype), marginals, new_call=emitted,
+                   verified=zeros, emitted=emitted)
 
 
-def _finish(init, rejected, marginals, new_call=None, verified=None) -> ExactDecoding:
+def _finish(init, rejected, marginals, new_call=None, verified=None, emitted=None,
+            stop=None) -> ExactDecoding:
     marginals = jnp.concatenate([init[None], marginals])
+    if emitted is None:
+        emitted = jnp.ones(rejected.shape[:1], rejected.dtype)
     if new_call is None:  # K >= T: a call starts at n = 1 and right after every rejection
-        rate = jnp.sum(rejected, axis=-1)
+        rate = jnp.sum(keep_live(rejected, stop), axis=-1)  # not at a stop token
         new_call = jnp.concatenate([jnp.ones((1,), rate.dtype), rate[:-1]])
     if verified is None:  # K >= T: no bonus token, a draft is verified at every position
-        verified = jnp.ones(rejected.shape[:1], rejected.dtype)
+        verified = emitted
     return ExactDecoding(rejected=rejected, new_call=new_call, marginals=marginals,
-                         verified=verified)
+                         verified=verified, emitted=emitted)
 
 
 def _unbiased_forward(init, p, q, decoder) -> ExactDecoding:
@@ -226,8 +269,9 @@ def accepted_by_depth(init, p, q, decoder, lookahead: int) -> jax.Array:
     return depths
 
 
-def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
-    """Any rule and lookahead: the laws are evaluated per position and propagated by products."""
+def _general_forward(init, p, q, decoder, lookahead: int, stop=None) -> ExactDecoding:
+    """Any rule and lookahead: the laws are evaluated per position and propagated by products;
+    with stop tokens (``stop``) the stopped chains leave the recursion (``stopping``)."""
     horizon = p.shape[0]
     in_call_only = lookahead >= horizon
     one_phase = in_call_only and decoder.same_root
@@ -256,9 +300,10 @@ def _general_forward(init, p, q, decoder, lookahead: int) -> ExactDecoding:
     else:
         num_phases = 2 if in_call_only else lookahead + 1
         pi0 = jnp.zeros((num_phases,) + init.shape, init.dtype).at[0].set(init)
-    _, (rejected, marginals, root_mass, verified) = jax.lax.scan(
-        step, pi0, (jnp.arange(horizon), p, q))
+    step = functools.partial(stopping(step, stop), mask=lambda pi: keep_live(pi, stop))
+    _, (rejected, marginals, root_mass, verified, emitted) = jax.lax.scan(
+        step, (pi0, jnp.zeros_like(init)), (jnp.arange(horizon), p, q))
     if one_phase:
-        return _finish(init, rejected, marginals)
+        return _finish(init, rejected, marginals, emitted=emitted, stop=stop)
     return _finish(init, rejected, marginals, new_call=jnp.sum(root_mass, axis=-1),
-                   verified=verified)
+                   verified=None if in_call_only else verified, emitted=emitted, stop=stop)

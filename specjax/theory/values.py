@@ -45,9 +45,17 @@ from specjax.theory.finite_state import forward_finite_state
 from specjax.theory.recursion import ExactDecoding
 
 
-@functools.partial(jax.jit, static_argnames=("lookahead",))
-def _forward(decoder, draft, target, *, lookahead):
-    return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead)
+@functools.partial(jax.jit, static_argnames=("lookahead", "stop_tokens"))
+def _forward(decoder, draft, target, *, lookahead, stop_tokens=()):
+    return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead,
+                             _stop_mask(stop_tokens, target.init))
+
+
+def _stop_mask(stop_tokens: tuple, row):
+    """``(V,)`` 0/1 in ``row``'s dtype at the stop tokens, or ``None`` without any."""
+    if not stop_tokens:
+        return None
+    return jnp.zeros(row.shape[-1:], row.dtype).at[jnp.asarray(stop_tokens)].set(1)
 
 
 def _plan_exact(decoder, draft, target, horizon):
@@ -72,7 +80,8 @@ def _plan_exact(decoder, draft, target, horizon):
     return decoder, draft, kind, horizon, lookahead
 
 
-def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecoding:
+def exact(decoder, draft, target, *, horizon: int | None = None,
+          stop_tokens=None) -> ExactDecoding:
     """Exact per-position statistics of any decoder: the entry point of the theory.
 
     Args:
@@ -82,16 +91,21 @@ def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecodin
       target: the target model ``q``.
       horizon: ``T``, required for ``FiniteStateModel``s sharing one state space (e.g. n-grams
         lifted with ``as_finite_state``); a ``MarkovChain`` carries its own ``T``.
+      stop_tokens: ``None``, or end-of-sequence ids (an int or a sequence; static), as for
+        ``specjax.decode``: a chain ends at its first stop token among ``x_1..x_T``, and
+        nothing after it is rejected, verified or called. Token-wise decoders only.
 
     Returns:
       ``ExactDecoding``: ``rejected (T, V)`` (``P(x_n = x and drawn after a rejection)``),
-      ``new_call (T,)``, ``marginals (T + 1, V)``, ``verified (T,)``, and the derived
-      ``.expected_rejections`` (the paper's ``E[N_rej]``), ``.expected_calls``,
-      ``.rejection_rate`` and ``.acceptance_rate``: the means of ``decode``'s counts.
+      ``new_call (T,)``, ``marginals (T + 1, V)``, ``verified (T,)``, ``emitted (T,)``, and the
+      derived ``.expected_rejections`` (the paper's ``E[N_rej]``), ``.expected_calls``,
+      ``.expected_length``, ``.rejection_rate`` and ``.acceptance_rate``: the means of
+      ``decode``'s counts.
 
     Raises:
       ValueError: bad models or settings, or a decoder without exact values for the models'
-        kind (call-level decoders on ``FiniteStateModel``s), before any work.
+        kind (call-level decoders on ``FiniteStateModel``s) or for stop tokens (call-level
+        decoders), before any work.
 
     Example:
       >>> import specjax
@@ -103,14 +117,22 @@ def exact(decoder, draft, target, *, horizon: int | None = None) -> ExactDecodin
       Theorems 1 and 3 (``E[N_rej]`` as a sum of per-position rejection masses).
     """
     decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, horizon)
+    stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     if isinstance(decoder, CallDecoder):
+        if stop_tokens:
+            raise ValueError(
+                f"stop_tokens: {type(decoder).__name__} has no exact values with stop tokens "
+                f"yet (its call law gives each position's masses, not where a call's path "
+                f"stops); token-wise decoders have them, and specjax.decode stops any decoder")
         return calls.forward_calls(decoder, draft, target, lookahead=lookahead)
     if kind == "finite_state":
-        return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead)
+        stop = _stop_mask(stop_tokens, target.table[0])
+        return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead,
+                                    stop=stop)
     # Checked here as well as when the recursion is traced: a cached compilation skips tracing.
     recursion.check_fits(target.num_states, horizon, lookahead,
                          jnp.dtype(target.trans.dtype).itemsize)
-    return _forward(decoder, draft, target, lookahead=lookahead)
+    return _forward(decoder, draft, target, lookahead=lookahead, stop_tokens=stop_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("position", "lookahead"))
