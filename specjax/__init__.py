@@ -139,6 +139,8 @@ from specjax.auditing import verify_drafts_law
 from specjax.models import ProcessedModel
 from specjax.models import process_chain
 from specjax.models import process_model
+from specjax.models import PromptedModel
+from specjax.models import with_prompt
 from specjax.models import process_logits
 
 __version__ = "0.2.0"
@@ -225,6 +227,8 @@ __all__ = [
     "process_chain",
     "process_model",
     "ProcessedModel",
+    "PromptedModel",
+    "with_prompt",
     "process_logits",
     "Verified",
     "verify_drafts",

@@ -934,6 +934,9 @@ def _cases() -> list[Case]:
         "top_p")
     add(kind, "process_chain", "chain a string", lambda: S.process_chain("bigram"), "chain")
     add(kind, "process_model", "model a string", lambda: S.process_model("bigram"), "model")
+    add(kind, "with_prompt", "model a string", lambda: S.with_prompt("bigram", [1]), "model")
+    add(kind, "with_prompt", "prompt id V", lambda: S.with_prompt(t(), [0, V]), "prompt")
+    add(kind, "with_prompt", "empty prompt", lambda: S.with_prompt(t(), []), "prompt")
     for name, make, arg in (("TypicalAcceptance", lambda: S.TypicalAcceptance(1.5), "threshold"),
                             ("LenientSpeculative", lambda: S.LenientSpeculative(0.0),
                              "lenience"),

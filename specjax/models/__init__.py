@@ -15,6 +15,8 @@ from specjax.models.logits import ProcessedModel
 from specjax.models.logits import process_chain
 from specjax.models.logits import process_model
 from specjax.models.logits import process_logits
+from specjax.models.prompt import PromptedModel
+from specjax.models.prompt import with_prompt
 
 __all__ = [
     "AutoregressiveModel",
@@ -30,6 +32,8 @@ __all__ = [
     "process_logits",
     "process_model",
     "ProcessedModel",
+    "PromptedModel",
     "paper_instance",
     "random_markov_chain",
+    "with_prompt",
 ]

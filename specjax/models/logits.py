@@ -230,6 +230,17 @@ class ProcessedModel:
                               order=self.order)
 
 
+def as_probability_model(model):
+    """A model that gives logits (a ``logits(state)`` method and no ``probs``) as a protocol
+    model (``ProcessedModel``: softmax of its logits); any other value unchanged. ``decode`` and
+    ``decoding_statistics`` call it on both models, so a neural model need not compute a softmax
+    itself."""
+    if callable(getattr(model, "logits", None)) and not callable(getattr(model, "probs", None)) \
+            and not isinstance(model, type):
+        return ProcessedModel(model=model)
+    return model
+
+
 def process_model(model, *, temperature=1.0, top_k: int | None = None, top_p=None,
                   min_p=None, order: str = "vllm"):
     """Any model with its rows processed as an engine processes logits (``process_logits``).
