@@ -100,6 +100,14 @@ def test_accept_all_is_flagged():
     assert result.flagged and result.length_pvalue < 1e-10, result.summary()
 
 
+def test_every_output_impossible_gives_a_nan_mean_length_without_warnings():
+    _, x, p, q, counts = _instance(4)
+    runs = np.full((3, len(x), K + 1), -1)  # nothing emitted: malformed, impossible
+    result = specjax.compare_outputs(SD, x, p, q, runs, num_drafts=counts)
+    assert result.flagged and result.impossible == runs.shape[0] * len(x)
+    assert np.isnan(result.mean_length)
+
+
 def test_a_residual_from_the_wrong_law_is_flagged():
     """Resampling from q instead of [q - p]_+ emits tokens the residual cannot produce:
     impossible outcomes, proof of the bug whatever the sample size."""

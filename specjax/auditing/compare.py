@@ -66,7 +66,8 @@ class EngineComparison(NamedTuple):
         kept, or the last token, and which).
       length_counts: ``(K + 1,)``; how many runs emitted ``n + 1`` tokens.
       length_expected: ``(K + 1,)``; their exact expectations.
-      mean_length: mean number of tokens emitted, over runs and requests.
+      mean_length: mean number of tokens emitted, over runs and requests (the possible outputs;
+        NaN when every output is impossible).
       mean_length_expected: its exact expectation.
       mean_length_se: the standard error of ``mean_length`` under the exact law.
       num_runs: runs per request ``R``.
@@ -270,7 +271,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         flagged=flagged, impossible=int(impossible.sum()), impossible_examples=examples,
         outcome_pvalue=outcome_p, length_pvalue=length_p,
         position_pvalues=np.array(tests_per_position), length_counts=length_counts,
-        length_expected=runs * length_law.sum(0), mean_length=float((n + 1)[ok].mean()),
+        length_expected=runs * length_law.sum(0), mean_length=float((n + 1)[ok].mean()) if ok.any() else math.nan,
         mean_length_expected=float(mean_law.mean()),
         mean_length_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
         num_runs=runs, num_tests=num_tests, alpha=alpha)
