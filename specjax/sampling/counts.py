@@ -53,6 +53,7 @@ class DecodingStatistics(NamedTuple):
       final_token_counts: how many chains ended in each token ``x_T``.
       emitted_at: how many chains emitted ``x_n`` (all of them, or with stop tokens those that
         had not stopped before ``n``); its sum over the chains' number is the mean length.
+        ``None`` in counts built by hand before it existed.
 
     The per-chain fields are JAX arrays (laid out like the run's ``sharding``); the counts are
     NumPy int64, exact whatever the number of chains.
@@ -64,7 +65,7 @@ class DecodingStatistics(NamedTuple):
     verified_at: np.ndarray  # shape=(T,), dtype=int64
     calls_at: np.ndarray  # shape=(T,), dtype=int64
     final_token_counts: np.ndarray  # shape=(V,), dtype=int64
-    emitted_at: np.ndarray  # shape=(T,), dtype=int64
+    emitted_at: np.ndarray | None = None  # shape=(T,), dtype=int64
 
     @property
     def num_chains(self) -> int:

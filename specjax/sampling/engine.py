@@ -84,7 +84,7 @@ class DecodingTrace(NamedTuple):
     num_rejections: jax.Array  # shape=(C,), dtype=int32
     num_calls: jax.Array  # shape=(C,), dtype=int32
     new_call: jax.Array  # shape=(C, T), dtype=bool
-    num_emitted: jax.Array  # shape=(C,), dtype=int32
+    num_emitted: jax.Array | None = None  # shape=(C,), dtype=int32; None: a trace built by hand
 
 
 def stop_mask(stop_tokens, num_states: int):

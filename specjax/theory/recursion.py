@@ -59,7 +59,7 @@ class ExactDecoding(NamedTuple):
     new_call: jax.Array  # shape=(T,)
     marginals: jax.Array  # shape=(T + 1, V)
     verified: jax.Array  # shape=(T,)
-    emitted: jax.Array  # shape=(T,)
+    emitted: jax.Array | None = None  # shape=(T,); None (a result built before it): all 1
 
     @property
     def rejection_rate(self) -> jax.Array:
@@ -89,6 +89,9 @@ class ExactDecoding(NamedTuple):
     def expected_length(self) -> jax.Array:
         """Expected number of emitted tokens among ``x_1..x_T`` (``T`` without stop tokens),
         shape ``(...)``."""
+        if self.emitted is None:
+            return jnp.full(self.new_call.shape[:-1], self.new_call.shape[-1],
+                            self.new_call.dtype)
         return jnp.sum(self.emitted, axis=-1)
 
 
@@ -161,14 +164,14 @@ def stopping(step, stop):
     stop chains at the tokens of ``stop`` (``(V,)`` 0/1, or ``None``: ``step`` unchanged but for
     the carry). The carry becomes ``(pi, stopped)``, ``stopped`` ``(V,)`` the mass of chains
     stopped so far at each stop token; ``token`` becomes the law of the output at ``n`` (the
-    stopped chains repeat their token), and ``P(x_n is emitted) = sum(pi)`` is appended to the
-    outputs. ``mask(new_pi, token)`` removes the stopped mass from ``new_pi``."""
+    stopped chains repeat their token), and ``P(x_n is emitted) = sum(pi)`` (1 without stop
+    tokens) is appended to the outputs. ``mask(new_pi, token)`` removes the stopped mass from ``new_pi``."""
     def wrapped(carry, inputs, mask):
         pi, stopped = carry
         new_pi, (rejected, token, *rest) = step(pi, inputs)
+        if stop is None:  # every position is emitted (1, not the mass: rows may sum off 1)
+            return (new_pi, stopped), (rejected, token, *rest, jnp.ones((), token.dtype))
         emitted = jnp.sum(pi)
-        if stop is None:
-            return (new_pi, stopped), (rejected, token, *rest, emitted)
         new_pi = mask(new_pi)
         return (new_pi, stopped + token * stop), (rejected, token + stopped, *rest, emitted)
     return wrapped
