@@ -133,3 +133,10 @@ def test_multi_draft_script_tiny():
     for row in rows:
         assert all(0 <= row[f"wor{m}"] <= row["sd"] + 1e-6 for m in (2, 3, 4))
         assert abs(row["sim_wr4"][2]) < 4.5 and abs(row["sim_wor4"][2]) < 4.5
+
+
+def test_benchmark_stop_tokens_tiny():
+    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1"])
+    assert [row[0] for row in rows] == ["decode, Markov chains", "decode, finite-state models",
+                                        "decoding_statistics", "exact"]
+    assert all(row[1] > 0 and row[2] > 0 for row in rows)
