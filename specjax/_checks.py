@@ -107,10 +107,12 @@ def check_stop_tokens(stop_tokens, num_states: int) -> tuple:
     array is read."""
     if stop_tokens is None:
         return ()
-    if isinstance(stop_tokens, jax.core.Tracer):
+    if isinstance(stop_tokens, (set, frozenset)):
+        stop_tokens = sorted(stop_tokens)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(stop_tokens)):
         raise ValueError(
             "stop_tokens is a static setting (token ids fixed when the run is compiled), got a "
-            "traced array; pass Python ints, a list or a concrete array")
+            "traced value; pass Python ints, a list or a concrete array")
     ids = np.asarray(stop_tokens)
     if ids.ndim > 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)) \
             or isinstance(stop_tokens, (bool, np.bool_)):

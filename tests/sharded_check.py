@@ -40,16 +40,16 @@ def same(a, b, what):
             raise AssertionError(f"{what}: field {name} differs")
 
 
-def counts(trace):
+def counts(trace, num_states):
     """What ``decoding_statistics`` should return, from a full trace (bonus positions derived
     from the call structure: the ``K + 1``-th position of a call)."""
     return (trace.num_rejections, trace.num_calls, np.asarray(trace.rejected).sum(0),
             np.asarray(trace.new_call).sum(0),
-            np.bincount(np.asarray(trace.tokens[:, -1]), minlength=target.num_states))
+            np.bincount(np.asarray(trace.tokens[:, -1]), minlength=num_states))
 
 
 def same_counts(stats, trace, what):
-    expected = counts(trace)
+    expected = counts(trace, len(stats.final_token_counts))
     got = (stats.num_rejections, stats.num_calls, stats.rejections_at, stats.calls_at,
            stats.final_token_counts)
     for i, (x, y) in enumerate(zip(got, expected)):
@@ -70,6 +70,22 @@ for name, decoder in CASES.items():
                                               chunk_size=1200)
         same_counts(chunked, plain, f"{name}, statistics, {layout}")
     print("ok", name)
+
+# Protocol models (XLA:CPU had no sharded reduce_or for their row checks) and stop tokens.
+corpus = [np.array([0, 1, 2, 1, 1, 0, 2, 2, 1, 0, 0, 1, 2, 0, 1])]
+ngrams = (specjax.NGramModel.fit(corpus, order=1, num_states=3),
+          specjax.NGramModel.fit(corpus, order=2, num_states=3))
+for what, models, extra in (("n-grams", ngrams, {"horizon": 8}),
+                            ("stop tokens", (draft, target), {"stop_tokens": [1]})):
+    plain = specjax.decode(key, specjax.Speculative(2), *models, C, **extra)
+    sharded = specjax.decode(key, specjax.Speculative(2), *models, C,
+                             sharding=specjax.chain_sharding(), **extra)
+    same(plain, sharded, what)
+    chunked = specjax.decoding_statistics(key, specjax.Speculative(2), *models, C,
+                                          sharding=specjax.chain_sharding(), chunk_size=1200,
+                                          **extra)
+    same_counts(chunked, plain, f"{what}, statistics")
+    print("ok", what)
 
 # The trace path needs no communication between devices at all.
 run = decode.replicate(decode.plan(key, specjax.Speculative(), draft, target, C,

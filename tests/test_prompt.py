@@ -109,3 +109,31 @@ def test_a_model_that_gives_logits_decodes_as_its_softmax():
     same = _LogitsOnly(target)
     auto = specjax.decode(key, specjax.Autoregressive(), None, same, 100, horizon=T)
     assert auto.tokens.shape == (100, T + 1)
+
+
+def test_prompts_under_jit_in_batches_and_checked_by_name():
+    """The review's cases: a finite-state model traced through with_prompt, a batch of Markov
+    chains, a PromptedModel built directly, different prompts, traced prompts."""
+    import pytest
+
+    keys = jax.random.split(jax.random.key(3))
+    draft, target = (specjax.random_markov_chain(k, V, T) for k in keys)
+    lift = models.FiniteStateModel.from_markov_chain
+
+    def calls(d, t):
+        return specjax.exact(specjax.Speculative(2), specjax.with_prompt(d, [1, 2]),
+                             specjax.with_prompt(t, [1, 2]), horizon=T).expected_calls
+
+    lifted = (lift(draft), lift(target))
+    np.testing.assert_allclose(jax.jit(calls)(*lifted), calls(*lifted), rtol=1e-6)
+    batch = jax.tree.map(lambda *x: jnp.stack(x), target, target)
+    prompted = specjax.with_prompt(batch, [0])
+    np.testing.assert_array_equal(prompted.init, np.tile(np.eye(V)[0], (2, 1)))
+    for bad, match in (([V], "prompt must hold ids"), ([], "non-empty")):
+        with pytest.raises(ValueError, match=match):
+            specjax.PromptedModel(model=_trigrams()[1], prompt=jnp.asarray(bad, jnp.int32))
+    d, t = (specjax.with_prompt(m, p) for m, p in zip(_trigrams(), ([0, 1], [0, 2])))
+    with pytest.raises(ValueError, match="prompts that end in different tokens"):
+        specjax.decode(jax.random.key(0), specjax.Speculative(2), d, t, 10, horizon=T)
+    with pytest.raises(ValueError, match="prompt must be concrete"):
+        jax.jit(lambda p: specjax.with_prompt(target, p).init)([1, 2])

@@ -249,3 +249,21 @@ def test_bad_stop_tokens_are_refused_by_name_before_any_work():
                                         stop_tokens=s).expected_calls)(jnp.array([1]))
     with pytest.raises(ValueError, match="stop_tokens: BlockVerification has no exact"):
         specjax.exact(specjax.BlockVerification(2), draft, target, stop_tokens=1)
+
+
+def test_stop_tokens_as_a_set_traced_or_through_the_deprecated_form():
+    draft, target = _pair()
+    key = jax.random.key(0)
+    as_set = specjax.exact(specjax.Speculative(2), draft, target, stop_tokens={2, 0})
+    as_list = specjax.exact(specjax.Speculative(2), draft, target, stop_tokens=[0, 2])
+    np.testing.assert_array_equal(as_set.new_call, as_list.new_call)
+    with pytest.raises(ValueError, match="stop_tokens is a static setting"):
+        jax.jit(lambda s: specjax.exact(specjax.Speculative(), draft, target,
+                                        stop_tokens=s).expected_calls)([1, 2])
+    new = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 500,
+                                      stop_tokens=[1])
+    with pytest.warns(DeprecationWarning):
+        old = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 500,
+                                          stop_tokens=[1])
+    np.testing.assert_array_equal(old.num_calls, new.num_calls)
+    np.testing.assert_array_equal(old.emitted_at, new.emitted_at)

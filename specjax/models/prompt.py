@@ -23,9 +23,9 @@ from specjax.models.markov import MarkovChain
 
 
 def _check_prompt(prompt, num_states: int) -> np.ndarray:
-    if isinstance(prompt, jax.core.Tracer):
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(prompt)):
         raise ValueError("prompt must be concrete token ids (it fixes the models' start), got a "
-                         "traced array")
+                         "traced value")
     ids = np.asarray(prompt)
     if ids.ndim == 0:
         ids = ids[None]
@@ -50,6 +50,13 @@ class PromptedModel:
 
     model: Any = array_field()
     prompt: Any = array_field()
+
+    def __post_init__(self):
+        if not is_autoregressive_model(self.model):
+            raise ValueError(f"model must be a model of the protocol, got "
+                             f"{type(self.model).__name__}")
+        object.__setattr__(self, "prompt",
+                           jnp.asarray(_check_prompt(self.prompt, self.model.num_states)))
 
     @property
     def num_states(self) -> int:
@@ -77,18 +84,24 @@ def with_prompt(model, prompt):
     """``model`` conditioned on a fixed ``prompt``: every chain starts with ``x_0 = prompt[-1]``
     in the context of the whole prompt.
 
-    * A ``MarkovChain`` gives a ``MarkovChain`` whose ``init`` is the one-hot of the last token
-      (the earlier tokens do not change a Markov chain's law).
+    * A ``MarkovChain`` gives a ``MarkovChain`` whose ``init`` is the one-hot of the last token.
+      Its positions still count from ``x_0``: ``x_1`` follows ``trans[0]``, and the earlier
+      prompt tokens are ignored (a Markov chain's next token depends on the last one only).
     * A ``FiniteStateModel`` gives a ``FiniteStateModel`` with one more state, the start, whose
       row is that one-hot and whose transitions are those of the state after
       ``prompt[:-1]``; the same prompt on two models that share their states keeps them shared,
-      so the exact theory applies.
+      so the exact theory applies. The prompt moves the model through its states: the
+      position-indexed lift of a Markov chain (``from_markov_chain``) goes one layer per prompt
+      token, so after a prompt of ``k`` tokens ``x_1`` follows ``trans[k - 1]``, not
+      ``trans[0]`` as the prompted ``MarkovChain`` does (the two agree for one token, and for a
+      stationary chain).
     * Any other protocol model (an ``NGramModel``, a neural model, one that gives logits) gives
       a ``PromptedModel``.
 
     Args:
       model: any model.
-      prompt: a non-empty sequence of token ids in ``[0, V)`` (concrete), or one id.
+      prompt: a non-empty sequence of token ids in ``[0, V)`` (concrete: it fixes the start),
+        or one id. The models may be traced.
 
     Returns:
       A model of the same kind where one exists, else a ``PromptedModel``.
@@ -107,7 +120,9 @@ def with_prompt(model, prompt):
     if isinstance(model, MarkovChain):
         ids = _check_prompt(prompt, model.num_states)
         init = jax.nn.one_hot(int(ids[-1]), model.num_states, dtype=model.init.dtype)
-        return MarkovChain(init=init, trans=model.trans)
+        init = jnp.broadcast_to(init, model.init.shape)  # a batch of chains too
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(model),
+                                            [init, model.trans])
     model = as_probability_model(model)
     if not is_autoregressive_model(model):
         raise ValueError(f"model must be a MarkovChain or a model of the protocol "
@@ -115,10 +130,9 @@ def with_prompt(model, prompt):
                          f"{type(model).__name__}")
     ids = _check_prompt(prompt, model.num_states)
     if isinstance(model, FiniteStateModel):
-        next_state = np.asarray(model.next_state)
-        state = model.start
+        state = model.start  # traced once the walk starts under jit: jnp indexing
         for token in ids[:-1]:
-            state = int(next_state[state, token])
+            state = model.next_state[state, int(token)]
         row = jax.nn.one_hot(int(ids[-1]), model.num_states, dtype=model.table.dtype)
         return FiniteStateModel(
             start=model.num_contexts,

@@ -225,7 +225,8 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     """
     if callable(key) and not isinstance(key, jax.Array):
         return _legacy(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
-                       progress=progress, sharding=sharding, horizon=horizon, **legacy)
+                       progress=progress, sharding=sharding, horizon=horizon,
+                       stop_tokens=stop_tokens, **legacy)
     if legacy:
         raise TypeError(f"decoding_statistics() got unexpected keyword arguments "
                         f"{sorted(legacy)}")
@@ -277,7 +278,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
 
 
 def _legacy(sampler, key, *args, chunk_size=None, progress=False, sharding=None, horizon=None,
-            **kwargs) -> DecodingStatistics:
+            stop_tokens=None, **kwargs) -> DecodingStatistics:
     """``decoding_statistics(sampler, key, *args, **kwargs)``: the form before decoders were
     values. Maps the sampler and its arguments to a decoder and warns."""
     to_decoder = getattr(sampler, "decoder_from", None)
@@ -296,4 +297,4 @@ def _legacy(sampler, key, *args, chunk_size=None, progress=False, sharding=None,
         kwargs["horizon"] = horizon
     decoder, draft, target, num_chains, rest = to_decoder(*args, **kwargs)
     return decoding_statistics(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
-                               progress=progress, **rest)
+                               progress=progress, stop_tokens=stop_tokens, **rest)

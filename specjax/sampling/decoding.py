@@ -29,6 +29,7 @@ from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import resolve_run
 from specjax.models.checks import check_horizon
 from specjax.models.logits import as_probability_model
+from specjax.models.prompt import PromptedModel
 from specjax.sampling import calls
 from specjax.sampling import engine
 from specjax.sampling import models
@@ -67,6 +68,18 @@ def check_supported(decoder, kind: str, what: str) -> None:
         f"(see the support table in docs/guides/decoders.md)")
 
 
+def check_same_prompt(draft, target) -> None:
+    """Refuses two ``PromptedModel``s whose prompts end in different tokens: ``x_0`` is drawn
+    from the target, so the draft's own last prompt token would be silently replaced."""
+    if isinstance(draft, PromptedModel) and isinstance(target, PromptedModel) \
+            and _checks.is_concrete(draft.prompt) and _checks.is_concrete(target.prompt) \
+            and int(draft.prompt[-1]) != int(target.prompt[-1]):
+        raise ValueError(
+            f"draft and target were given prompts that end in different tokens "
+            f"({int(draft.prompt[-1])} and {int(target.prompt[-1])}); x_0 is the prompt's last "
+            f"token and both models condition on it: give both the same prompt (with_prompt)")
+
+
 def counters_per_chain(decoder) -> int:
     """How many 32-bit counters one chain uses per step of the engine: 1, or the uniforms of one
     call of a call-level decoder (its chains' counters are ``c U .. c U + U - 1``)."""
@@ -80,6 +93,7 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     same = draft is target
     target = as_probability_model(target)  # a model that gives logits: softmax
     draft = target if same else as_probability_model(draft)
+    check_same_prompt(draft, target)
     draft, kind = resolve_run(decoder, draft, target)
     horizon = check_horizon(kind, target, horizon)
     mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
@@ -257,7 +271,9 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
         at its first stop token among ``x_1..x_T`` (the prompt ``x_0`` never ends it), as
         HuggingFace's and keras-hub's generation loops stop. The tokens after it repeat it,
         and nothing after it is rejected or called; ``num_emitted`` says where each chain
-        ended. The tokens up to the stop equal a run without stop tokens with the same key.
+        ended. The tokens up to the stop equal a run without stop tokens with the same key:
+        the engines run every chain to the horizon and cut it, so a model's rows after a stop
+        token must be laws too (they are checked, and their tokens dropped).
 
     Returns:
       ``DecodingTrace``: ``tokens (C, T + 1)``, ``rejected (C, T)``, ``num_rejections (C,)``

@@ -454,7 +454,7 @@ def _as_laws(thresholds) -> _Laws:
 
 
 def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, *,
-             offset=0, sharding=None, with_verified: bool = False) -> DecodingTrace:
+             offset=0, sharding=None, with_verified: bool = False):
     """Runs ``num_chains`` chains through the per-position law table.
 
     Args:
@@ -497,7 +497,7 @@ def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, 
 
 def simulate_markov(key, decoder, draft_trans: jax.Array, target_trans: jax.Array,
                     init: jax.Array, num_chains: int, lookahead: int, plan: TablePlan, *,
-                    offset=0, sharding=None, with_verified: bool = False) -> DecodingTrace:
+                    offset=0, sharding=None, with_verified: bool = False):
     """``simulate`` for a token-wise decoder on Markov transitions ``(T, V, V)``, its tables
     built as ``plan`` (``table_plan``) says; the tokens do not depend on the plan."""
     return simulate(key, init, markov_laws(decoder, draft_trans, target_trans, plan),
@@ -530,6 +530,7 @@ class ChunkCounts(NamedTuple):
     num_rejections: jax.Array  # shape=(C,), dtype=int32
     num_calls: jax.Array  # shape=(C,), dtype=int32
     per_position: jax.Array  # shape=(T, 3), dtype=int32: rejected, verified, call starts
+    # (decoding_statistics appends a fourth column, the chains that emitted x_n)
     final_tokens: jax.Array  # shape=(V,), dtype=int32
 
 

@@ -144,4 +144,4 @@ def _simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon
                          num_rejections=num_rejections, num_calls=num_calls,
                          new_call=_sharding.constrain(new_call.T, sharding),
                          num_emitted=jnp.full_like(num_calls, horizon)), verified.T, \
-        jnp.bitwise_or.reduce(carry[5])
+        (jnp.max(carry[5] & 1) | jnp.max(carry[5] & 2))  # XLA:CPU has no sharded reduce_or
