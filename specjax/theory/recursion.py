@@ -165,7 +165,8 @@ def stopping(step, stop):
     the carry). The carry becomes ``(pi, stopped)``, ``stopped`` ``(V,)`` the mass of chains
     stopped so far at each stop token; ``token`` becomes the law of the output at ``n`` (the
     stopped chains repeat their token), and ``P(x_n is emitted) = sum(pi)`` (1 without stop
-    tokens) is appended to the outputs. ``mask(new_pi, token)`` removes the stopped mass from ``new_pi``."""
+    tokens) is appended to the outputs. The wrapped step's keyword ``mask(new_pi)`` removes the
+    stopped mass from ``new_pi`` (``keep_live``, or nothing where ``step`` already did)."""
     def wrapped(carry, inputs, mask):
         pi, stopped = carry
         new_pi, (rejected, token, *rest) = step(pi, inputs)
