@@ -125,6 +125,15 @@ def check_stop_tokens(stop_tokens, num_states: int) -> tuple:
     return tuple(sorted({int(i) for i in ids}))
 
 
+def stop_mask(stop_tokens: tuple, num_states: int, dtype=bool):
+    """``(V,)`` mask of ``dtype`` (bool, or 0/1 floats for the exact recursions) at the stop
+    tokens of ``check_stop_tokens``, or ``None`` without any (static: no stop, no work)."""
+    if not stop_tokens:
+        return None
+    mask = jnp.zeros((num_states,), dtype)
+    return mask.at[jnp.asarray(stop_tokens, jnp.int32)].set(jnp.ones((), dtype))
+
+
 def check_position(position, horizon: int) -> None:
     """Raise ``ValueError`` unless ``position`` is a static Python int in ``[1, horizon]``."""
     _refuse_array("position", position)

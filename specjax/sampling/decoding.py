@@ -225,7 +225,7 @@ def table_plan(run: Plan) -> engine.TablePlan:
 
 @functools.partial(jax.jit, static_argnames=("stop_tokens", "num_states"))
 def _stop(trace, verified, *, stop_tokens, num_states):
-    return engine.stop_trace(trace, verified, engine.stop_mask(stop_tokens, num_states))
+    return engine.stop_trace(trace, verified, _checks.stop_mask(stop_tokens, num_states))
 
 
 def run_chunk(key, run: Plan, offset, num_chains: int):
@@ -239,14 +239,12 @@ def run_chunk(key, run: Plan, offset, num_chains: int):
         out = models.simulate_models(key, run.decoder, run.draft, run.target, offset,
                                      num_chains=num_chains, horizon=run.horizon,
                                      lookahead=run.lookahead, sharding=run.sharding)
-    elif not run.stop_tokens:
-        return _simulate_markov(key, run.decoder, run.draft, run.target, offset,
-                                num_chains=num_chains, lookahead=run.lookahead,
-                                sharding=run.sharding, tables=table_plan(run)), None
-    else:
+    else:  # the stop needs verified; the counts path keeps its own otherwise
         out = _simulate_markov(key, run.decoder, run.draft, run.target, offset,
                                num_chains=num_chains, lookahead=run.lookahead,
-                               sharding=run.sharding, tables=table_plan(run), with_verified=True)
+                               sharding=run.sharding, tables=table_plan(run),
+                               with_verified=bool(run.stop_tokens))
+        out = out if run.stop_tokens else (out, None)
     if not run.stop_tokens:
         return out
     return _stop(*out, stop_tokens=run.stop_tokens, num_states=run.target.num_states)

@@ -87,13 +87,6 @@ class DecodingTrace(NamedTuple):
     num_emitted: jax.Array | None = None  # shape=(C,), dtype=int32; None: a trace built by hand
 
 
-def stop_mask(stop_tokens, num_states: int):
-    """``(V,)`` bool, true at the stop tokens (a static tuple of ids), or ``None`` without any."""
-    if not stop_tokens:
-        return None
-    return jnp.zeros((num_states,), bool).at[jnp.asarray(stop_tokens, jnp.int32)].set(True)
-
-
 def stop_trace(trace: DecodingTrace, verified, stop):
     """Ends each chain of ``trace`` at its first stop token among ``x_1..x_T``.
 
@@ -107,7 +100,7 @@ def stop_trace(trace: DecodingTrace, verified, stop):
     Args:
       trace: a ``DecodingTrace`` whose ``num_emitted`` is ``T``.
       verified: ``(C, T)`` bool (a draft was verified at the position), or ``None``.
-      stop: ``(V,)`` bool mask of the stop tokens (``stop_mask``), or ``None`` (no change).
+      stop: ``(V,)`` bool mask of the stop tokens (``specjax._checks.stop_mask``), or ``None`` (no change).
 
     Returns:
       ``(trace, verified)`` of the stopped run.

@@ -47,15 +47,8 @@ from specjax.theory.recursion import ExactDecoding
 
 @functools.partial(jax.jit, static_argnames=("lookahead", "stop_tokens"))
 def _forward(decoder, draft, target, *, lookahead, stop_tokens=()):
-    return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead,
-                             _stop_mask(stop_tokens, target.init))
-
-
-def _stop_mask(stop_tokens: tuple, row):
-    """``(V,)`` 0/1 in ``row``'s dtype at the stop tokens, or ``None`` without any."""
-    if not stop_tokens:
-        return None
-    return jnp.zeros(row.shape[-1:], row.dtype).at[jnp.asarray(stop_tokens)].set(1)
+    stop = _checks.stop_mask(stop_tokens, target.num_states, target.init.dtype)
+    return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead, stop)
 
 
 def _plan_exact(decoder, draft, target, horizon):
@@ -126,7 +119,7 @@ def exact(decoder, draft, target, *, horizon: int | None = None,
                 f"stops); token-wise decoders have them, and specjax.decode stops any decoder")
         return calls.forward_calls(decoder, draft, target, lookahead=lookahead)
     if kind == "finite_state":
-        stop = _stop_mask(stop_tokens, target.table[0])
+        stop = _checks.stop_mask(stop_tokens, target.num_states, target.table.dtype)
         return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead,
                                     stop=stop)
     # Checked here as well as when the recursion is traced: a cached compilation skips tracing.
