@@ -76,7 +76,9 @@ corpus = [np.array([0, 1, 2, 1, 1, 0, 2, 2, 1, 0, 0, 1, 2, 0, 1])]
 ngrams = (specjax.NGramModel.fit(corpus, order=1, num_states=3),
           specjax.NGramModel.fit(corpus, order=2, num_states=3))
 for what, models, extra in (("n-grams", ngrams, {"horizon": 8}),
-                            ("stop tokens", (draft, target), {"stop_tokens": [1]})):
+                            ("stop tokens", (draft, target), {"stop_tokens": [1]}),
+                            ("batched scoring", ngrams, {"horizon": 8,
+                                                         "batched_scoring": True})):
     plain = specjax.decode(key, specjax.Speculative(2), *models, C, **extra)
     sharded = specjax.decode(key, specjax.Speculative(2), *models, C,
                              sharding=specjax.chain_sharding(), **extra)

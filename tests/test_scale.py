@@ -225,9 +225,9 @@ def test_sharded_equals_unsharded_on_four_host_devices():
     result = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    # one line per sampler, then n-grams, stop tokens and the collectives check
+    # one line per sampler, then n-grams, stop tokens, batched scoring and the collectives check
     lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(lines) == len(REPRODUCIBLE) + 3, result.stdout
+    assert len(lines) == len(REPRODUCIBLE) + 4, result.stdout
 
 
 # ----------------------------------------------------------------------------- acceptance rate

@@ -88,6 +88,31 @@ def is_autoregressive_model(obj) -> bool:
         callable(getattr(obj, name)) for name in ("init_state", "probs", "update"))
 
 
+def probs_block(model, state, tokens) -> jax.Array:
+    """``(K + 1, V)``: the model's rows in ``state`` and after each prefix of ``tokens (K,)``.
+
+    Row ``j`` is ``probs`` after ``tokens[:j]``: what a serving engine's target computes in one
+    batched evaluation of the ``K`` drafted positions and the one after them. A model that can
+    score a block at once defines ``probs_block(state, tokens)`` with that meaning (an optional
+    member of the protocol; ``decode(..., batched_scoring=True)`` calls it once per call);
+    otherwise the rows come from a scan of ``probs`` and ``update``.
+    """
+    own = getattr(model, "probs_block", None)
+    if callable(own):
+        return own(state, tokens)
+    return scan_rows(model.probs, model.update, state, tokens)
+
+
+def scan_rows(row, update, state, tokens) -> jax.Array:
+    """``(K + 1, ...)``: ``row(state)`` after each prefix of ``tokens``, one position at a time."""
+
+    def step(s, x):
+        return update(s, x), row(s)
+
+    last, rows = jax.lax.scan(step, state, tokens)
+    return jnp.concatenate([rows, row(last)[None]], axis=0)
+
+
 def _float_dtype(dtype):
     return jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
 

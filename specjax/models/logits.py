@@ -38,6 +38,7 @@ from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.autoregressive import FiniteStateModel
 from specjax.models.autoregressive import NGramModel
+from specjax.models.autoregressive import scan_rows
 from specjax.models.markov import MarkovChain
 
 __all__ = ["process_logits", "process_chain", "process_model", "ProcessedModel", "ORDERS"]
@@ -228,6 +229,20 @@ class ProcessedModel:
         return process_logits(self.logits(state), temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                               order=self.order)
+
+    def probs_block(self, state, tokens):
+        """``(K + 1, V)`` processed rows after each prefix of ``tokens`` (batched scoring): from
+        the wrapped model's ``logits_block(state, tokens)`` or ``probs_block`` when it has one,
+        else from a scan of ``logits`` and ``update``."""
+        if callable(getattr(self.model, "logits_block", None)):
+            logits = self.model.logits_block(state, tokens)
+        elif callable(getattr(self.model, "probs_block", None)):
+            logits = jnp.log(self.model.probs_block(state, tokens))
+        else:
+            logits = scan_rows(self.logits, self.update, state, tokens)
+        return jax.vmap(lambda row: process_logits(
+            row, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p, order=self.order))(logits)
 
 
 def as_probability_model(model):

@@ -25,6 +25,32 @@ from specjax.sampling import sharding as _sharding
 from specjax.sampling.engine import DecodingTrace
 
 
+def write_call(horizon: int, record, n, active, emitted, kept, last_rejected):
+    """Writes one call's outcome into one chain's trace; also the engine of batched scoring.
+
+    Args:
+      horizon: ``T``.
+      record: ``(tokens (T + 1,), rejected (T,), bonus (T,), new_call (T,))`` of the chain.
+      n: the position of the call's first token; ``active``: ``n <= T``.
+      emitted: ``(K + 1,)`` the call's tokens, of which ``kept + 1`` are emitted (those beyond
+        ``T`` dropped).
+      last_rejected: whether the last emitted token came after a rejection.
+
+    Returns:
+      ``(record, the next call's position)``.
+    """
+    tokens, rejected, bonus, new_call = record
+    offsets = jnp.arange(emitted.shape[0], dtype=jnp.int32)
+    keep = active & (offsets <= kept) & (n + offsets <= horizon)
+    tokens = tokens.at[jnp.where(keep, n + offsets, horizon + 1)].set(emitted, mode="drop")
+    end = n + kept  # the position of the last token
+    last_at = jnp.where(active & (end <= horizon), end - 1, horizon)
+    rejected = rejected.at[last_at].set(last_rejected, mode="drop")
+    bonus = bonus.at[last_at].set(~last_rejected, mode="drop")
+    new_call = new_call.at[jnp.where(active, n - 1, horizon)].set(True, mode="drop")
+    return (tokens, rejected, bonus, new_call), jnp.where(active, end + 1, n)
+
+
 def _write_call(decoder, tables, horizon: int, carry, u):
     """One call of one chain: the decoder's outcome written into the chain's trace."""
     tokens, rejected, bonus, new_call, n, prev, state = carry
@@ -34,17 +60,9 @@ def _write_call(decoder, tables, horizon: int, carry, u):
         state = jnp.where(active, decoder.next_call_state(state, kept), state).astype(jnp.int32)
     else:
         emitted, kept, last_rejected = decoder.sample_call(tables, n, prev, u)
-    offsets = jnp.arange(emitted.shape[0], dtype=jnp.int32)
-    keep = active & (offsets <= kept) & (n + offsets <= horizon)
-    tokens = tokens.at[jnp.where(keep, n + offsets, horizon + 1)].set(emitted, mode="drop")
-    end = n + kept  # the position of the last token
-    last_at = jnp.where(active & (end <= horizon), end - 1, horizon)
-    rejected = rejected.at[last_at].set(last_rejected, mode="drop")
-    bonus = bonus.at[last_at].set(~last_rejected, mode="drop")
-    new_call = new_call.at[jnp.where(active, n - 1, horizon)].set(True, mode="drop")
-    last = emitted[kept]
-    return (tokens, rejected, bonus, new_call, jnp.where(active, end + 1, n),
-            jnp.where(active, last, prev), state)
+    record, next_n = write_call(horizon, (tokens, rejected, bonus, new_call), n, active,
+                                emitted, kept, last_rejected)
+    return (*record, next_n, jnp.where(active, emitted[kept], prev), state)
 
 
 @functools.partial(jax.jit, static_argnames=("num_chains", "sharding"))

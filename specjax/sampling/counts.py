@@ -186,7 +186,7 @@ def _check_fits(run, num_chains: int, chunk: int, num_chunks: int, keeps_tokens:
 def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, *,
                         chunk_size: int | None = None, progress: bool = False,
                         sharding=None, horizon: int | None = None, stop_tokens=None,
-                        **legacy) -> DecodingStatistics:
+                        batched_scoring: bool = False, **legacy) -> DecodingStatistics:
     """Runs ``decoder`` like ``specjax.decode`` but keeps counts only, in chunks of chains.
 
     Args:
@@ -205,6 +205,8 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
       progress: show a progress bar (tqdm) on standard error, one step per chunk.
       stop_tokens: end-of-sequence ids, as for ``specjax.decode`` (the counts of a run with
         them are taken from each chunk's tokens).
+      batched_scoring: score each call's drafts in one target evaluation, as for
+        ``specjax.decode``.
 
     Returns:
       ``DecodingStatistics``, equal to the counts of ``specjax.decode``'s ``DecodingTrace`` for
@@ -226,7 +228,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     if callable(key) and not isinstance(key, jax.Array):
         return _legacy(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
                        progress=progress, sharding=sharding, horizon=horizon,
-                       stop_tokens=stop_tokens, **legacy)
+                       stop_tokens=stop_tokens, batched_scoring=batched_scoring, **legacy)
     if legacy:
         raise TypeError(f"decoding_statistics() got unexpected keyword arguments "
                         f"{sorted(legacy)}")
@@ -239,12 +241,13 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
             "call it outside jax.jit, vmap and grad; its key and models must be concrete. "
             "Inside a transformation use specjax.decode")
     run = decoding.plan(key, decoder, draft, target, num_chains, horizon=horizon,
-                        sharding=sharding, stop_tokens=stop_tokens)
+                        sharding=sharding, stop_tokens=stop_tokens,
+                        batched_scoring=batched_scoring)
     keeps_tokens = _keeps_tokens(run)
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
                                 run.horizon if keeps_tokens else None)
     num_chunks = -(-num_chains // chunk)
-    per_chain = decoding.counters_per_chain(run.decoder)
+    per_chain = decoding.counters_per_chain(run.decoder, run.lookahead, run.batched_scoring)
     if num_chunks * chunk * per_chain > _MAX_CHAINS:
         raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "
                          f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
@@ -278,7 +281,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
 
 
 def _legacy(sampler, key, *args, chunk_size=None, progress=False, sharding=None, horizon=None,
-            stop_tokens=None, **kwargs) -> DecodingStatistics:
+            stop_tokens=None, batched_scoring=False, **kwargs) -> DecodingStatistics:
     """``decoding_statistics(sampler, key, *args, **kwargs)``: the form before decoders were
     values. Maps the sampler and its arguments to a decoder and warns."""
     to_decoder = getattr(sampler, "decoder_from", None)
@@ -297,4 +300,5 @@ def _legacy(sampler, key, *args, chunk_size=None, progress=False, sharding=None,
         kwargs["horizon"] = horizon
     decoder, draft, target, num_chains, rest = to_decoder(*args, **kwargs)
     return decoding_statistics(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
-                               progress=progress, stop_tokens=stop_tokens, **rest)
+                               progress=progress, stop_tokens=stop_tokens,
+                               batched_scoring=batched_scoring, **rest)

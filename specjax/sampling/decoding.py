@@ -7,7 +7,9 @@ and the sharding are checked and the decoder's static settings resolved (``looka
 
 * token-wise decoders on ``MarkovChain``s: the law-table engine (``specjax.sampling.engine``);
 * token-wise decoders on any other autoregressive model: ``specjax.sampling.models``;
-* call-level decoders (block verification): ``specjax.sampling.calls``.
+* call-level decoders (block verification): ``specjax.sampling.calls``;
+* ``batched_scoring=True`` on protocol models: ``specjax.sampling.blocks`` (drafts ``K`` tokens
+  per call and scores them with one target evaluation, as serving engines do).
 
 Every engine numbers chains by a 32-bit counter and draws chain ``c``'s numbers from ``c``
 alone, so a run can be cut into chunks and laid out over devices without changing a token
@@ -21,6 +23,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from specjax import _checks
@@ -30,6 +33,8 @@ from specjax.decoders.base import resolve_run
 from specjax.models.checks import check_horizon
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
+from specjax.auditing.given import check_given_decoder
+from specjax.sampling import blocks
 from specjax.sampling import calls
 from specjax.sampling import engine
 from specjax.sampling import models
@@ -52,6 +57,7 @@ class Plan(NamedTuple):
     horizon: int
     sharding: NamedSharding | None
     stop_tokens: tuple = ()  # sorted ids; the chains end at the first one (engine.stop_trace)
+    batched_scoring: bool = False  # protocol models, one target evaluation per call (blocks)
 
 
 def check_supported(decoder, kind: str, what: str) -> None:
@@ -80,14 +86,40 @@ def check_same_prompt(draft, target) -> None:
             f"token and both models condition on it: give both the same prompt (with_prompt)")
 
 
-def counters_per_chain(decoder) -> int:
+def counters_per_chain(decoder, lookahead: int = 0, batched_scoring: bool = False) -> int:
     """How many 32-bit counters one chain uses per step of the engine: 1, or the uniforms of one
-    call of a call-level decoder (its chains' counters are ``c U .. c U + U - 1``)."""
+    call of a call-level decoder or of batched scoring (its chains' counters are
+    ``c U .. c U + U - 1``)."""
+    if batched_scoring:
+        return blocks.uniforms_per_call(lookahead)
     return decoder.num_uniforms if isinstance(decoder, CallDecoder) else 1
 
 
+def check_batched_scoring(batched_scoring, decoder, kind: str, lookahead: int) -> bool:
+    """``batched_scoring`` as a bool, refused for runs it cannot serve (before any work)."""
+    if not isinstance(batched_scoring, (bool, np.bool_)):
+        raise ValueError(f"batched_scoring is a static setting: pass True or False, got "
+                         f"{batched_scoring!r}")
+    if not batched_scoring:
+        return False
+    if kind == "markov":
+        raise ValueError(
+            "batched_scoring=True runs protocol models (FiniteStateModel, NGramModel, your own "
+            "model); a MarkovChain's engine reads its transition tables directly. Lift the "
+            "chains with specjax.models.FiniteStateModel.from_markov_chain to score calls in a "
+            "batch")
+    try:
+        check_given_decoder(decoder)
+    except ValueError as error:
+        raise ValueError(f"batched_scoring=True: {error}") from None
+    if lookahead < 1:
+        raise ValueError(f"batched_scoring=True needs a decoder that drafts (lookahead >= 1); "
+                         f"{decoder!r} calls the target at every token")
+    return True
+
+
 def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None,
-         stop_tokens=None) -> Plan:
+         stop_tokens=None, batched_scoring=False) -> Plan:
     """Validates a run of ``decoder`` before any work and resolves its settings."""
     _checks.check_key(key)
     same = draft is target
@@ -103,7 +135,8 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     lookahead = decoder.resolve_lookahead(horizon)
     if isinstance(decoder, CallDecoder):
         decoder = decoder.truncate(lookahead)
-    per_chain = counters_per_chain(decoder)
+    batched_scoring = check_batched_scoring(batched_scoring, decoder, mc_kind, lookahead)
+    per_chain = counters_per_chain(decoder, lookahead, batched_scoring)
     if num_chains * per_chain > MAX_COUNTER:
         limit = "2**32" if per_chain == 1 else f"2**32 / {per_chain} ({per_chain} uniforms " \
             f"per chain and call)"
@@ -113,7 +146,7 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     decoder.check(target.num_states, rows)
     stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
-                resolved_sharding, stop_tokens)
+                resolved_sharding, stop_tokens, batched_scoring)
 
 
 class RunBytes(NamedTuple):
@@ -235,6 +268,10 @@ def run_chunk(key, run: Plan, offset, num_chains: int):
     if isinstance(run.decoder, CallDecoder):
         out = calls.simulate_calls(key, run.decoder, run.draft, run.target, offset,
                                    num_chains=num_chains, sharding=run.sharding)
+    elif run.batched_scoring:
+        out = blocks.simulate_blocks(key, run.decoder, run.draft, run.target, offset,
+                                     num_chains=num_chains, horizon=run.horizon,
+                                     lookahead=run.lookahead, sharding=run.sharding)
     elif run.models == "protocol":
         out = models.simulate_models(key, run.decoder, run.draft, run.target, offset,
                                      num_chains=num_chains, horizon=run.horizon,
@@ -251,7 +288,7 @@ def run_chunk(key, run: Plan, offset, num_chains: int):
 
 
 def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None = None,
-           sharding=None, stop_tokens=None) -> DecodingTrace:
+           sharding=None, stop_tokens=None, batched_scoring: bool = False) -> DecodingTrace:
     """Samples ``num_chains`` sequences with ``decoder``: the Monte Carlo entry point.
 
     Args:
@@ -272,6 +309,13 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
         ended. The tokens up to the stop equal a run without stop tokens with the same key:
         the engines run every chain to the horizon and cut it, so a model's rows after a stop
         token must be laws too (they are checked, and their tokens dropped).
+      batched_scoring: ``True`` runs protocol models call by call, as serving engines do: the
+        draft proposes ``K`` tokens, the target scores them in one evaluation
+        (``probs_block(state, tokens) -> (K + 1, V)`` when the model defines it, else a scan of
+        ``probs`` and ``update``), and the given-drafts kernel (``specjax.verify_drafts``)
+        verifies them. Same output law, other tokens for the same key. For decoders that verify
+        one given draft per position (``Speculative``, ``BiasedSpeculative``, a
+        ``RejectionRule``, the lossy rules); static.
 
     Returns:
       ``DecodingTrace``: ``tokens (C, T + 1)``, ``rejected (C, T)``, ``num_rejections (C,)``
@@ -293,7 +337,7 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       ((1000, 51), True)
     """
     run = plan(key, decoder, draft, target, num_chains, horizon=horizon, sharding=sharding,
-               stop_tokens=stop_tokens)
+               stop_tokens=stop_tokens, batched_scoring=batched_scoring)
     check_fits(run, run_bytes(run, num_chains), chains_argument=f"num_chains = {num_chains:,}",
                chains_what=f"tokens and flags of every chain, T = {run.horizon:,}",
                chains_remedy="use specjax.decoding_statistics (counts only, chunked) or fewer "

@@ -97,6 +97,13 @@ def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon,
     trace, verified, invalid = _simulate_models(
         key, decoder, draft, target, offset, num_chains=num_chains, horizon=horizon,
         lookahead=lookahead, sharding=sharding)
+    raise_invalid(invalid, draft, target)
+    return trace, verified
+
+
+def raise_invalid(invalid, draft, target) -> None:
+    """Raise the ``ValueError`` of a run that met a row that is not a law: bit 1 (2) of
+    ``invalid`` for the draft (target); nothing when it is a tracer (a caller's ``jit``)."""
     if _checks.is_concrete(invalid) and int(invalid):
         names = [name for bit, name in ((2, "target"), (1, "draft")) if int(invalid) & bit]
         if draft is target:
@@ -106,7 +113,6 @@ def simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon,
             f"off one by more than {_checks.row_sum_tolerance(trace_dtype(target)):g}) at a "
             f"state reached during the run; the tokens of this run are not valid. Check probs() "
             f"of every state your model can reach (the probe before the run tries only a few)")
-    return trace, verified
 
 
 def trace_dtype(model):
