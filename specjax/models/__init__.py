@@ -11,6 +11,7 @@ from specjax.models.autoregressive import greedy_draft
 from specjax.models.autoregressive import MAX_TABLE_SIZE
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
+from specjax.models.autoregressive import probs_block
 from specjax.models.logits import ProcessedModel
 from specjax.models.logits import process_chain
 from specjax.models.logits import process_model
@@ -28,6 +29,7 @@ __all__ = [
     "greedy_draft",
     "is_autoregressive_model",
     "ngram_counts",
+    "probs_block",
     "process_chain",
     "process_logits",
     "process_model",

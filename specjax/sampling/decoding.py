@@ -30,6 +30,7 @@ from specjax import _checks
 from specjax import _memory
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import resolve_run
+from specjax.models.autoregressive import with_static_leaves
 from specjax.models.checks import check_horizon
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
@@ -126,6 +127,9 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     target = as_probability_model(target)  # a model that gives logits: softmax
     draft = target if same else as_probability_model(draft)
     check_same_prompt(draft, target)
+    # leaves that are not arrays (an equinox module's functions) travel as static data
+    target = with_static_leaves(target)
+    draft = target if same else with_static_leaves(draft)
     draft, kind = resolve_run(decoder, draft, target)
     horizon = check_horizon(kind, target, horizon)
     mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
