@@ -136,6 +136,10 @@ from specjax.auditing import Verified
 from specjax.auditing import compare_outputs
 from specjax.auditing import verify_drafts
 from specjax.auditing import verify_drafts_law
+from specjax.auditing import TreeLaw
+from specjax.auditing import VerifiedTree
+from specjax.auditing import verify_tree
+from specjax.auditing import verify_tree_law
 from specjax.models import ProcessedModel
 from specjax.models import process_chain
 from specjax.models import process_model
@@ -233,6 +237,10 @@ __all__ = [
     "Verified",
     "verify_drafts",
     "verify_drafts_law",
+    "TreeLaw",
+    "VerifiedTree",
+    "verify_tree",
+    "verify_tree_law",
     "autoregressive_decoding",
     "batch_expected_rejections",
     "batch_improvement",

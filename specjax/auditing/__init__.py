@@ -10,6 +10,10 @@ from specjax.auditing.given import DraftsLaw
 from specjax.auditing.given import Verified
 from specjax.auditing.given import verify_drafts
 from specjax.auditing.given import verify_drafts_law
+from specjax.auditing.given_tree import TreeLaw
+from specjax.auditing.given_tree import VerifiedTree
+from specjax.auditing.given_tree import verify_tree
+from specjax.auditing.given_tree import verify_tree_law
 
 __all__ = [
     "AuditReport",
@@ -21,4 +25,8 @@ __all__ = [
     "compare_outputs",
     "verify_drafts",
     "verify_drafts_law",
+    "TreeLaw",
+    "VerifiedTree",
+    "verify_tree",
+    "verify_tree_law",
 ]

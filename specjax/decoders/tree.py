@@ -203,6 +203,55 @@ def stage_laws(children: str, p: jax.Array, q: jax.Array, num_children: int):
     return accepted, q * (1 - jnp.sum(hit, axis=-2))
 
 
+def sibling_tests(children: str, p, q, tokens, present):
+    """The tests of a node's drafted children, in order: the rule of ``"iid"`` and
+    ``"without_replacement"`` children, written once for the sampler, for given trees
+    (``specjax.verify_tree``) and for their exact law.
+
+    Child ``j`` (token ``t``) is tested against the residual ``r_j`` (``r_1 = q``) and the law it
+    was drawn from, ``d_j`` (``p`` for i.i.d. children; without replacement, ``p`` without the
+    siblings before it): it is accepted with probability ``min(1, r_j(t) / d_j(t))`` (0 where
+    ``d_j(t) = 0``), and ``r_{j+1} = [r_j - d_j]_+`` (normalised) after a rejection. The first
+    accepted child is taken. Given the tokens, ``r_j`` and ``d_j`` are those after children
+    ``1..j-1`` are rejected, the only case in which child ``j`` is tested, so they are fixed
+    before any random number is drawn. A child whose draft law has no token left is absent.
+
+    Args:
+      children: ``"iid"`` or ``"without_replacement"`` (static).
+      p, q: ``(..., V)`` the draft's and the target's rows at the node.
+      tokens: ``(..., b)`` int32 the children's tokens; ``present``: ``(..., b)`` bool.
+
+    Returns:
+      ``(alive (..., b), d (..., b), r (..., b), residual (..., V))``: whether child ``j`` is
+      tested when reached, ``d_j(t_j)``, ``r_j(t_j)``, and the law of the token that ends the
+      call at the node when every child is rejected (``q`` when none is present).
+    """
+    residual, law = q, p
+    alive, d, r = [], [], []
+    others = jnp.arange(p.shape[-1]).reshape((1,) * (p.ndim - 1) + (-1,))
+    for j in range(tokens.shape[-1]):
+        t = tokens[..., j]
+        here = present[..., j] & (jnp.sum(law, axis=-1) > 0)
+        d.append(jnp.take_along_axis(law, t[..., None], axis=-1)[..., 0])
+        r.append(jnp.take_along_axis(residual, t[..., None], axis=-1)[..., 0])
+        residual = jnp.where(here[..., None], safe_normalize(jnp.maximum(residual - law, 0)),
+                             residual)
+        if children == "without_replacement":
+            law = jnp.where(here[..., None], safe_normalize(law * (others != t[..., None])), law)
+        alive.append(here)
+    if not alive:
+        empty = jnp.zeros(tokens.shape, q.dtype)
+        return empty.astype(bool), empty, empty, q
+    stack = functools.partial(jnp.stack, axis=-1)
+    return stack(alive), stack(d), stack(r), residual
+
+
+def first_hit(accepted):
+    """``(..., b)``: the first ``True`` of ``accepted`` along its last axis, the others
+    ``False``."""
+    return accepted & (jnp.cumsum(accepted, axis=-1) == 1)
+
+
 @pytree_dataclass
 class TokenTree(CallDecoder):
     """A static draft tree verified top-down in one target call.
@@ -420,26 +469,17 @@ class TokenTree(CallDecoder):
                 tokens = jnp.concatenate([tokens, jnp.full((width - chosen,), -1, jnp.int32)])
                 present = present & (jnp.arange(width) < chosen)
             return tokens, present, None, q_row
-        residual, law = q_row, p_row
-        tokens, alive, hit = [], [], []
-        found = jnp.zeros((), bool)
-        for j in range(width):
+        law, tokens = p_row, []
+        for j in range(width):  # each child from the draft without the siblings before it
             t = draw(categorical_thresholds(law), u_d[j])
-            here = present[j] & (jnp.sum(law) > 0)
-            trying = here & ~found
-            ratio = jnp.minimum(_safe_ratio(residual[t], law[t], 1), 1)
-            accept = trying & bernoulli(ratio, u_d[width + j])
-            rejected = trying & ~accept
-            residual = jnp.where(rejected, safe_normalize(jnp.maximum(residual - law, 0)),
-                                 residual)
-            others = jnp.arange(law.shape[-1]) != t
-            law = jnp.where(rejected, safe_normalize(law * others), law)
-            found = found | accept
             tokens.append(t)
-            alive.append(here)
-            hit.append(accept)
-        return (jnp.stack(tokens).astype(jnp.int32), jnp.stack(alive), jnp.stack(hit),
-                residual)
+            law = safe_normalize(law * (jnp.arange(law.shape[-1]) != t))
+        tokens = jnp.stack(tokens).astype(jnp.int32)
+
+        alive, d, r, residual = sibling_tests(self.children, p_row, q_row, tokens, present)
+        hit = first_hit(alive & bernoulli(jnp.minimum(_safe_ratio(r, d, 1), 1),
+                                          u_d[width:2 * width]))
+        return tokens, alive, hit, residual
 
     def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
         """The exact law of one call, by classes of nodes (see the module docstring).

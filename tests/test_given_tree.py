@@ -1,0 +1,289 @@
+"""Verification of given token trees (``verify_tree``, ``verify_tree_law``).
+
+Checked three ways:
+
+* the exact law against a literal transcription of SpecInfer's, Sequoia's and Medusa/EAGLE's
+  verification of a given tree (plain NumPy, every random choice enumerated), with ragged trees,
+  stop tokens and a dropped bonus, to 1e-12 in float64;
+* losslessness: averaged over every tree the rule can draft (enumerated, each weighted by its
+  probability), the output continued by the target has the target's law;
+* Monte Carlo of ``verify_tree`` (with a key) against the exact law (chi-square at the suite's
+  false-failure rate), the tokens given as uniforms against hand-checked cases, and
+  ``BatchSpeculative``'s given form against its tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from reference import enumerate_law
+from stats import assert_law
+
+V = 3
+IRREGULAR = (-1, 0, 0, 1, 1, 2, 0)  # a root with 3 children, two of them with children
+
+
+def _kids(parents, num_nodes):
+    return [[c for c in range(1, num_nodes) if parents[c] == i] for i in range(num_nodes)]
+
+
+def _literal(chooser, parents, rule, tokens, p_rows, q_rows, num_nodes, stop=(), bonus=True):
+    """One call verifying a given tree, as the papers describe it: the output tokens."""
+    kids = _kids(parents, num_nodes)
+    node, out = 0, []
+    while True:
+        q = q_rows[node]
+        if not kids[node]:  # a leaf: the target's bonus token
+            if node > 0 and not bonus:
+                return tuple(out)
+            out.append(chooser.categorical(q))
+            return tuple(out)
+        if rule == "top_k":
+            y = chooser.categorical(q)
+            nxt = next((c for c in kids[node] if tokens[c] == y), None)
+            out.append(y)
+            if nxt is None or y in stop:
+                return tuple(out)
+            node = nxt
+            continue
+        r, d = q.copy(), p_rows[node].copy()
+        accepted = None
+        for c in kids[node]:
+            if d.sum() <= 0:  # without replacement, no token left: no more children
+                break
+            t = tokens[c]
+            if chooser.bernoulli(0.0 if d[t] == 0 else min(1.0, r[t] / d[t])):
+                accepted = c
+                break
+            r = np.maximum(r - d, 0)
+            r = r / r.sum() if r.sum() > 0 else r
+            if rule == "without_replacement":
+                d[t] = 0
+                d = d / d.sum() if d.sum() > 0 else d
+        if accepted is None:
+            out.append(chooser.categorical(r if r.sum() > 0 else q))
+            return tuple(out)
+        out.append(int(tokens[accepted]))
+        if tokens[accepted] in stop:
+            return tuple(out)
+        node = accepted
+
+
+def _path(parents, tokens, node):
+    path = []
+    while node > 0:
+        path.append(int(tokens[node]))
+        node = parents[node]
+    return tuple(reversed(path))
+
+
+def _sequence_law(law_outcome, parents, tokens):
+    """``{output tokens: probability}`` from a ``TreeLaw.outcome`` ``(N, V)``."""
+    law = {}
+    for node in range(law_outcome.shape[0]):
+        for y in range(law_outcome.shape[1]):
+            mass = float(law_outcome[node, y])
+            if mass > 0:
+                key = _path(parents, tokens, node) + (y,)
+                law[key] = law.get(key, 0.0) + mass
+    return law
+
+
+def _random_rows(rng, n, zeros=True):
+    rows = rng.dirichlet(np.ones(V), size=n)
+    if zeros:  # some zero-probability tokens
+        rows[rng.random(rows.shape) < 0.2] = 0
+        rows[rows.sum(1) == 0, 0] = 1
+    return rows / rows.sum(1, keepdims=True)
+
+
+CASES = [
+    ("iid", (2, 2), None, (), True),
+    ("iid", IRREGULAR, 5, (), True),
+    ("without_replacement", (3, 1), None, (), True),
+    ("without_replacement", IRREGULAR, None, (1,), False),
+    ("top_k", (2, 1), None, (), True),
+    ("top_k", IRREGULAR, 4, (2,), True),
+    ("iid", (2, 1), 1, (), False),  # the root alone: the target's token
+    ("iid", (1, 1, 1), None, (0,), False),  # a chain: speculative decoding
+]
+
+
+@pytest.mark.parametrize("rule,shape,num_nodes,stop,bonus", CASES)
+def test_the_law_equals_the_literal_verification_enumerated(x64, rule, shape, num_nodes, stop,
+                                                            bonus):
+    tree = (specjax.TokenTree.from_parents(shape, children=rule) if shape[0] == -1
+            else specjax.TokenTree(shape, children=rule))
+    parents = tree.shape.parents
+    size = len(parents)
+    rng = np.random.default_rng(size + len(stop))
+    for _ in range(3):
+        tokens = rng.integers(0, V, size)
+        p_rows, q_rows = _random_rows(rng, size), _random_rows(rng, size)
+        count = size if num_nodes is None else num_nodes
+        literal = enumerate_law(lambda c: _literal(c, parents, rule, tokens, p_rows, q_rows,
+                                                   count, stop, bonus))
+        got = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(p_rows),
+                                      jnp.asarray(q_rows), num_nodes=num_nodes,
+                                      stop_tokens=stop or None, bonus=bonus)
+        ours = _sequence_law(np.asarray(got.outcome), parents, tokens)
+        assert set(k for k, v in ours.items() if v > 1e-14) == set(
+            k for k, v in literal.items() if v > 1e-14)
+        for key, mass in literal.items():
+            assert abs(ours.get(key, 0.0) - mass) < 1e-12, (key, mass, ours.get(key))
+        assert abs(float(np.asarray(got.outcome).sum()) - 1) < 1e-12
+
+
+def _draft_weight(rule, parents, tokens, p_of):
+    """P(the rule drafts ``tokens``): each node's children from ``p_of(node)``."""
+    weight = 1.0
+    for node, kids in enumerate(_kids(parents, len(parents))):
+        p = p_of(node).copy()
+        if rule == "top_k":
+            order = sorted(range(V), key=lambda x: (-p[x], x))[:len(kids)]
+            weight *= float([tokens[c] for c in kids] == order[:len(kids)])
+            continue
+        for c in kids:
+            if p[tokens[c]] == 0:
+                return 0.0
+            weight *= p[tokens[c]]
+            if rule == "without_replacement":
+                p[tokens[c]] = 0
+                p = p / p.sum()
+    return weight
+
+
+@pytest.mark.parametrize("rule", ["iid", "without_replacement", "top_k"])
+def test_averaged_over_drafted_trees_the_output_is_the_targets(x64, rule):
+    """Markov rows (the context is the path's last token): the output, continued by the
+    target to ``D + 1`` tokens, has the target's law of ``D + 1`` tokens."""
+    tree = specjax.TokenTree((2, 1), children=rule)  # V = 3 (without replacement: 2 of 3)
+    parents, size, depth = tree.shape.parents, tree.num_nodes, tree.shape.max_depth
+    rng = np.random.default_rng(4)
+    draft, target = _random_rows(rng, V, zeros=False), _random_rows(rng, V, zeros=False)
+    root = 1
+    assignments = [np.array((root,) + a) for a in itertools.product(range(V), repeat=size - 1)]
+
+    def last_token(tokens, node):
+        return int(tokens[node])
+
+    weights, trees = [], []
+    for tokens in assignments:
+        w = _draft_weight(rule, parents, tokens, lambda n, t=tokens: draft[last_token(t, n)])
+        if w > 0:
+            weights.append(w)
+            trees.append(tokens)
+    tokens = np.stack(trees)
+    p_rows = draft[tokens]
+    q_rows = target[tokens]
+    law = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(p_rows),
+                                  jnp.asarray(q_rows))
+    assert abs(sum(weights) - 1) < 1e-12
+    total = {}
+    for b, w in enumerate(weights):
+        for out, mass in _sequence_law(np.asarray(law.outcome[b]), parents, tokens[b]).items():
+            prev = out[-1]  # continue with the target to D + 1 tokens
+            for rest in itertools.product(range(V), repeat=depth + 1 - len(out)):
+                seq, m, x = out + rest, w * mass, prev
+                for y in rest:
+                    m, x = m * target[x, y], y
+                total[seq] = total.get(seq, 0.0) + m
+    for seq in itertools.product(range(V), repeat=depth + 1):
+        expected, x = 1.0, root
+        for y in seq:
+            expected, x = expected * target[x, y], y
+        assert abs(total.get(seq, 0.0) - expected) < 1e-12, seq
+
+
+def test_monte_carlo_fits_the_law_and_ragged_requests_stay_apart():
+    tree = specjax.TokenTree.from_parents(IRREGULAR, children="without_replacement")
+    rng = np.random.default_rng(7)
+    size = tree.num_nodes
+    tokens = np.stack([rng.integers(0, V, size), rng.integers(0, V, size)])
+    p_rows = np.stack([_random_rows(rng, size), _random_rows(rng, size)]).astype(np.float32)
+    q_rows = np.stack([_random_rows(rng, size), _random_rows(rng, size)]).astype(np.float32)
+    num_nodes = np.array([size, 3])
+    n = 60_000
+    reps = lambda x: jnp.asarray(np.repeat(x, n, axis=0))  # noqa: E731
+    out = specjax.verify_tree(jax.random.key(0), tree, reps(tokens), reps(p_rows), reps(q_rows),
+                              num_nodes=jnp.asarray(np.repeat(num_nodes, n)), stop_tokens=2)
+    law = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(p_rows),
+                                  jnp.asarray(q_rows), num_nodes=jnp.asarray(num_nodes),
+                                  stop_tokens=2)
+    emitted = np.asarray(out.tokens)
+    lengths = np.asarray(out.num_emitted)
+    for b in range(2):
+        rows = slice(b * n, (b + 1) * n)
+        observed = {}
+        for seq, length in zip(emitted[rows], lengths[rows]):
+            key = tuple(int(x) for x in seq[:length])
+            observed[key] = observed.get(key, 0) + 1
+        expected = _sequence_law(np.asarray(law.outcome[b]), tree.shape.parents, tokens[b])
+        assert_law(observed, expected, n, f"request {b}")
+    # the accepted nodes' tokens are the emitted tokens
+    nodes = np.asarray(out.nodes)
+    for i in range(200):
+        k = int(out.num_accepted[i])
+        assert (nodes[i, :k] >= 0).all() and (nodes[i, k:] == -1).all()
+        assert (np.repeat(tokens, n, axis=0)[i, nodes[i, :k]] == emitted[i, :k]).all()
+
+
+def test_batch_speculative_is_its_tree_and_uniforms_decide_as_documented():
+    rng = np.random.default_rng(8)
+    batch = specjax.BatchSpeculative(2, lookahead=2)
+    tree = specjax.TokenTree((2, 1))
+    size = tree.num_nodes
+    tokens = jnp.asarray(rng.integers(0, V, size))
+    p_rows, q_rows = jnp.asarray(_random_rows(rng, size)), jnp.asarray(_random_rows(rng, size))
+    a = specjax.verify_tree_law(batch, tokens, p_rows, q_rows)
+    b = specjax.verify_tree_law(tree, tokens, p_rows, q_rows)
+    np.testing.assert_allclose(a.outcome, b.outcome)
+    # hand-checked: p = q accepts the first child at any u < 1; the bonus at v = 0 is the
+    # first token of positive mass
+    same = jnp.asarray([[0.0, 0.5, 0.5]] * size)
+    out = specjax.verify_tree(None, tree, jnp.array([0, 1, 2, 2, 1]), same, same,
+                              uniforms=(jnp.full(size, 0.999), jnp.zeros(size)))
+    assert out.tokens.tolist() == [1, 2, 1] and out.nodes.tolist() == [1, 3, -1]
+    assert bool(out.bonus) and int(out.num_accepted) == 2
+    # disjoint supports: every child rejected, the residual is q
+    q = jnp.asarray([[1.0, 0.0, 0.0]] * size)
+    out = specjax.verify_tree(None, tree, jnp.array([0, 1, 2, 2, 1]), same, q,
+                              uniforms=(jnp.zeros(size), jnp.full(size, 0.5)))
+    assert out.tokens.tolist() == [0, -1, -1] and not bool(out.bonus)
+    grads = jax.grad(lambda qq: specjax.verify_tree_law(
+        tree, jnp.array([0, 1, 2, 2, 1]), same, qq).reach.sum())(q)
+    assert np.isfinite(np.asarray(grads)).all()
+
+
+def test_bad_inputs_are_refused_by_name_before_any_work():
+    tree = specjax.TokenTree((2,))
+    rows = jnp.full((3, V), 1 / V)
+    tokens = jnp.array([0, 1, 2])
+    with pytest.raises(ValueError, match="decoder must be a specjax.TokenTree"):
+        specjax.verify_tree_law(specjax.OptimalMultiDraft(2), tokens, rows, rows)
+    with pytest.raises(ValueError, match="tree_tokens must have shape"):
+        specjax.verify_tree_law(tree, tokens[:2], rows, rows)
+    with pytest.raises(ValueError, match="draft_probs must be given"):
+        specjax.verify_tree_law(tree, tokens, None, rows)
+    with pytest.raises(ValueError, match="num_nodes must lie in"):
+        specjax.verify_tree_law(tree, tokens[None], rows[None], rows[None],
+                                num_nodes=jnp.array([0]))
+    with pytest.raises(ValueError, match="tree_tokens must be ids"):
+        specjax.verify_tree_law(tree, jnp.array([0, 1, 5]), rows, rows)
+    with pytest.raises(ValueError, match=r"target_probs\[1\]"):
+        specjax.verify_tree_law(tree, tokens, rows, rows.at[1, 0].set(-1.0))
+    with pytest.raises(ValueError, match="uniforms"):
+        specjax.verify_tree(None, tree, tokens, rows, rows, uniforms=(jnp.ones(3), jnp.ones(3)))
+    # rows beyond a ragged request's nodes are not read
+    out = specjax.verify_tree_law(tree, tokens[None], rows[None],
+                                  rows.at[2].set(jnp.nan)[None], num_nodes=jnp.array([2]))
+    assert np.isfinite(np.asarray(out.outcome)).all()
+    # top-k trees need no draft rows
+    top = specjax.TokenTree((2,), children="top_k")
+    assert specjax.verify_tree_law(top, tokens, None, rows).outcome.shape == (3, V)
