@@ -311,3 +311,21 @@ def test_a_row_that_is_not_a_law_is_reported_after_the_run(who):
     with pytest.raises(ValueError, match=f"^{who} returned a row that is not a law"):
         specjax.decode(jax.random.key(0), specjax.Speculative(2), walks["draft"],
                        walks["target"], 8, horizon=T, batched_scoring=True)
+
+
+def test_rows_beyond_the_horizon_are_not_read_and_memory_counts_the_calls():
+    """A call drafts and scores past ``T``; those rows are dropped with their tokens, so they
+    need not be laws (the token-wise engine never computes them). The memory estimate counts a
+    call's ``2K + 1`` rows."""
+    good = jnp.full((T + 4, 4), 0.25)
+    bad = _Walk(good.at[T + 1:].set(0.0))  # row s serves x_s: rows past T are all zeros
+    for batched in (False, True):
+        trace = specjax.decode(jax.random.key(0), specjax.Speculative(3), _Walk(good), bad, 64,
+                               horizon=T, batched_scoring=batched)
+        assert trace.tokens.shape == (64, T + 1)
+    draft, target = _lifted_pair(10)
+    key = jax.random.key(0)
+    sizes = [specjax.sampling.decoding.run_bytes(specjax.sampling.decoding.plan(
+        key, specjax.Speculative(K), draft, target, 1000, horizon=T, batched_scoring=batched),
+        1000).total for batched in (False, True)]
+    assert sizes[1] >= sizes[0] + 1000 * 3 * (2 * K + 1) * V * 4

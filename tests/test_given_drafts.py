@@ -26,6 +26,7 @@ from engine_reference import literal_law
 from engine_reference import end_output
 from engine_reference import literal_verify
 from reference import biased_accept
+from reference import enumerate_law
 from reference import optimal_residual
 from stats import assert_law
 from stats import count_rows
@@ -91,7 +92,8 @@ def test_stop_tokens_and_dropped_bonus_token_for_token(x64):
                 assert bool(out.stopped[b]) == any(t in stop for t in want[:length])
 
 
-def test_output_law_with_stop_tokens_is_the_target_law_stopped(x64):
+@pytest.mark.parametrize("decoder", [SD, specjax.BlockVerification(2)], ids=["sd", "block"])
+def test_output_law_with_stop_tokens_is_the_target_law_stopped(x64, decoder):
     """With an end-of-sequence token, the emitted tokens continued by the target (which stops
     at the end token too) are distributed as the target's sequence stopped at its first end
     token, for every K_b and with the bonus dropped or not."""
@@ -126,7 +128,7 @@ def test_output_law_with_stop_tokens_is_the_target_law_stopped(x64):
             p = np.stack([p_trans[j, prefix[j]] for j in range(lookahead)])
             q = np.stack([q_trans[j, prefix[j]] for j in range(lookahead + 1)])
             law = np.asarray(specjax.verify_drafts_law(
-                SD, np.array(drafts), p, q, num_drafts=np.int32(count), stop_tokens=stop,
+                decoder, np.array(drafts), p, q, num_drafts=np.int32(count), stop_tokens=stop,
                 bonus=bonus).outcome)
             for n, y in itertools.product(range(lookahead + 1), range(num_tokens)):
                 if law[n, y] == 0:
@@ -166,7 +168,8 @@ def test_exact_law_equals_the_literal_closed_form_for_every_rule(x64):
                 np.testing.assert_allclose(law.num_accepted[b], want.sum(-1), atol=1e-13)
 
 
-def test_output_law_is_the_target_sequence_law_averaged_over_drafts(x64):
+@pytest.mark.parametrize("decoder", [SD, specjax.BlockVerification(2)], ids=["sd", "block"])
+def test_output_law_is_the_target_sequence_law_averaged_over_drafts(x64, decoder):
     """Drafts drawn along a Markov chain, target rows following the drafted prefix: the emitted
     tokens continued by the target are distributed as the target's K + 1 tokens, for every
     K_b in 0..K, with sampled and with greedy drafts."""
@@ -190,7 +193,8 @@ def test_output_law_is_the_target_sequence_law_averaged_over_drafts(x64):
             p = np.stack([p_trans[j, prefix[j]] for j in range(lookahead)])
             q = np.stack([q_trans[j, prefix[j]] for j in range(lookahead + 1)])
             law = np.asarray(specjax.verify_drafts_law(
-                SD, np.array(drafts), None if greedy else p, q, num_drafts=np.int32(count)).outcome)
+                decoder, np.array(drafts), None if greedy else p, q,
+                num_drafts=np.int32(count)).outcome)
             for n, y in itertools.product(range(count + 1), range(num_tokens)):
                 mass = weight * law[n, y]
                 if mass == 0:
@@ -209,6 +213,87 @@ def test_output_law_is_the_target_sequence_law_averaged_over_drafts(x64):
             target[seq] = np.prod([q_trans[j, full[j], full[j + 1]] for j in range(lookahead + 1)])
         np.testing.assert_allclose(completed, target, atol=1e-13,
                                    err_msg=f"greedy={greedy}, K_b={count}")
+
+
+def _literal_block(chooser, x, p, q, count, stop=(), bonus=True):
+    """Algorithm 2 of Sun et al. (block verification) on given drafts ``x_1..x_count`` with
+    rows ``p (K, V)``, ``q (K + 1, V)``, as written: weights, ``h_i``, every ``eta_i`` drawn and
+    the largest accepted level kept, then the last token; ``stop`` and ``bonus`` as engines
+    end an output. A draft of draft probability 0 gets weight 0 (the given-drafts convention)."""
+    weight = [1.0]
+    for i in range(count):
+        ratio = q[i, x[i]] / p[i, x[i]] if p[i, x[i]] > 0 else 0.0
+        weight.append(min(weight[-1] * ratio, 1.0))
+    tau = 0
+    for i in range(1, count + 1):
+        if i == count:
+            h = weight[i]
+        else:
+            r = np.maximum(weight[i] * q[i] - p[i], 0.0).sum()
+            h = r / (r + (1.0 - weight[i])) if r + (1.0 - weight[i]) > 0 else 1.0
+        if chooser.bernoulli(h):
+            tau = i
+    out = [int(t) for t in x[:tau]]
+    if tau < count:
+        w = np.maximum(weight[tau] * q[tau] - p[tau], 0.0)
+        out.append(chooser.categorical(w if w.sum() > 0 else q[tau]))
+    elif bonus or count == 0:
+        out.append(chooser.categorical(q[count]))
+    for j, t in enumerate(out):
+        if t in stop:
+            return tuple(out[:j + 1])
+    return tuple(out)
+
+
+@pytest.mark.parametrize("stop,bonus", [((), True), ((1,), True), ((0, 2), False)])
+def test_block_verification_law_equals_the_literal_algorithm_enumerated(x64, stop, bonus):
+    decoder = specjax.BlockVerification(K)
+    for seed in range(3):
+        x, p, q, counts = requests(20 + seed, zero_fraction=0.2)
+        law = np.asarray(specjax.verify_drafts_law(decoder, x, p, q, num_drafts=counts,
+                                                   stop_tokens=stop or None,
+                                                   bonus=bonus).outcome)
+        for b in range(len(counts)):
+            want = enumerate_law(lambda c, b=b: _literal_block(c, x[b], p[b], q[b], counts[b],
+                                                               stop, bonus))
+            got = {}
+            for n, y in itertools.product(range(K + 1), range(V)):
+                if law[b, n, y] > 0:
+                    key = tuple(int(t) for t in x[b, :n]) + (y,)
+                    got[key] = got.get(key, 0.0) + law[b, n, y]
+            assert set(k for k, v in got.items() if v > 1e-14) == set(
+                k for k, v in want.items() if v > 1e-14), (seed, b)
+            for key, mass in want.items():
+                assert abs(got.get(key, 0.0) - mass) < 1e-12, (seed, b, key)
+
+
+def test_block_verification_monte_carlo_fits_its_law():
+    decoder = specjax.BlockVerification(K)
+    x, p, q, counts = requests(25)
+    runs = 25_000
+    tile = lambda a: np.tile(a, (runs,) + (1,) * (a.ndim - 1))  # noqa: E731
+    out = specjax.verify_drafts(jax.random.key(12), decoder, tile(x), tile(p).astype(np.float32),
+                                tile(q).astype(np.float32), num_drafts=tile(counts))
+    law = np.asarray(specjax.verify_drafts_law(decoder, x, p.astype(np.float32),
+                                               q.astype(np.float32), num_drafts=counts).outcome,
+                     np.float64)
+    n = np.asarray(out.num_accepted).reshape(runs, 4)
+    last = np.asarray(out.tokens)[np.arange(runs * 4), np.asarray(out.num_accepted)]
+    last = last.reshape(runs, 4)
+    for b in range(4):
+        observed = count_rows(np.stack([n[:, b], last[:, b]], axis=1))
+        expected = {(i, y): law[b, i, y] for i in range(K + 1) for y in range(V)
+                    if law[b, i, y] > 0}
+        assert_law(observed, expected, runs, f"block, request {b}")
+    # compare_outputs passes block verification's own outputs, and flags SD's as block's
+    tokens = np.asarray(out.tokens).reshape(runs, 4, K + 1)
+    assert not specjax.compare_outputs(decoder, x, p.astype(np.float32), q.astype(np.float32),
+                                       tokens, num_drafts=counts).flagged
+    sd = specjax.verify_drafts(jax.random.key(13), SD, tile(x), tile(p).astype(np.float32),
+                               tile(q).astype(np.float32), num_drafts=tile(counts))
+    assert specjax.compare_outputs(decoder, x, p.astype(np.float32), q.astype(np.float32),
+                                   np.asarray(sd.tokens).reshape(runs, 4, K + 1),
+                                   num_drafts=counts).flagged
 
 
 def _one_position_rule(decoder, x, p_row, q_row, part):
@@ -317,7 +402,7 @@ def test_bad_arguments_are_refused_by_name():
     key = jax.random.key(0)
     cases = [
         (dict(decoder=specjax.BatchSpeculative(2)), "decoder"),
-        (dict(decoder=specjax.BlockVerification(2)), "decoder"),
+        (dict(decoder=specjax.OptimalMultiDraft(2)), "decoder"),
         (dict(draft_tokens=x.astype(float)), "draft_tokens"),
         (dict(draft_tokens=np.where(x == -1, 0, x + V)), "draft_tokens"),
         (dict(draft_probs=p[:, :2]), "draft_probs"),

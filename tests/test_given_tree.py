@@ -140,10 +140,11 @@ def test_the_law_equals_the_literal_verification_enumerated(x64, rule, shape, nu
         assert abs(float(np.asarray(got.outcome).sum()) - 1) < 1e-12
 
 
-def _draft_weight(rule, parents, tokens, p_of):
-    """P(the rule drafts ``tokens``): each node's children from ``p_of(node)``."""
+def _draft_weight(rule, parents, tokens, p_of, num_nodes):
+    """P(the rule drafts ``tokens`` on the first ``num_nodes`` nodes): each node's children
+    from ``p_of(node)``."""
     weight = 1.0
-    for node, kids in enumerate(_kids(parents, len(parents))):
+    for node, kids in enumerate(_kids(parents, num_nodes)):
         p = p_of(node).copy()
         if rule == "top_k":
             order = sorted(range(V), key=lambda x: (-p[x], x))[:len(kids)]
@@ -159,46 +160,56 @@ def _draft_weight(rule, parents, tokens, p_of):
     return weight
 
 
+def _target_paths(target, prev, length, stop):
+    """``{sequence: probability}`` of the target's next ``length`` tokens after ``prev``, cut
+    after the first stop token."""
+    if length == 0:
+        return {(): 1.0}
+    out = {}
+    for y in range(V):
+        rest = {(): 1.0} if y in stop else _target_paths(target, y, length - 1, stop)
+        for tail, m in rest.items():
+            out[(y,) + tail] = out.get((y,) + tail, 0.0) + target[prev, y] * m
+    return out
+
+
 @pytest.mark.parametrize("rule", ["iid", "without_replacement", "top_k"])
-def test_averaged_over_drafted_trees_the_output_is_the_targets(x64, rule):
+@pytest.mark.parametrize("num_nodes,stop", [(5, ()), (3, ()), (1, ()), (5, (2,))])
+def test_averaged_over_drafted_trees_the_output_is_the_targets(x64, rule, num_nodes, stop):
     """Markov rows (the context is the path's last token): the output, continued by the
-    target to ``D + 1`` tokens, has the target's law of ``D + 1`` tokens."""
+    target to ``D + 1`` tokens (both cut after a stop token), has the target's law, for the
+    whole tree ``(2, 1)``, its first three nodes, the root alone, and with a stop token."""
     tree = specjax.TokenTree((2, 1), children=rule)  # V = 3 (without replacement: 2 of 3)
     parents, size, depth = tree.shape.parents, tree.num_nodes, tree.shape.max_depth
     rng = np.random.default_rng(4)
     draft, target = _random_rows(rng, V, zeros=False), _random_rows(rng, V, zeros=False)
     root = 1
-    assignments = [np.array((root,) + a) for a in itertools.product(range(V), repeat=size - 1)]
-
-    def last_token(tokens, node):
-        return int(tokens[node])
-
     weights, trees = [], []
-    for tokens in assignments:
-        w = _draft_weight(rule, parents, tokens, lambda n, t=tokens: draft[last_token(t, n)])
+    for rest in itertools.product(range(V), repeat=num_nodes - 1):
+        tokens = np.array((root,) + rest + (0,) * (size - num_nodes))  # padding: never read
+        w = _draft_weight(rule, parents, tokens, lambda n, t=tokens: draft[int(t[n])],
+                          num_nodes)
         if w > 0:
             weights.append(w)
             trees.append(tokens)
     tokens = np.stack(trees)
-    p_rows = draft[tokens]
-    q_rows = target[tokens]
-    law = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(p_rows),
-                                  jnp.asarray(q_rows))
+    law = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(draft[tokens]),
+                                  jnp.asarray(target[tokens]),
+                                  num_nodes=jnp.full(len(trees), num_nodes),
+                                  stop_tokens=stop or None)
     assert abs(sum(weights) - 1) < 1e-12
     total = {}
     for b, w in enumerate(weights):
         for out, mass in _sequence_law(np.asarray(law.outcome[b]), parents, tokens[b]).items():
-            prev = out[-1]  # continue with the target to D + 1 tokens
-            for rest in itertools.product(range(V), repeat=depth + 1 - len(out)):
-                seq, m, x = out + rest, w * mass, prev
-                for y in rest:
-                    m, x = m * target[x, y], y
-                total[seq] = total.get(seq, 0.0) + m
-    for seq in itertools.product(range(V), repeat=depth + 1):
-        expected, x = 1.0, root
-        for y in seq:
-            expected, x = expected * target[x, y], y
-        assert abs(total.get(seq, 0.0) - expected) < 1e-12, seq
+            done = out[-1] in stop
+            tails = {(): 1.0} if done else _target_paths(target, out[-1],
+                                                         depth + 1 - len(out), stop)
+            for tail, m in tails.items():
+                total[out + tail] = total.get(out + tail, 0.0) + w * mass * m
+    expected = _target_paths(target, root, depth + 1, stop)
+    assert set(k for k, v in total.items() if v > 1e-14) <= set(expected)
+    for seq, mass in expected.items():
+        assert abs(total.get(seq, 0.0) - mass) < 1e-12, seq
 
 
 def test_monte_carlo_fits_the_law_and_ragged_requests_stay_apart():

@@ -16,6 +16,11 @@ more token, recovered after a rejection or the bonus token after ``K`` acceptanc
 Both read the decoder's verification law (``decoder.laws(p, q)``, the one written in
 ``specjax.decoders.verification``), so SD, biased SD and any ``RejectionRule`` of the paper's
 Algorithm 2 verify given drafts through the same code that samples and enumerates them elsewhere.
+``BlockVerification`` verifies the block jointly with the sampler's own rule
+(``specjax.decoders.block.block_levels``): level ``i`` (``1..K_b``) is kept iff
+``u_{i-1} < h_i``, ``tau`` is the largest kept level (the backward pass), and the last token is the
+inverse CDF of the residual ``r_tau`` (of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``. Token trees
+have their own form, ``specjax.verify_tree``.
 
 **The convention** (what a kernel must do to agree token for token). Row ``j`` of a request
 (``0 <= j < K_b``) verifies draft ``x_j`` with the accept uniform ``u_j`` and the sample uniform
@@ -62,6 +67,8 @@ from specjax.auditing.rules import _mass_or_target
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_decoder
+from specjax.decoders.block import BlockVerification
+from specjax.decoders.block import block_levels
 
 __all__ = ["Verified", "DraftsLaw", "verify_drafts", "verify_drafts_law", "PAD"]
 
@@ -125,6 +132,8 @@ class _Inputs(NamedTuple):
 def check_given_decoder(decoder) -> None:
     """Raise ``ValueError`` unless ``decoder`` verifies one given draft per position."""
     check_decoder(decoder)
+    if isinstance(decoder, BlockVerification):
+        return
     if hasattr(decoder, "validate"):
         decoder.validate()
     one_draft = getattr(decoder, "num_drafts", 1) == 1
@@ -133,9 +142,10 @@ def check_given_decoder(decoder) -> None:
             or type(decoder).laws_at is not TokenwiseDecoder.laws_at:
         raise ValueError(
             f"decoder must verify one given draft per position with a law of its rows alone "
-            f"(specjax.Speculative(), specjax.BiasedSpeculative(eps), a specjax.RejectionRule); "
-            f"got {decoder!r}, which drafts several sequences, verifies a block or a tree "
-            f"jointly, or depends on the whole models: it has no given-drafts form yet")
+            f"(specjax.Speculative(), specjax.BiasedSpeculative(eps), a specjax.RejectionRule) "
+            f"or a block (specjax.BlockVerification); got {decoder!r}, which drafts several "
+            f"sequences or a tree (see specjax.verify_tree for token trees and batch SD), or "
+            f"depends on the whole models: it has no given-drafts form yet")
 
 
 def _float_array(name, x, ndim):
@@ -317,6 +327,8 @@ def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
+    if isinstance(decoder, BlockVerification):
+        return _verify_block(inputs, u, v, stop, with_bonus)
     if lookahead:
         p, q_drafted = _rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
@@ -346,6 +358,8 @@ def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     inside = jnp.arange(lookahead)[None] < counts[:, None]
+    if isinstance(decoder, BlockVerification):
+        return _law_block(inputs, stop, with_bonus)
     if lookahead:
         p, q_drafted = _rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
@@ -369,6 +383,59 @@ def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     outcome = _end_law(num_accepted[..., None] * last_rows, reach, tokens, counts, stop,
                        with_bonus)
     return DraftsLaw(outcome, num_accepted, accept)
+
+
+def _block_rows(inputs: _Inputs):
+    """Block verification's ``(h (B, K), last rows (B, K + 1, V))``: the stopping probability of
+    each level (``block.block_levels``) and the law of the last token when ``tau = n``."""
+    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
+    lookahead = tokens.shape[1]
+    p, q_drafted = _rows(inputs)
+    h, residual = jax.vmap(block_levels)(p, q_drafted, tokens, counts)
+    residual = jax.vmap(jax.vmap(_mass_or_target))(residual, q_drafted)
+    rows = jnp.concatenate([residual, q[:, lookahead:]], axis=1)
+    bonus_row = jnp.arange(lookahead + 1)[None] == counts[:, None]
+    return h, jnp.where(bonus_row[..., None], q, rows)
+
+
+def _verify_block(inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
+    """Block verification of given drafts: level ``i`` (``1..K_b``) is kept iff
+    ``u_{i-1} < h_i``; ``tau`` is the largest kept level (the backward pass), the last token
+    the inverse CDF of ``r_tau`` (or of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``."""
+    tokens, counts = inputs.tokens, inputs.num_drafts
+    num_requests, lookahead = tokens.shape
+    rows = jnp.arange(num_requests)
+    if lookahead:
+        h, last_rows = _block_rows(inputs)
+        levels = jnp.arange(1, lookahead + 1)[None]
+        tau = jnp.max(jnp.where(u < h, levels, 0), axis=1).astype(jnp.int32)
+    else:
+        last_rows, tau = inputs.target_probs, jnp.zeros((num_requests,), jnp.int32)
+    last = jax.vmap(_inverse_cdf)(v[rows, tau], jnp.ones_like(v[:, 0]), last_rows[rows, tau])
+    position = jnp.arange(lookahead + 1)[None]
+    padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
+    out = jnp.where(position < tau[:, None], padded,
+                    jnp.where(position == tau[:, None], last[:, None], PAD))
+    return _end_outputs(out.astype(jnp.int32), tau, counts, stop, with_bonus)
+
+
+def _law_block(inputs: _Inputs, stop, with_bonus) -> DraftsLaw:
+    """The exact law of ``_verify_block``: ``P(tau = n) = h_n prod_{j > n} (1 - h_j)``."""
+    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
+    num_requests, lookahead = tokens.shape
+    if not lookahead:
+        return DraftsLaw(q, jnp.ones((num_requests, 1), q.dtype),
+                         jnp.zeros((num_requests, 0), q.dtype))
+    h, last_rows = _block_rows(inputs)
+    h0 = jnp.concatenate([jnp.ones((num_requests, 1), h.dtype), h], axis=1)  # level 0: always
+    after = jnp.cumprod((1 - h0)[:, ::-1], axis=1)[:, ::-1]  # prod_{j >= n} (1 - h_j)
+    after = jnp.concatenate([after[:, 1:], jnp.ones((num_requests, 1), h.dtype)], axis=1)
+    num_accepted = h0 * after  # P(tau = n), n = 0..K
+    reach = jnp.cumsum(num_accepted[:, ::-1], axis=1)[:, ::-1]  # P(tau >= n)
+    outcome = _end_law(num_accepted[..., None] * verification.safe_normalize(last_rows), reach,
+                       tokens, counts, stop, with_bonus)
+    acceptance = verification._safe_ratio(reach[:, 1:], reach[:, :-1], 0)
+    return DraftsLaw(outcome, num_accepted, acceptance)
 
 
 def _end_outputs(out, num_accepted, counts, stop, with_bonus):
@@ -428,7 +495,7 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
       key: a PRNG key, or ``None`` when ``uniforms`` are given.
       decoder: a token-wise decoder with one draft per position: ``specjax.Speculative()`` (its
         ``lookahead`` is ignored: ``K`` comes from the drafts), ``specjax.BiasedSpeculative``,
-        a ``specjax.RejectionRule``.
+        a ``specjax.RejectionRule``; or ``specjax.BlockVerification()`` (the block jointly).
       draft_tokens: ``(B, K)`` int drafted ids (or ``(K,)`` for one request).
       draft_probs: ``(B, K, V)``, row ``j`` the law draft ``j`` was drawn from; ``None`` for
         greedy or n-gram drafts (scored with their one-hot).

@@ -68,6 +68,38 @@ def check_enumerable(num_states: int, num_drafts: int) -> None:
                          f"exceeds the bound {MAX_BLOCKS} (2**20); use a smaller lookahead")
 
 
+def block_levels(p_rows, q_rows, drafts, num_drafts):
+    """The backward pass's acceptance probabilities and residuals of one block (the rule,
+    written once for the sampler and for given drafts, ``specjax.verify_drafts``).
+
+    Args:
+      p_rows, q_rows: ``(K, V)`` the draft's and the target's rows at the drafted positions
+        (row ``i`` given ``X_i``'s context).
+      drafts: ``(K,)`` int32 ``X_1..X_K``.
+      num_drafts: ``K' <= K`` (traced): the drafts in play; levels beyond it are never kept.
+
+    Returns:
+      ``(h (K,), residual (K, V))``: ``h[i - 1]`` the probability of stopping at level ``i``
+      (``h_{K'} = w_{K'}``, 0 beyond ``K'``), ``residual[i]`` the masses ``r_i`` the last token is
+      drawn from when ``tau = i < K'``. A draft of draft probability 0 gets weight 0 (it is never
+      kept, as ``verify_drafts`` rejects it); drafts drawn from ``p`` never meet it.
+    """
+    k = drafts.shape[0]
+    steps = jnp.arange(k, dtype=jnp.int32)
+    ratio = _safe_ratio(q_rows[steps, drafts], p_rows[steps, drafts], 0)
+    weights = [jnp.ones((), p_rows.dtype)]
+    for i in range(k):
+        weights.append(jnp.minimum(weights[-1] * ratio[i], 1))
+    weights = jnp.stack(weights)  # (K + 1,): w_0 .. w_K
+    residual = jnp.maximum(weights[:k, None] * q_rows - p_rows, 0)  # level i = 0 .. K-1
+    mass = jnp.sum(residual, axis=-1)
+    inner = _safe_ratio(mass[1:], mass[1:] + (1 - weights[1:k]), 1)  # h_1 .. h_{K-1}
+    inner = jnp.concatenate([inner, jnp.zeros((1,), inner.dtype)])
+    levels = steps + 1
+    h = jnp.where(levels == num_drafts, weights[1:], jnp.where(levels < num_drafts, inner, 0))
+    return h, residual
+
+
 @pytree_dataclass
 class BlockVerification(CallDecoder):
     """Speculative decoding with block verification (Sun et al. 2024): each call drafts ``K``
@@ -127,20 +159,9 @@ class BlockVerification(CallDecoder):
         _, drafts = jax.lax.scan(draw_step, prev, (rows, u[:k]))
         parents = jnp.concatenate([prev[None], drafts[:-1]])
         p_rows, q_rows = p_trans[rows, parents], q_trans[rows, parents]  # (K, V)
-        ratio = _safe_ratio(q_rows[steps, drafts], p_rows[steps, drafts], 1)
-
-        weights = [jnp.ones((), p_rows.dtype)]
-        for i in range(k):
-            weights.append(jnp.minimum(weights[-1] * ratio[i], 1))
-        weights = jnp.stack(weights)  # (K + 1,): w_0 .. w_K
-        residual = jnp.maximum(weights[:k, None] * q_rows - p_rows, 0)  # level i = 0 .. K-1
-        mass = jnp.sum(residual, axis=-1)
-        inner = _safe_ratio(mass[1:], mass[1:] + (1 - weights[1:k]), 1)  # h_1 .. h_{K-1}
-        inner = jnp.concatenate([inner, jnp.zeros((1,), inner.dtype)])
-        levels = steps + 1
         num_drafts = jnp.clip(horizon - n + 1, 0, k)  # K' (fewer drafts at the end)
-        h = jnp.where(levels == num_drafts, weights[1:],
-                      jnp.where(levels < num_drafts, inner, 0))
+        h, residual = block_levels(p_rows, q_rows, drafts, num_drafts)
+        levels = steps + 1
         accepted = bernoulli(h, u[k:2 * k])
         tau = jnp.max(jnp.where(accepted, levels, 0))  # the backward pass's first acceptance
 

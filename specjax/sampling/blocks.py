@@ -47,6 +47,11 @@ def uniforms_per_call(lookahead: int) -> int:
     return 3 * lookahead + 1
 
 
+def rows_per_call(lookahead: int) -> int:
+    """``2K + 1``: the rows one call of one chain holds (``K`` draft, ``K + 1`` target)."""
+    return 2 * lookahead + 1
+
+
 def unit_uniforms(bits: jax.Array, dtype) -> jax.Array:
     """Uniforms on ``[0, 1)`` in ``dtype`` from 32 random bits: the top 24 bits in float32 (its
     mantissa, so that no value rounds up to 1), all 32 in float64."""
@@ -84,11 +89,14 @@ def _advance(model, state, tokens, count):
     return jax.lax.scan(step, state, (positions, tokens))[0]
 
 
-def _row_flags(rows):
-    """Whether any of ``rows (..., V)`` is not a law (``specjax.sampling.models._invalid_row``)."""
-    flat = rows.reshape(-1, rows.shape[-1])
-    return jnp.max(jax.vmap(models._invalid_row)(flat).astype(jnp.int32)) > 0  # no reduce_or:
-    # XLA:CPU does not shard it
+def _row_flags(rows, n, horizon: int):
+    """Whether any of ``rows (C, J, V)`` that the run reads is not a law
+    (``specjax.sampling.models._invalid_row``): row ``j`` of a chain at position ``n`` serves
+    position ``n + j``, read only up to ``T`` (a call's rows beyond the horizon are dropped
+    with its tokens, as the token-wise engine never computes them)."""
+    bad = jax.vmap(jax.vmap(models._invalid_row))(rows)
+    read = n[:, None] + jnp.arange(rows.shape[1])[None, :] <= horizon
+    return jnp.max((bad & read).astype(jnp.int32)) > 0  # max: XLA:CPU shards no reduce_or
 
 
 @functools.partial(jax.jit, static_argnames=("num_chains", "horizon", "lookahead", "sharding"))
@@ -115,7 +123,8 @@ def _simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon
         tokens, p, states = jax.vmap(functools.partial(_draft, draft))(draft_states,
                                                                          u[:, :lookahead])
         q = jax.vmap(functools.partial(probs_block, target))(target_states, tokens)
-        invalid = invalid | jnp.where(_row_flags(p), 1, 0) | jnp.where(_row_flags(q), 2, 0)
+        invalid = invalid | jnp.where(_row_flags(p, n, horizon), 1, 0) \
+            | jnp.where(_row_flags(q, n, horizon), 2, 0)
         inputs = given._Inputs(tokens, p.astype(dtype), q.astype(dtype),
                                jnp.full((num_chains,), lookahead, jnp.int32), None)
         out = given._verify(decoder, inputs, u[:, lookahead:2 * lookahead],

@@ -27,6 +27,7 @@ import numpy as np
 from specjax import _checks
 from specjax.sampling import sharding as _sharding
 from specjax.decoders.base import CallDecoder
+from specjax.sampling import blocks
 from specjax.sampling import decoding
 from specjax.sampling import engine
 from specjax._progress import Progress
@@ -244,8 +245,10 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                         sharding=sharding, stop_tokens=stop_tokens,
                         batched_scoring=batched_scoring)
     keeps_tokens = _keeps_tokens(run)
-    chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding,
-                                run.horizon if keeps_tokens else None)
+    words = run.horizon if keeps_tokens else None  # per-chain words of a chunk, beyond T + 1
+    if run.batched_scoring:  # a call's rows (specjax.sampling.blocks), as run_bytes counts them
+        words += 3 * blocks.rows_per_call(run.lookahead) * run.target.num_states
+    chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding, words)
     num_chunks = -(-num_chains // chunk)
     per_chain = decoding.counters_per_chain(run.decoder, run.lookahead, run.batched_scoring)
     if num_chunks * chunk * per_chain > _MAX_CHAINS:

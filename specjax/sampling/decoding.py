@@ -197,6 +197,8 @@ def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunByt
     if run.models == "protocol":
         tokens = engine.trace_bytes(num_chains, horizon, num_states) + num_chains * horizon
         per_step = num_chains * (3 * width * 4 + 4 * num_states * 4)
+        if run.batched_scoring:  # a call's rows: K draft and K + 1 target rows, and temporaries
+            per_step += num_chains * 3 * blocks.rows_per_call(run.lookahead) * num_states * 4
         return RunBytes(tokens + per_step, 0, devices)
     plan = table_plan(run)
     tables = engine.table_bytes(plan, num_states, horizon, _probability_bytes(run.target))
@@ -319,7 +321,9 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
         ``probs`` and ``update``), and the given-drafts kernel (``specjax.verify_drafts``)
         verifies them. Same output law, other tokens for the same key. For decoders that verify
         one given draft per position (``Speculative``, ``BiasedSpeculative``, a
-        ``RejectionRule``, the lossy rules); static.
+        ``RejectionRule``, the lossy rules); static. Every call drafts and scores ``K`` tokens
+        whatever is left of the horizon, so give a small ``K``: with ``Speculative()``
+        (``K = T``) every call costs ``O(T)`` steps.
 
     Returns:
       ``DecodingTrace``: ``tokens (C, T + 1)``, ``rejected (C, T)``, ``num_rejections (C,)``
