@@ -153,3 +153,11 @@ def test_char_model_tiny():
         assert abs(calls - exact) < 4.5 * se and abs(rej - rexact) < 4.5 * rse, name
     assert [row[0] for row in out["benchmark"]] == [64]
     assert all(rate > 0 for rate in out["benchmark"][0][1:])
+
+
+def test_benchmark_verify_tree_tiny():
+    """specjax and the script's independent NumPy tree verification agree on every path."""
+    out = import_script("benchmark_verify_tree").main(["--batch", "64", "--vocab", "50",
+                                                       "--repeats", "1"])
+    assert out["same_path"] == 64 and out["agree"] >= 60
+    assert out["mean_accepted"] > 0
