@@ -267,35 +267,6 @@ def test_block_verification_law_equals_the_literal_algorithm_enumerated(x64, sto
                 assert abs(got.get(key, 0.0) - mass) < 1e-12, (seed, b, key)
 
 
-def test_block_verification_monte_carlo_fits_its_law():
-    decoder = specjax.BlockVerification(K)
-    x, p, q, counts = requests(25)
-    runs = 25_000
-    tile = lambda a: np.tile(a, (runs,) + (1,) * (a.ndim - 1))  # noqa: E731
-    out = specjax.verify_drafts(jax.random.key(12), decoder, tile(x), tile(p).astype(np.float32),
-                                tile(q).astype(np.float32), num_drafts=tile(counts))
-    law = np.asarray(specjax.verify_drafts_law(decoder, x, p.astype(np.float32),
-                                               q.astype(np.float32), num_drafts=counts).outcome,
-                     np.float64)
-    n = np.asarray(out.num_accepted).reshape(runs, 4)
-    last = np.asarray(out.tokens)[np.arange(runs * 4), np.asarray(out.num_accepted)]
-    last = last.reshape(runs, 4)
-    for b in range(4):
-        observed = count_rows(np.stack([n[:, b], last[:, b]], axis=1))
-        expected = {(i, y): law[b, i, y] for i in range(K + 1) for y in range(V)
-                    if law[b, i, y] > 0}
-        assert_law(observed, expected, runs, f"block, request {b}")
-    # compare_outputs passes block verification's own outputs, and flags SD's as block's
-    tokens = np.asarray(out.tokens).reshape(runs, 4, K + 1)
-    assert not specjax.compare_outputs(decoder, x, p.astype(np.float32), q.astype(np.float32),
-                                       tokens, num_drafts=counts).flagged
-    sd = specjax.verify_drafts(jax.random.key(13), SD, tile(x), tile(p).astype(np.float32),
-                               tile(q).astype(np.float32), num_drafts=tile(counts))
-    assert specjax.compare_outputs(decoder, x, p.astype(np.float32), q.astype(np.float32),
-                                   np.asarray(sd.tokens).reshape(runs, 4, K + 1),
-                                   num_drafts=counts).flagged
-
-
 def _one_position_rule(decoder, x, p_row, q_row, part):
     """The kernel at one drafted position as a rule of one uniform, for ``audit_exact``: the
     accept uniform (``part="accept"``, sample uniform 0.5) or the sample uniform after a sure
@@ -335,15 +306,17 @@ def test_kernel_integrated_exactly_over_its_uniforms_equals_the_law(x64):
                 np.testing.assert_allclose(res.output_law, want, atol=1e-12)
 
 
-def test_monte_carlo_fits_the_exact_law():
+@pytest.mark.parametrize("decoder", [SD, specjax.BlockVerification(K)], ids=["sd", "block"])
+def test_monte_carlo_fits_the_exact_law(decoder):
     """100,000 runs of four ragged requests (float32): the joint (n, y) counts of each request
-    against the exact law, chi-square at the suite's ALPHA, no outcome of zero probability."""
+    against the exact law, chi-square at the suite's ALPHA, no outcome of zero probability;
+    compare_outputs passes them, and flags the other rule's outputs."""
     x, p, q, counts = requests(5)
     runs = 25_000
     tile = lambda a: np.tile(a, (runs,) + (1,) * (a.ndim - 1))  # noqa: E731
-    out = specjax.verify_drafts(jax.random.key(11), SD, tile(x), tile(p).astype(np.float32),
+    out = specjax.verify_drafts(jax.random.key(11), decoder, tile(x), tile(p).astype(np.float32),
                                 tile(q).astype(np.float32), num_drafts=tile(counts))
-    law = np.asarray(specjax.verify_drafts_law(SD, x, p.astype(np.float32),
+    law = np.asarray(specjax.verify_drafts_law(decoder, x, p.astype(np.float32),
                                                q.astype(np.float32), num_drafts=counts).outcome,
                      np.float64)
     n = np.asarray(out.num_accepted).reshape(runs, 4)
@@ -354,6 +327,12 @@ def test_monte_carlo_fits_the_exact_law():
         expected = {(i, y): law[b, i, y] for i in range(K + 1) for y in range(V)
                     if law[b, i, y] > 0}
         assert_law(observed, expected, runs, f"request {b}")
+    tokens = np.asarray(out.tokens).reshape(runs, 4, K + 1)
+    other = specjax.BlockVerification(K) if decoder is SD else SD
+    assert not specjax.compare_outputs(decoder, x, p.astype(np.float32), q.astype(np.float32),
+                                       tokens, num_drafts=counts).flagged
+    assert specjax.compare_outputs(other, x, p.astype(np.float32), q.astype(np.float32),
+                                   tokens, num_drafts=counts).flagged
 
 
 def test_batch_equals_each_request_alone_and_padding_is_ignored():

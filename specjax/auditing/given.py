@@ -261,12 +261,14 @@ def check_endings(stop_tokens, bonus, num_tokens):
     return stop.astype(jnp.int32), bool(bonus)
 
 
-def _check_uniforms(uniforms, num_requests, lookahead, batched, dtype):
+def _check_uniforms(uniforms, num_requests, widths, batched, dtype):
+    """The pair ``(accept, sample)`` of given uniforms, of widths ``widths`` per request, in
+    the computation's dtype."""
     if not isinstance(uniforms, (tuple, list)) or len(uniforms) != 2:
-        raise ValueError("uniforms must be a pair (accept, sample) of arrays of shapes (B, K) "
-                         "and (B, K + 1)")
+        raise ValueError(f"uniforms must be a pair (accept, sample) of arrays of shapes "
+                         f"(B, {widths[0]}) and (B, {widths[1]})")
     out = []
-    for name, raw, width in zip(("accept", "sample"), uniforms, (lookahead, lookahead + 1)):
+    for name, raw, width in zip(("accept", "sample"), uniforms, widths):
         x = jnp.asarray(raw)
         shape = (num_requests, width) if batched else (width,)
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
@@ -283,6 +285,21 @@ def _check_uniforms(uniforms, num_requests, lookahead, batched, dtype):
                     f"({values.min()}, {values.max()} once rounded)")
         out.append(cast)
     return out
+
+
+def uniforms_or_key(key, uniforms, num_requests, widths, batched, dtype):
+    """``(u, v)``: the given uniforms (checked), or drawn from ``key``
+    (``uniform(k1, (B, widths[0]))``, ``uniform(k2, (B, widths[1]))``, ``k1, k2 = split(key)``)."""
+    if uniforms is not None:
+        if key is not None:
+            raise ValueError("pass key=None with uniforms: the random numbers are given")
+        return _check_uniforms(uniforms, num_requests, widths, batched, dtype)
+    if key is None:
+        raise ValueError("key must be a PRNG key (or None with uniforms given)")
+    _checks.check_key(key)
+    k1, k2 = jax.random.split(key)
+    return (jax.random.uniform(k1, (num_requests, widths[0]), dtype),
+            jax.random.uniform(k2, (num_requests, widths[1]), dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,18 +548,8 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     num_requests, lookahead = inputs.tokens.shape
-    dtype = inputs.target_probs.dtype
-    if uniforms is not None:
-        if key is not None:
-            raise ValueError("pass key=None with uniforms: the random numbers are given")
-        u, v = _check_uniforms(uniforms, num_requests, lookahead, inputs.batched, dtype)
-    else:
-        if key is None:
-            raise ValueError("key must be a PRNG key (or None with uniforms given)")
-        _checks.check_key(key)
-        k1, k2 = jax.random.split(key)
-        u = jax.random.uniform(k1, (num_requests, lookahead), dtype)
-        v = jax.random.uniform(k2, (num_requests, lookahead + 1), dtype)
+    u, v = uniforms_or_key(key, uniforms, num_requests, (lookahead, lookahead + 1),
+                           inputs.batched, inputs.target_probs.dtype)
     return _unbatch(_verify(decoder, inputs._replace(batched=None), u, v, stop, with_bonus),
                     inputs.batched)
 

@@ -62,6 +62,8 @@ from specjax.auditing.given import PAD
 from specjax.auditing.given import _check_valid_rows
 from specjax.auditing.given import _float_array
 from specjax.auditing.given import _end_outputs
+from specjax.auditing.given import _unbatch
+from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
 from specjax.auditing.rules import _inverse_cdf
 from specjax.auditing.rules import _mass_or_target
@@ -346,31 +348,6 @@ def _end_tree_law(tree, inputs, outcome, reach, stop, with_bonus):
     return outcome
 
 
-def _unbatch(result, batched):
-    return result if batched else jax.tree_util.tree_map(lambda x: x[0], result)
-
-
-def _tree_uniforms(uniforms, num_requests, size, batched, dtype):
-    if not isinstance(uniforms, (tuple, list)) or len(uniforms) != 2:
-        raise ValueError("uniforms must be a pair (accept, sample) of arrays of shape (B, N)")
-    out = []
-    for name, raw in zip(("accept", "sample"), uniforms):
-        x = jnp.asarray(raw)
-        shape = (num_requests, size) if batched else (size,)
-        if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
-            raise ValueError(f"uniforms[{name!r}] must be a float array of shape {shape}, got "
-                             f"dtype {x.dtype} and shape {x.shape}")
-        cast = x.reshape(num_requests, size).astype(dtype)
-        if _checks.is_concrete(x):
-            values = np.asarray(cast)
-            if not np.all((values >= 0) & (values < 1)):
-                raise ValueError(f"uniforms[{name!r}] must lie in [0, 1) in the computation's "
-                                 f"dtype {jnp.dtype(dtype).name}, got values in "
-                                 f"[{values.min()}, {values.max()}] once rounded")
-        out.append(cast)
-    return out
-
-
 def verify_tree(key, decoder, tree_tokens, draft_probs, target_probs, *, num_nodes=None,
                 uniforms=None, stop_tokens=None, bonus: bool = True) -> VerifiedTree:
     """Verify given token trees as a tree-based engine does, for a batch of requests.
@@ -415,18 +392,8 @@ def verify_tree(key, decoder, tree_tokens, draft_probs, target_probs, *, num_nod
     inputs = check_tree_inputs(tree, tree_tokens, draft_probs, target_probs, num_nodes)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     num_requests, size = inputs.tokens.shape
-    dtype = inputs.target_probs.dtype
-    if uniforms is not None:
-        if key is not None:
-            raise ValueError("pass key=None with uniforms: the random numbers are given")
-        u, v = _tree_uniforms(uniforms, num_requests, size, inputs.batched, dtype)
-    else:
-        if key is None:
-            raise ValueError("key must be a PRNG key (or None with uniforms given)")
-        _checks.check_key(key)
-        k1, k2 = jax.random.split(key)
-        u = jax.random.uniform(k1, (num_requests, size), dtype)
-        v = jax.random.uniform(k2, (num_requests, size), dtype)
+    u, v = uniforms_or_key(key, uniforms, num_requests, (size, size), inputs.batched,
+                           inputs.target_probs.dtype)
     return _unbatch(_verify_tree(tree, inputs._replace(batched=None), u, v, stop, with_bonus),
                     inputs.batched)
 

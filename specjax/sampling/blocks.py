@@ -38,8 +38,8 @@ from specjax.models.autoregressive import probs_block
 from specjax.sampling import engine
 from specjax.sampling import models
 from specjax.sampling import sharding as _sharding
+from specjax.sampling.calls import call_trace
 from specjax.sampling.calls import write_call
-from specjax.sampling.engine import DecodingTrace
 
 
 def uniforms_per_call(lookahead: int) -> int:
@@ -150,17 +150,8 @@ def _simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon
     record = (_sharding.constrain(tokens, sharding), flags, flags, flags)
     ones = _sharding.constrain(jnp.ones((num_chains,), jnp.int32), sharding)
     carry = (jnp.int32(0), record, ones, draft_states, target_states, jnp.int32(0))
-    _, (tokens, rejected, bonus, new_call), _, _, _, invalid = jax.lax.while_loop(
-        running, call, carry)
-    trace = DecodingTrace(
-        tokens=tokens,
-        rejected=rejected,
-        num_rejections=jnp.sum(rejected, axis=-1, dtype=jnp.int32),
-        num_calls=jnp.sum(new_call, axis=-1, dtype=jnp.int32),
-        new_call=new_call,
-        num_emitted=jnp.full((num_chains,), horizon, jnp.int32),
-    )
-    return trace, ~bonus, invalid
+    _, record, _, _, _, invalid = jax.lax.while_loop(running, call, carry)
+    return (*call_trace(record), invalid)
 
 
 def simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon, lookahead,

@@ -102,11 +102,18 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
     carry = (_sharding.constrain(tokens, sharding), flags, flags, flags, ones, x0,
              ones * jnp.int32(decoder.initial_call_state))
     (tokens, rejected, bonus, new_call, *_), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
+    return call_trace((tokens, rejected, bonus, new_call))
+
+
+def call_trace(record):
+    """``(DecodingTrace, verified)`` of the records ``write_call`` filled: a position was
+    verified unless it holds a bonus token."""
+    tokens, rejected, bonus, new_call = record
     return DecodingTrace(
         tokens=tokens,
         rejected=rejected,
         num_rejections=jnp.sum(rejected, axis=-1, dtype=jnp.int32),
         num_calls=jnp.sum(new_call, axis=-1, dtype=jnp.int32),
         new_call=new_call,
-        num_emitted=jnp.full((num_chains,), horizon, jnp.int32),
+        num_emitted=jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32),
     ), ~bonus
