@@ -924,6 +924,16 @@ def _cases() -> list[Case]:
     add(kind, "verify_drafts_law", "stop_tokens out of range",
         lambda: S.verify_drafts_law(S.Speculative(), x1(), p1()[None], q2(), stop_tokens=[V]),
         "stop_tokens")
+    tree_rows = lambda: np.full((3, V), 1.0 / V)  # noqa: E731
+    add(kind, "verify_tree", "num_nodes 0",
+        lambda: S.verify_tree(k(), S.TokenTree((2,)), np.array([[0, 1, 2]]), tree_rows()[None],
+                              tree_rows()[None], num_nodes=np.array([0])), "num_nodes")
+    add(kind, "verify_tree", "a decoder without a tree",
+        lambda: S.verify_tree(k(), S.Speculative(), np.array([0, 1, 2]), tree_rows(),
+                              tree_rows()), "decoder")
+    add(kind, "verify_tree_law", "draft_probs missing for i.i.d. children",
+        lambda: S.verify_tree_law(S.TokenTree((2,)), np.array([0, 1, 2]), None, tree_rows()),
+        "draft_probs")
     add(kind, "compare_outputs", "alpha 1.5",
         lambda: S.compare_outputs(S.Speculative(), x1(), p1()[None], q2(),
                                   np.array([[1, 0]]), alpha=1.5), "alpha")

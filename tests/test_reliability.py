@@ -92,6 +92,6 @@ def test_battery_covers_every_public_entry_point():
                  "LookaheadChoice", "Objective", "ParetoFront", "SequoiaChoice", "TokenwiseDecoder", "TreeBudgetChoice", "TuneResult",
                  "VerificationLaw", "array_field", "decoder_dataclass", "Autoregressive",
                  "marginals", "DraftsLaw", "EngineComparison", "Verified", "ProcessedModel",
-                 "PromptedModel"}
+                 "PromptedModel", "TreeLaw", "VerifiedTree"}
     missing = sorted(set(specjax.__all__) - entries - data_only)
     assert not missing, missing

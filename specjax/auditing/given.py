@@ -62,41 +62,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.auditing.rules import _inverse_cdf
-from specjax.auditing.rules import _mass_or_target
 from specjax.decoders import verification
-from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_decoder
+from specjax.decoders.draws import mass_or_target as _mass_or_target
+from specjax.decoders.given_drafts import PAD
+from specjax.decoders.given_drafts import Verified
+from specjax.decoders.given_drafts import _Inputs
+from specjax.decoders.given_drafts import _accept_test
+from specjax.decoders.given_drafts import _block_rows
+from specjax.decoders.given_drafts import _residual_rows
+from specjax.decoders.given_drafts import _rows
+from specjax.decoders.given_drafts import _verify
+from specjax.decoders.given_drafts import check_given_decoder
 from specjax.decoders.block import BlockVerification
-from specjax.decoders.block import block_levels
 
 __all__ = ["Verified", "DraftsLaw", "verify_drafts", "verify_drafts_law", "PAD"]
-
-#: The id that pads ``Verified.tokens`` after the last emitted token.
-PAD = -1
-
-
-class Verified(NamedTuple):
-    """What ``verify_drafts`` returns (leading ``B`` only for batched input).
-
-    Attributes:
-      tokens: ``(B, K + 1)`` int32; request ``b`` emits ``tokens[b, :num_emitted[b]]``: its
-        accepted drafts, then the recovered or bonus token, ``-1`` after. Without stop tokens and
-        with the bonus, ``num_emitted = num_accepted + 1``.
-      num_accepted: ``(B,)`` int32; accepted drafts among the emitted tokens, ``0..K_b``.
-      bonus: ``(B,)`` bool; whether the last token is the bonus (all ``K_b`` drafts accepted and
-        the bonus emitted; always true for ``K_b = 0``, whose one token is the target's).
-      num_emitted: ``(B,)`` int32; tokens emitted, ``1..K_b + 1``.
-      stopped: ``(B,)`` bool; whether the output ends at a stop token (tokens verified after it
-        are dropped).
-    """
-
-    tokens: jax.Array  # shape=(B, K + 1), int32
-    num_accepted: jax.Array  # shape=(B,), int32
-    bonus: jax.Array  # shape=(B,), bool
-    num_emitted: jax.Array  # shape=(B,), int32
-    stopped: jax.Array  # shape=(B,), bool
-
 
 class DraftsLaw(NamedTuple):
     """The exact law of ``verify_drafts``'s output over its random numbers, per request.
@@ -119,33 +98,6 @@ class DraftsLaw(NamedTuple):
 
 # ---------------------------------------------------------------------------------------------
 # Validation.
-
-
-class _Inputs(NamedTuple):
-    tokens: jax.Array  # (B, K) int32, padded ids clipped into range
-    draft_probs: jax.Array | None  # (B, K, V) or None
-    target_probs: jax.Array  # (B, K + 1, V)
-    num_drafts: jax.Array  # (B,) int32
-    batched: bool
-
-
-def check_given_decoder(decoder) -> None:
-    """Raise ``ValueError`` unless ``decoder`` verifies one given draft per position."""
-    check_decoder(decoder)
-    if isinstance(decoder, BlockVerification):
-        return
-    if hasattr(decoder, "validate"):
-        decoder.validate()
-    one_draft = getattr(decoder, "num_drafts", 1) == 1
-    if not isinstance(decoder, TokenwiseDecoder) or not decoder.same_root or not one_draft \
-            or type(decoder).bind is not TokenwiseDecoder.bind \
-            or type(decoder).laws_at is not TokenwiseDecoder.laws_at:
-        raise ValueError(
-            f"decoder must verify one given draft per position with a law of its rows alone "
-            f"(specjax.Speculative(), specjax.BiasedSpeculative(eps), a specjax.RejectionRule) "
-            f"or a block (specjax.BlockVerification); got {decoder!r}, which drafts several "
-            f"sequences or a tree (see specjax.verify_tree for token trees and batch SD), or "
-            f"depends on the whole models: it has no given-drafts form yet")
 
 
 def _float_array(name, x, ndim):
@@ -306,70 +258,6 @@ def uniforms_or_key(key, uniforms, num_requests, widths, batched, dtype):
 # The kernel and its law (one verification rule: the decoder's law).
 
 
-def _rows(inputs: _Inputs):
-    """``(p, q)`` of the drafted positions, ``p`` the one-hot of the drafts when not given."""
-    q = inputs.target_probs
-    lookahead = inputs.tokens.shape[1]
-    p = inputs.draft_probs
-    if p is None:
-        p = jax.nn.one_hot(inputs.tokens, q.shape[-1], dtype=q.dtype)
-    return p, q[:, :lookahead]
-
-
-def _gather(rows, tokens):
-    return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
-
-
-def _accept_test(decoder, law, p, q, tokens):
-    """``(scale, mass)`` at the drafts: accept iff ``u * scale < mass``. In general
-    ``(p(x), a(x))`` with ``a`` the accepted mass (a draft with ``p(x) = 0`` is rejected); for a
-    rule whose test ignores the draft's probabilities (``reads_draft_probs = False``: typical
-    acceptance, SGLang's thresholds), ``(1, b(x))`` from its ``acceptance(p, q)``."""
-    if getattr(decoder, "reads_draft_probs", True):
-        return _gather(p, tokens), _gather(law.accepted, tokens)
-    b = _gather(decoder.acceptance(p, q), tokens)
-    return jnp.ones_like(b), b
-
-
-def _residual_rows(decoder, p, q, tokens, rejected):
-    """The masses the token is drawn from after rejecting ``tokens``: the decoder's rejected
-    mass, or, for a rule whose residual depends on the rejected draft (SGLang's threshold
-    verification), its ``residual_given_draft(p, q, x)``."""
-    given = getattr(decoder, "residual_given_draft", None)
-    return rejected if given is None else given(p, q, tokens)
-
-
-@functools.partial(jax.jit, static_argnames="with_bonus")
-def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
-    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
-    num_requests, lookahead = tokens.shape
-    rows = jnp.arange(num_requests)
-    if isinstance(decoder, BlockVerification):
-        return _verify_block(inputs, u, v, stop, with_bonus)
-    if lookahead:
-        p, q_drafted = _rows(inputs)
-        law = decoder.laws(p, q_drafted)[1]
-        scale, mass = _accept_test(decoder, law, p, q_drafted, tokens)
-        keep = u * scale < mass
-        keep &= jnp.arange(lookahead)[None] < counts[:, None]
-        num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
-        at = jnp.minimum(num_accepted, lookahead - 1)
-        rejected = _residual_rows(decoder, p[rows, at], q_drafted[rows, at],
-                                  tokens[rows, at], law.rejected[rows, at])
-    else:
-        num_accepted = jnp.zeros((num_requests,), jnp.int32)
-        rejected = q[:, 0]
-    bonus = num_accepted == counts
-    q_last = q[rows, num_accepted]
-    w = jnp.where(bonus[:, None], q_last, jax.vmap(_mass_or_target)(rejected, q_last))
-    last = jax.vmap(_inverse_cdf)(v[rows, num_accepted], jnp.ones_like(v[:, 0]), w)
-    position = jnp.arange(lookahead + 1)[None]
-    padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
-    out = jnp.where(position < num_accepted[:, None], padded,
-                    jnp.where(position == num_accepted[:, None], last[:, None], PAD))
-    return _end_outputs(out.astype(jnp.int32), num_accepted, counts, stop, with_bonus)
-
-
 @functools.partial(jax.jit, static_argnames="with_bonus")
 def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
@@ -402,40 +290,6 @@ def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     return DraftsLaw(outcome, num_accepted, accept)
 
 
-def _block_rows(inputs: _Inputs):
-    """Block verification's ``(h (B, K), last rows (B, K + 1, V))``: the stopping probability of
-    each level (``block.block_levels``) and the law of the last token when ``tau = n``."""
-    tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
-    lookahead = tokens.shape[1]
-    p, q_drafted = _rows(inputs)
-    h, residual = jax.vmap(block_levels)(p, q_drafted, tokens, counts)
-    residual = jax.vmap(jax.vmap(_mass_or_target))(residual, q_drafted)
-    rows = jnp.concatenate([residual, q[:, lookahead:]], axis=1)
-    bonus_row = jnp.arange(lookahead + 1)[None] == counts[:, None]
-    return h, jnp.where(bonus_row[..., None], q, rows)
-
-
-def _verify_block(inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
-    """Block verification of given drafts: level ``i`` (``1..K_b``) is kept iff
-    ``u_{i-1} < h_i``; ``tau`` is the largest kept level (the backward pass), the last token
-    the inverse CDF of ``r_tau`` (or of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``."""
-    tokens, counts = inputs.tokens, inputs.num_drafts
-    num_requests, lookahead = tokens.shape
-    rows = jnp.arange(num_requests)
-    if lookahead:
-        h, last_rows = _block_rows(inputs)
-        levels = jnp.arange(1, lookahead + 1)[None]
-        tau = jnp.max(jnp.where(u < h, levels, 0), axis=1).astype(jnp.int32)
-    else:
-        last_rows, tau = inputs.target_probs, jnp.zeros((num_requests,), jnp.int32)
-    last = jax.vmap(_inverse_cdf)(v[rows, tau], jnp.ones_like(v[:, 0]), last_rows[rows, tau])
-    position = jnp.arange(lookahead + 1)[None]
-    padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
-    out = jnp.where(position < tau[:, None], padded,
-                    jnp.where(position == tau[:, None], last[:, None], PAD))
-    return _end_outputs(out.astype(jnp.int32), tau, counts, stop, with_bonus)
-
-
 def _law_block(inputs: _Inputs, stop, with_bonus) -> DraftsLaw:
     """The exact law of ``_verify_block``: ``P(tau = n) = h_n prod_{j > n} (1 - h_j)``."""
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
@@ -453,24 +307,6 @@ def _law_block(inputs: _Inputs, stop, with_bonus) -> DraftsLaw:
                        tokens, counts, stop, with_bonus)
     acceptance = verification._safe_ratio(reach[:, 1:], reach[:, :-1], 0)
     return DraftsLaw(outcome, num_accepted, acceptance)
-
-
-def _end_outputs(out, num_accepted, counts, stop, with_bonus):
-    """Outputs after the endings: a dropped bonus (``with_bonus=False``, ``K_b >= 1``) and the
-    first stop token (the tokens after it dropped)."""
-    position = jnp.arange(out.shape[1])[None]
-    length = num_accepted + 1
-    if not with_bonus:
-        length = jnp.where((num_accepted == counts) & (counts > 0), num_accepted, length)
-    stopped = jnp.zeros(out.shape[:1], bool)
-    if stop.shape[0]:  # static: no stop token, no search (XLA would fold it slowly)
-        is_stop = jnp.isin(out, stop) & (position < length[:, None])
-        stopped = jnp.any(is_stop, axis=1)
-        length = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, length)
-    length = length.astype(jnp.int32)
-    out = jnp.where(position < length[:, None], out, PAD)
-    bonus = (num_accepted == counts) & (length == num_accepted + 1)
-    return Verified(out, jnp.minimum(num_accepted, length), bonus, length, stopped)
 
 
 def _end_law(outcome, reach, tokens, counts, stop, with_bonus):

@@ -58,17 +58,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.auditing.given import PAD
 from specjax.auditing.given import _check_valid_rows
 from specjax.auditing.given import _float_array
-from specjax.auditing.given import _end_outputs
 from specjax.auditing.given import _unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
-from specjax.auditing.rules import _inverse_cdf
-from specjax.auditing.rules import _mass_or_target
 from specjax.decoders.base import check_decoder
 from specjax.decoders.batch import BatchSpeculative
+from specjax.decoders.draws import inverse_cdf as _inverse_cdf
+from specjax.decoders.draws import mass_or_target as _mass_or_target
+from specjax.decoders.given_drafts import PAD
+from specjax.decoders.given_drafts import _end_outputs
 from specjax.decoders.tree import TokenTree
 from specjax.decoders.tree import first_hit
 from specjax.decoders.tree import sibling_tests

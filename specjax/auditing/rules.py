@@ -34,6 +34,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.decoders.draws import inverse_cdf as _inverse_cdf
+from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.verification import acceptance_probability
 
 # ---------------------------------------------------------------------------------------------
@@ -45,28 +47,9 @@ def _sd_accept(p: jax.Array, q: jax.Array, x: jax.Array) -> jax.Array:
     return acceptance_probability(p, q, epsilon=0.0)[x]
 
 
-def _mass_or_target(w: jax.Array, q: jax.Array) -> jax.Array:
-    """``w`` if it has mass, else ``q``: a residual that is empty only by rounding (rows equal up
-    to float error) must not emit an arbitrary, possibly zero-probability, token."""
-    return jnp.where(jnp.sum(w) > 0, w, q)
-
-
 def _draw(key: jax.Array, w: jax.Array) -> jax.Array:
     """One token from the unnormalised masses ``w >= 0`` (Gumbel-max; zero mass never drawn)."""
     return jax.random.categorical(key, jnp.log(w)).astype(jnp.int32)
-
-
-def _inverse_cdf(num: jax.Array, den: jax.Array, w: jax.Array) -> jax.Array:
-    """The token at position ``s = (num / den) sum(w)`` of the CDF of ``w``, without dividing.
-
-    ``num / den`` is in ``[0, 1)``. Counts the ``y`` with ``num * W >= den * cumsum(w)[y]``,
-    monotone in ``y``, so a token of zero mass (equal consecutive cumsums) can never be returned;
-    clipped to the last token of positive mass against rounding at the top end.
-    """
-    cw = jnp.cumsum(w)
-    count = jnp.sum(num * cw[-1] >= den * cw).astype(jnp.int32)
-    last = (w.shape[-1] - 1 - jnp.argmax(w[::-1] > 0)).astype(jnp.int32)
-    return jnp.minimum(count, last)
 
 
 def _uniform_rule(u, b, w, q, x, *, accept_at_boundary=False):

@@ -80,3 +80,22 @@ def bernoulli(prob: jax.Array, u: jax.Array) -> jax.Array:
 def draw(thresholds: jax.Array, u: jax.Array) -> jax.Array:
     """The outcome of one ``(W',)`` threshold row for the uniform integer ``u``."""
     return search(lambda i: thresholds[i], u, thresholds.shape[-1])
+
+
+def mass_or_target(w: jax.Array, q: jax.Array) -> jax.Array:
+    """``w`` if it has mass, else ``q``: a residual that is empty only by rounding (rows equal up
+    to float error) must not emit an arbitrary, possibly zero-probability, token."""
+    return jnp.where(jnp.sum(w) > 0, w, q)
+
+
+def inverse_cdf(num: jax.Array, den: jax.Array, w: jax.Array) -> jax.Array:
+    """The token at position ``s = (num / den) sum(w)`` of the CDF of ``w``, without dividing.
+
+    ``num / den`` is in ``[0, 1)``. Counts the ``y`` with ``num * W >= den * cumsum(w)[y]``,
+    monotone in ``y``, so a token of zero mass (equal consecutive cumsums) can never be returned;
+    clipped to the last token of positive mass against rounding at the top end.
+    """
+    cw = jnp.cumsum(w)
+    count = jnp.sum(num * cw[-1] >= den * cw).astype(jnp.int32)
+    last = (w.shape[-1] - 1 - jnp.argmax(w[::-1] > 0)).astype(jnp.int32)
+    return jnp.minimum(count, last)

@@ -32,8 +32,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.auditing import given
-from specjax.auditing.rules import _inverse_cdf
+from specjax.decoders import given_drafts as given
+from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.models.autoregressive import probs_block
 from specjax.sampling import engine
 from specjax.sampling import models

@@ -34,7 +34,7 @@ from specjax.models.autoregressive import with_static_leaves
 from specjax.models.checks import check_horizon
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
-from specjax.auditing.given import check_given_decoder
+from specjax.decoders.given_drafts import check_given_decoder
 from specjax.sampling import blocks
 from specjax.sampling import calls
 from specjax.sampling import engine
