@@ -298,3 +298,27 @@ def test_bad_inputs_are_refused_by_name_before_any_work():
     # top-k trees need no draft rows
     top = specjax.TokenTree((2,), children="top_k")
     assert specjax.verify_tree_law(top, tokens, None, rows).outcome.shape == (3, V)
+
+
+def test_draft_rows_without_children_are_not_read_and_rounding_never_makes_a_residual(x64):
+    tree = specjax.TokenTree((2,))
+    rows = jnp.full((3, V), 1 / V)
+    tokens = jnp.array([0, 1, 2])
+    # a leaf's draft row is never read: zeros (or NaN) there are fine
+    for leaf_row in (jnp.zeros(V), jnp.full(V, jnp.nan)):
+        law = specjax.verify_tree_law(tree, tokens, rows.at[1:].set(leaf_row), rows)
+        np.testing.assert_allclose(law.outcome.sum(), 1, atol=1e-12)
+    # Without replacement, children (1, 1, 0), p = [0.122..., 0.877...], q = [1, 0]: child 1
+    # is rejected (q(1) = 0), leaving r = d = [1, 0] in exact arithmetic (not in floats); child
+    # 2 repeats token 1 (draft probability 0: rejected), so the residual is empty; child 3 is
+    # rejected against it and the last token comes from q. Rounding noise must not become a law
+    # (the review's case: child 3 was accepted with probability 1 in float64, 0 in float32).
+    tree = specjax.TokenTree((3,), children="without_replacement")
+    p = np.array([0.12218455079693302, 0.8778154492030669, 0.0])
+    q = np.array([1.0, 0.0, 0.0])
+    for dtype in (np.float32, np.float64):
+        law = specjax.verify_tree_law(tree, jnp.array([0, 1, 1, 0]),
+                                      jnp.asarray(np.stack([p] * 4), dtype),
+                                      jnp.asarray(np.stack([q] * 4), dtype))
+        np.testing.assert_allclose(law.reach, [1, 0, 0, 0], atol=1e-6)
+        np.testing.assert_allclose(law.outcome[0], [1, 0, 0], atol=1e-6)

@@ -16,11 +16,15 @@ more token, recovered after a rejection or the bonus token after ``K`` acceptanc
 Both read the decoder's verification law (``decoder.laws(p, q)``, the one written in
 ``specjax.decoders.verification``), so SD, biased SD and any ``RejectionRule`` of the paper's
 Algorithm 2 verify given drafts through the same code that samples and enumerates them elsewhere.
-``BlockVerification`` verifies the block jointly with the sampler's own rule
-(``specjax.decoders.block.block_levels``): level ``i`` (``1..K_b``) is kept iff
-``u_{i-1} < h_i``, ``tau`` is the largest kept level (the backward pass), and the last token is the
-inverse CDF of the residual ``r_tau`` (of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``. Token trees
-have their own form, ``specjax.verify_tree``.
+``BlockVerification(K)`` (its ``K`` is ignored: ``K_b`` comes from the drafts) verifies the block
+jointly with the sampler's own rule (``specjax.decoders.block.block_levels``), Sun et al.'s
+Algorithm 2: weights ``w_0 = 1``, ``w_i = min(1, w_{i-1} q_{i-1}(x_i) / p_{i-1}(x_i))`` (0 where
+``p_{i-1}(x_i) = 0``: such a draft is never kept), residuals ``r_i = [w_i q_i - p_i]_+`` (rows
+``0..K_b - 1``), and ``h_i = |r_i| / (|r_i| + 1 - w_i)`` for ``i < K_b`` (1 where that is
+``0 / 0``), ``h_{K_b} = w_{K_b}``. Level ``i`` (``1..K_b``) is kept iff ``u_{i-1} < h_i``; ``tau``
+is the largest kept level (the backward pass; 0 if none), and the last token is the inverse CDF of
+``r_tau`` (of ``q_{K_b}`` at ``tau = K_b``; of ``q_tau`` if ``r_tau`` has no mass) at ``v_tau``.
+Token trees have their own form, ``specjax.verify_tree``.
 
 **The convention** (what a kernel must do to agree token for token). Row ``j`` of a request
 (``0 <= j < K_b``) verifies draft ``x_j`` with the accept uniform ``u_j`` and the sample uniform
@@ -348,7 +352,8 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
       key: a PRNG key, or ``None`` when ``uniforms`` are given.
       decoder: a token-wise decoder with one draft per position: ``specjax.Speculative()`` (its
         ``lookahead`` is ignored: ``K`` comes from the drafts), ``specjax.BiasedSpeculative``,
-        a ``specjax.RejectionRule``; or ``specjax.BlockVerification()`` (the block jointly).
+        a ``specjax.RejectionRule``; or ``specjax.BlockVerification(K)`` (the block jointly;
+        its ``K`` is ignored too).
       draft_tokens: ``(B, K)`` int drafted ids (or ``(K,)`` for one request).
       draft_probs: ``(B, K, V)``, row ``j`` the law draft ``j`` was drawn from; ``None`` for
         greedy or n-gram drafts (scored with their one-hot).

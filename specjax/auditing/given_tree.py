@@ -32,7 +32,9 @@ sample uniform ``v[i]``.
   ``p`` for i.i.d. children, ``p`` without the siblings before it (normalised) without
   replacement. So a child with ``d_j(t) = 0`` is rejected, as in ``verify_drafts``. The first
   accepted child is descended into; when all are rejected, the last token is the inverse CDF of
-  the last residual at ``v[i]`` (``q`` if it has no mass, which only rounding can make happen).
+  the last residual at ``v[i]``, or of ``q`` if the residual has no mass (below ``V`` float
+  epsilons: given siblings can exhaust it, e.g. a child whose token the residual gives 0 after
+  ``r = d``; its later children are then rejected).
 * ``"top_k"`` children (Medusa, EAGLE: deterministic drafts): ``y`` is the inverse CDF of ``q`` at
   ``v[i]``; the call descends into the first child holding ``y``, and ends with ``y`` when none
   does. ``draft_probs`` is not read (pass ``None``).
@@ -195,8 +197,10 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
             raise ValueError(f"tree_tokens must be ids in [0, V) = [0, {num_tokens}) at the "
                              f"drafted nodes of each request, got {int(bad)}")
         _check_valid_rows("target_probs", target, valid, batched)
-        if draft is not None:
-            _check_valid_rows("draft_probs", draft, valid, batched)
+        if draft is not None:  # read only at nodes with a child in the request
+            first_kid = np.array([kids[0] if kids else size for kids in tree.shape.children])
+            _check_valid_rows("draft_probs", draft,
+                              valid & (first_kid[None] < np.asarray(counts)[:, None]), batched)
     dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
         draft.dtype,))), jnp.float32)
     target = target.astype(dtype)
@@ -358,8 +362,9 @@ def verify_tree(key, decoder, tree_tokens, draft_probs, target_probs, *, num_nod
         ``specjax.BatchSpeculative(M, lookahead=K)`` (the tree ``(M, 1, ..., 1)``).
       tree_tokens: ``(B, N)`` int token of each node (``(N,)`` for one request); entry 0, the
         root, is not read.
-      draft_probs: ``(B, N, V)``, row ``i`` the law node ``i``'s children were drawn from;
-        ``None`` for ``"top_k"`` trees.
+      draft_probs: ``(B, N, V)``, row ``i`` the law node ``i``'s children were drawn from (not
+        read, so anything, at a node without children: a leaf or past ``N_b``); ``None`` for
+        ``"top_k"`` trees.
       target_probs: ``(B, N, V)``, row ``i`` the target's law after the path to node ``i``.
       num_nodes: ``(B,)`` ints in ``[1, N]``: request ``b`` uses the first ``N_b`` nodes (a
         prefix of the parent array is a tree); ``1`` takes the target's token alone.

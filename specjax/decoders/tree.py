@@ -214,7 +214,10 @@ def sibling_tests(children: str, p, q, tokens, present):
     ``d_j(t) = 0``), and ``r_{j+1} = [r_j - d_j]_+`` (normalised) after a rejection. The first
     accepted child is taken. Given the tokens, ``r_j`` and ``d_j`` are those after children
     ``1..j-1`` are rejected, the only case in which child ``j`` is tested, so they are fixed
-    before any random number is drawn. A child whose draft law has no token left is absent.
+    before any random number is drawn. A child whose draft law has no token left is absent. A
+    residual of mass below ``V`` float epsilons is empty (``r_j = d_j`` up to rounding): its
+    rounding noise must not become a law; its later children are rejected and the call's last
+    token comes from ``q``.
 
     Args:
       children: ``"iid"`` or ``"without_replacement"`` (static).
@@ -229,13 +232,15 @@ def sibling_tests(children: str, p, q, tokens, present):
     residual, law = q, p
     alive, d, r = [], [], []
     others = jnp.arange(p.shape[-1]).reshape((1,) * (p.ndim - 1) + (-1,))
+    noise = p.shape[-1] * jnp.finfo(jnp.result_type(p, q)).eps  # of a mass that sums to 1
     for j in range(tokens.shape[-1]):
         t = tokens[..., j]
         here = present[..., j] & (jnp.sum(law, axis=-1) > 0)
         d.append(jnp.take_along_axis(law, t[..., None], axis=-1)[..., 0])
         r.append(jnp.take_along_axis(residual, t[..., None], axis=-1)[..., 0])
-        residual = jnp.where(here[..., None], safe_normalize(jnp.maximum(residual - law, 0)),
-                             residual)
+        rest = jnp.maximum(residual - law, 0)
+        rest = jnp.where(jnp.sum(rest, axis=-1, keepdims=True) > noise, rest, 0)
+        residual = jnp.where(here[..., None], safe_normalize(rest), residual)
         if children == "without_replacement":
             law = jnp.where(here[..., None], safe_normalize(law * (others != t[..., None])), law)
         alive.append(here)
