@@ -11,7 +11,13 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+
+def tree_where(flag, new, old):
+    """``new`` where ``flag``, else ``old``, leaf by leaf (two pytrees of one structure)."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
 def array_field(**kwargs):

@@ -187,14 +187,18 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs
                           np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None], batched)
         if draft is not None:
             _check_valid_rows("draft_probs", draft, valid, batched)
-    # float32 at least: uniforms drawn in float16 or bfloat16 are multiples of 2^-11 or 2^-8,
-    # far from uniform on the scale of small probabilities.
+    return _Inputs(*computation_arrays(tokens, draft, target), counts, batched)
+
+
+def computation_arrays(tokens, draft, target):
+    """``(tokens, draft, target)`` as the kernels compute with them: ids clipped into ``[0, V)``
+    as int32 (the padding is never read), rows in their common dtype, float32 at least
+    (uniforms drawn in float16 or bfloat16 are multiples of 2^-11 or 2^-8, far from uniform on
+    the scale of small probabilities)."""
     dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
         draft.dtype,))), jnp.float32)
-    target = target.astype(dtype)
-    draft = None if draft is None else draft.astype(dtype)
-    tokens = jnp.clip(tokens, 0, num_tokens - 1).astype(jnp.int32)
-    return _Inputs(tokens, draft, target, counts, batched)
+    return (jnp.clip(tokens, 0, target.shape[-1] - 1).astype(jnp.int32),
+            None if draft is None else draft.astype(dtype), target.astype(dtype))
 
 
 def check_endings(stop_tokens, bonus, num_tokens):

@@ -65,6 +65,7 @@ from specjax.auditing.given import _float_array
 from specjax.auditing.given import _unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
+from specjax.auditing.given import computation_arrays
 from specjax.decoders.base import check_decoder
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
@@ -198,15 +199,10 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
                              f"drafted nodes of each request, got {int(bad)}")
         _check_valid_rows("target_probs", target, valid, batched)
         if draft is not None:  # read only at nodes with a child in the request
-            first_kid = np.array([kids[0] if kids else size for kids in tree.shape.children])
             _check_valid_rows("draft_probs", draft,
-                              valid & (first_kid[None] < np.asarray(counts)[:, None]), batched)
-    dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
-        draft.dtype,))), jnp.float32)
-    target = target.astype(dtype)
-    draft = None if draft is None else draft.astype(dtype)
-    tokens = jnp.clip(tokens, 0, num_tokens - 1).astype(jnp.int32)
-    return _TreeInputs(tokens, draft, target, counts, batched)
+                              valid & (_first_child(tree)[None] < np.asarray(counts)[:, None]),
+                              batched)
+    return _TreeInputs(*computation_arrays(tokens, draft, target), counts, batched)
 
 
 def _kids(tree: TokenTree, node: int):
@@ -281,11 +277,16 @@ def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
                         ended.bonus, ended.num_emitted, ended.stopped)
 
 
+def _first_child(tree: TokenTree) -> np.ndarray:
+    """``(N,)`` int32: each node's first child, ``N`` for a leaf (a node has a child in a
+    request of ``N_b`` nodes iff this is below ``N_b``)."""
+    size = len(tree.shape.parents)
+    return np.array([kids[0] if kids else size for kids in tree.shape.children], np.int32)
+
+
 def _no_child_present(tree: TokenTree, num_nodes, node):
     """Whether ``node`` (per request) has no child among the request's first nodes."""
-    first_kid = np.array([kids[0] if kids else len(tree.shape.parents)
-                          for kids in tree.shape.children], np.int32)
-    return jnp.asarray(first_kid)[node] >= num_nodes
+    return jnp.asarray(_first_child(tree))[node] >= num_nodes
 
 
 @functools.partial(jax.jit, static_argnames=("tree", "with_bonus"))

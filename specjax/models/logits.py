@@ -225,10 +225,13 @@ class ProcessedModel:
             return self.model.logits(state)
         return jnp.log(self.model.probs(state))
 
+    def _process(self, logits):
+        """``process_logits`` of one row of logits with this model's settings."""
+        return process_logits(logits, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, min_p=self.min_p, order=self.order)
+
     def probs(self, state):
-        return process_logits(self.logits(state), temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              order=self.order)
+        return self._process(self.logits(state))
 
     def probs_block(self, state, tokens):
         """``(K + 1, V)`` processed rows after each prefix of ``tokens`` (batched scoring): from
@@ -240,9 +243,7 @@ class ProcessedModel:
             logits = jnp.log(self.model.probs_block(state, tokens))
         else:
             logits = scan_rows(self.logits, self.update, state, tokens)
-        return jax.vmap(lambda row: process_logits(
-            row, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            min_p=self.min_p, order=self.order))(logits)
+        return jax.vmap(self._process)(logits)
 
 
 def as_probability_model(model):

@@ -7,9 +7,9 @@ serving engine does, one call at a time. Per call and chain:
 2. the target scores the ``K`` drafted positions and the one after them in one evaluation,
    ``probs_block(state, drafts) -> (K + 1, V)`` (``specjax.models.autoregressive.probs_block``:
    the model's own when it defines one, else a scan of ``probs`` and ``update``);
-3. the drafts are verified by the given-drafts kernel of ``specjax.auditing.given`` (the one
-   verification rule: the decoder's ``laws``), which returns the accepted prefix and the
-   recovered or bonus token;
+3. the drafts are verified by the given-drafts kernel of ``specjax.decoders.given_drafts``
+   (the one verification rule, also ``specjax.verify_drafts``'s: the decoder's ``laws``),
+   which returns the accepted prefix and the recovered or bonus token;
 4. both models advance by the emitted tokens: the draft from its state after the accepted
    prefix, the target by ``update`` over the emitted tokens.
 
@@ -32,6 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax._pytree import tree_where
 from specjax.decoders import given_drafts as given
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.models.autoregressive import probs_block
@@ -47,9 +48,11 @@ def uniforms_per_call(lookahead: int) -> int:
     return 3 * lookahead + 1
 
 
-def rows_per_call(lookahead: int) -> int:
-    """``2K + 1``: the rows one call of one chain holds (``K`` draft, ``K + 1`` target)."""
-    return 2 * lookahead + 1
+def call_words(lookahead: int, num_states: int) -> int:
+    """The 4-byte words a chain's call holds at once: its ``2K + 1`` rows (``K`` draft,
+    ``K + 1`` target) and their temporaries, counted three times over (``decode``'s memory
+    estimate and ``decoding_statistics``' default chunk size)."""
+    return 3 * (2 * lookahead + 1) * num_states
 
 
 def unit_uniforms(bits: jax.Array, dtype) -> jax.Array:
@@ -58,10 +61,6 @@ def unit_uniforms(bits: jax.Array, dtype) -> jax.Array:
     if jnp.finfo(dtype).nmant < 32:
         return (bits >> 8).astype(dtype) * jnp.asarray(2.0**-24, dtype)
     return bits.astype(dtype) * jnp.asarray(2.0**-32, dtype)
-
-
-def _select(flag, new, old):
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
 def _draft(draft, state, u):
@@ -83,7 +82,7 @@ def _advance(model, state, tokens, count):
 
     def step(s, jx):
         j, x = jx
-        return _select(j < count, model.update(s, x), s), None
+        return tree_where(j < count, model.update(s, x), s), None
 
     positions = jnp.arange(tokens.shape[0], dtype=jnp.int32)
     return jax.lax.scan(step, state, (positions, tokens))[0]
@@ -137,9 +136,9 @@ def _simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon
         last = emitted[rows, kept]
         after = jax.vmap(lambda s, k, y: draft.update(
             jax.tree_util.tree_map(lambda a: a[k], s), y))(states, kept, last)
-        draft_states = jax.vmap(_select)(active, after, draft_states)
+        draft_states = jax.vmap(tree_where)(active, after, draft_states)
         moved = jax.vmap(functools.partial(_advance, target))(target_states, emitted, kept + 1)
-        target_states = jax.vmap(_select)(active, moved, target_states)
+        target_states = jax.vmap(tree_where)(active, moved, target_states)
         return m + 1, record, next_n, draft_states, target_states, invalid
 
     def running(carry):
@@ -159,7 +158,7 @@ def simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon,
     """Runs chains ``offset .. offset + C - 1`` of a token-wise decoder with batched scoring.
 
     Arguments and result as ``specjax.sampling.models.simulate_models`` (``lookahead >= 1``; the
-    decoder verifies one given draft per position, ``specjax.auditing.given``). A row that is
+    decoder verifies one given draft per position, ``specjax.decoders.given_drafts``). A row that is
     not a law, met during the run, raises the same ``ValueError`` after it.
     """
     trace, verified, invalid = _simulate_blocks(

@@ -247,7 +247,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     keeps_tokens = _keeps_tokens(run)
     words = run.horizon if keeps_tokens else None  # per-chain words of a chunk, beyond T + 1
     if run.batched_scoring:  # a call's rows (specjax.sampling.blocks), as run_bytes counts them
-        words += 3 * blocks.rows_per_call(run.lookahead) * run.target.num_states
+        words += blocks.call_words(run.lookahead, run.target.num_states)
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding, words)
     num_chunks = -(-num_chains // chunk)
     per_chain = decoding.counters_per_chain(run.decoder, run.lookahead, run.batched_scoring)

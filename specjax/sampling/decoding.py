@@ -198,7 +198,7 @@ def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunByt
         tokens = engine.trace_bytes(num_chains, horizon, num_states) + num_chains * horizon
         per_step = num_chains * (3 * width * 4 + 4 * num_states * 4)
         if run.batched_scoring:  # a call's rows: K draft and K + 1 target rows, and temporaries
-            per_step += num_chains * 3 * blocks.rows_per_call(run.lookahead) * num_states * 4
+            per_step += num_chains * blocks.call_words(run.lookahead, num_states) * 4
         return RunBytes(tokens + per_step, 0, devices)
     plan = table_plan(run)
     tables = engine.table_bytes(plan, num_states, horizon, _probability_bytes(run.target))

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from specjax import _checks
+from specjax._pytree import tree_where
 from specjax.models.markov import MarkovChain
 from specjax.tuning.families import DraftFamily
 from specjax.tuning.objectives import kl_divergence
@@ -78,15 +79,11 @@ def _all_finite(tree) -> jax.Array:
     return functools.reduce(jnp.logical_and, leaves, jnp.array(True))
 
 
-def _select(flag, new, old):
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
-
-
 def _record(carry, value):
     """Keeps ``carry.params`` as the best so far when ``value`` beats it (a non-finite value
     never does)."""
     better = jnp.isfinite(value) & (value < carry.best_value)
-    return carry._replace(best_params=_select(better, carry.params, carry.best_params),
+    return carry._replace(best_params=tree_where(better, carry.params, carry.best_params),
                           best_value=jnp.where(better, value, carry.best_value),
                           best_step=jnp.where(better, carry.step, carry.best_step))
 
@@ -102,8 +99,8 @@ def _steps(carry, target, *, family, objective, optimizer, num_steps):
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
         params = optax.apply_updates(carry.params, updates)
         ok = jnp.isfinite(value) & _all_finite(grads) & _all_finite(params)
-        carry = carry._replace(params=_select(ok, params, carry.params),
-                               opt_state=_select(ok, opt_state, carry.opt_state),
+        carry = carry._replace(params=tree_where(ok, params, carry.params),
+                               opt_state=tree_where(ok, opt_state, carry.opt_state),
                                step=carry.step + 1,
                                skipped=carry.skipped + jnp.where(ok, 0, 1).astype(jnp.int32))
         return carry, value
