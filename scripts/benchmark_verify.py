@@ -25,14 +25,14 @@ Usage: python scripts/benchmark_verify.py [--batch 256] [--lookahead 8] [--vocab
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from _timing import best_time
+from _timing import print_speed_table
+from _timing import time_against_numpy
 
 
 def numpy_verify(x, p, q, counts, u, v):
@@ -85,28 +85,10 @@ def main(argv=None) -> dict:
 
     x, p, q, counts, u, v = instance(args.seed, args.batch, args.lookahead, args.vocab)
     sd = specjax.Speculative()
-    device = [jnp.asarray(a) for a in (x, p, q, counts, u, v)]
-
-    def checked(i):
-        del i
-        return specjax.verify_drafts(None, sd, device[0], device[1], device[2],
-                                     num_drafts=device[3], uniforms=(device[4], device[5])).tokens
-
-    jitted_fn = jax.jit(lambda x_, p_, q_, c_, u_, v_: specjax.verify_drafts(
-        None, sd, x_, p_, q_, num_drafts=c_, uniforms=(u_, v_)).tokens)
-
-    def jitted(i):
-        del i
-        return jitted_fn(*device)
-
-    start = time.perf_counter()
-    jax.block_until_ready(jitted(0))
-    first = time.perf_counter() - start
-    t_checked = best_time(checked, args.repeats)
-    t_jitted = best_time(jitted, args.repeats)
-    t_numpy = best_time(lambda i: numpy_verify(x, p, q, counts, u, v), args.repeats)
-
-    ours = np.asarray(jitted(0))
+    first, t_checked, t_jitted, t_numpy, ours = time_against_numpy(
+        lambda x_, p_, q_, c_, u_, v_: specjax.verify_drafts(
+            None, sd, x_, p_, q_, num_drafts=c_, uniforms=(u_, v_)).tokens,
+        (x, p, q, counts, u, v), lambda: numpy_verify(x, p, q, counts, u, v), args.repeats)
     theirs, n = numpy_verify(x, p, q, counts, u, v)
     agree = int(np.all(ours == theirs, axis=1).sum())
     same_accepted = int(((ours != -1).sum(1) == (theirs != -1).sum(1)).sum())
@@ -114,12 +96,9 @@ def main(argv=None) -> dict:
           f"mean K_b = {counts.mean():.2f}), V = {args.vocab:,}, float32, "
           f"{jax.devices()[0].platform}; best of {args.repeats}")
     print()
-    print("| implementation | time per batch | requests per second | vs NumPy |")
-    print("| --- | --- | --- | --- |")
-    for name, t in (("specjax.verify_drafts (checked)", t_checked),
-                    ("specjax.verify_drafts under jit", t_jitted),
-                    ("NumPy, vectorised", t_numpy)):
-        print(f"| {name} | {t * 1e3:.2f} ms | {args.batch / t:,.0f} | {t_numpy / t:.2f}x |")
+    print_speed_table((("specjax.verify_drafts (checked)", t_checked),
+                       ("specjax.verify_drafts under jit", t_jitted),
+                       ("NumPy, vectorised", t_numpy)), args.batch, t_numpy)
     print()
     print(f"First call under jit (compilation included): {first:.2f} s. The number accepted "
           f"agrees on {same_accepted} of {args.batch} requests, the whole output token for token "

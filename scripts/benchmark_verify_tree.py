@@ -26,14 +26,14 @@ Usage: python scripts/benchmark_verify_tree.py [--batch 256] [--branching 4,2,1]
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from _timing import best_time
+from _timing import print_speed_table
+from _timing import time_against_numpy
 
 
 def numpy_inverse_cdf(w, v):
@@ -126,29 +126,11 @@ def main(argv=None) -> dict:
     tree = specjax.TokenTree(tuple(int(b) for b in args.branching.split(",")))
     parents = tree.shape.parents
     x, p, q, counts, u, v = instance(args.seed, args.batch, parents, args.vocab)
-    device = [jnp.asarray(a) for a in (x, p, q, counts, u, v)]
-
-    def checked(i):
-        del i
-        return specjax.verify_tree(None, tree, device[0], device[1], device[2],
-                                   num_nodes=device[3], uniforms=(device[4], device[5])).tokens
-
-    jitted_fn = jax.jit(lambda x_, p_, q_, c_, u_, v_: specjax.verify_tree(
-        None, tree, x_, p_, q_, num_nodes=c_, uniforms=(u_, v_)).tokens)
-
-    def jitted(i):
-        del i
-        return jitted_fn(*device)
-
-    start = time.perf_counter()
-    jax.block_until_ready(jitted(0))
-    first = time.perf_counter() - start
-    t_checked = best_time(checked, args.repeats)
-    t_jitted = best_time(jitted, args.repeats)
-    t_numpy = best_time(lambda i: numpy_verify_tree(parents, x, p, q, counts, u, v),
-                        args.repeats)
-
-    ours = np.asarray(jitted(0))
+    first, t_checked, t_jitted, t_numpy, ours = time_against_numpy(
+        lambda x_, p_, q_, c_, u_, v_: specjax.verify_tree(
+            None, tree, x_, p_, q_, num_nodes=c_, uniforms=(u_, v_)).tokens,
+        (x, p, q, counts, u, v), lambda: numpy_verify_tree(parents, x, p, q, counts, u, v),
+        args.repeats)
     theirs, accepted = numpy_verify_tree(parents, x, p, q, counts, u, v)
     agree = int(np.all(ours == theirs, axis=1).sum())
     prefix = np.arange(ours.shape[1])[None] < accepted[:, None]
@@ -158,12 +140,9 @@ def main(argv=None) -> dict:
           f"({tree.num_nodes} nodes, ragged, mean N_b = {counts.mean():.2f}), "
           f"V = {args.vocab:,}, float32, {jax.devices()[0].platform}; best of {args.repeats}")
     print()
-    print("| implementation | time per batch | requests per second | vs NumPy |")
-    print("| --- | --- | --- | --- |")
-    for name, t in (("specjax.verify_tree (checked)", t_checked),
-                    ("specjax.verify_tree under jit", t_jitted),
-                    ("NumPy, vectorised", t_numpy)):
-        print(f"| {name} | {t * 1e3:.2f} ms | {args.batch / t:,.0f} | {t_numpy / t:.2f}x |")
+    print_speed_table((("specjax.verify_tree (checked)", t_checked),
+                       ("specjax.verify_tree under jit", t_jitted),
+                       ("NumPy, vectorised", t_numpy)), args.batch, t_numpy)
     print()
     print(f"First call under jit (compilation included): {first:.2f} s. The accepted path "
           f"agrees on {same_path} of {args.batch} requests, the whole output token for token on "
