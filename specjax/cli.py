@@ -20,11 +20,12 @@ import time
 import jax
 
 import specjax
+from specjax.decoders.planning import MAX_COUNTER
 from specjax.models import markov as _models
 from specjax.experiments.reproduce import mean_se
 
 SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: JAX without x64 keeps a seed's low 32 bits only
-MAX_CHAINS = 2**32  # chains are numbered with 32 bits (specjax.decode's own bound)
+MAX_CHAINS = MAX_COUNTER  # chains are numbered with 32 bits (specjax.decode's own bound)
 # The memory a run takes, from its peak resident memory on CPU against its sizes (measured:
 # about 150 bytes per (position, token, token) at V = 1024 and 2048 for the law tables of
 # simulate's decoders and exact values; about 14 bytes per chain and position for a trace's

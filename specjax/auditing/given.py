@@ -70,14 +70,15 @@ from specjax.decoders import verification
 from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.given_drafts import PAD
 from specjax.decoders.given_drafts import Verified
-from specjax.decoders.given_drafts import _Inputs
-from specjax.decoders.given_drafts import _accept_test
-from specjax.decoders.given_drafts import _block_rows
-from specjax.decoders.given_drafts import _residual_rows
-from specjax.decoders.given_drafts import _rows
-from specjax.decoders.given_drafts import _verify
+from specjax.decoders.given_drafts import Inputs
+from specjax.decoders.given_drafts import accept_test
+from specjax.decoders.given_drafts import block_rows
+from specjax.decoders.given_drafts import residual_rows
+from specjax.decoders.given_drafts import drafted_rows
+from specjax.decoders.given_drafts import verify_given
 from specjax.decoders.given_drafts import check_given_decoder
 from specjax.decoders.block import BlockVerification
+from specjax.numerics import safe_ratio
 
 __all__ = ["Verified", "DraftsLaw", "verify_drafts", "verify_drafts_law", "PAD"]
 
@@ -130,7 +131,7 @@ def _check_valid_rows(name, x, valid, batched):
         _checks.check_probabilities(where, values[b, j])
 
 
-def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs:
+def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
     """Shapes, dtypes and (when concrete) values of the given-drafts arguments."""
     tokens = jnp.asarray(draft_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -187,7 +188,7 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> _Inputs
                           np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None], batched)
         if draft is not None:
             _check_valid_rows("draft_probs", draft, valid, batched)
-    return _Inputs(*computation_arrays(tokens, draft, target), counts, batched)
+    return Inputs(*computation_arrays(tokens, draft, target), counts, batched)
 
 
 def computation_arrays(tokens, draft, target):
@@ -267,20 +268,20 @@ def uniforms_or_key(key, uniforms, num_requests, widths, batched, dtype):
 
 
 @functools.partial(jax.jit, static_argnames="with_bonus")
-def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
+def _law(decoder, inputs: Inputs, stop, with_bonus=True) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     inside = jnp.arange(lookahead)[None] < counts[:, None]
     if isinstance(decoder, BlockVerification):
         return _law_block(inputs, stop, with_bonus)
     if lookahead:
-        p, q_drafted = _rows(inputs)
+        p, q_drafted = drafted_rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
         # P(u p(x) < a(x)) for u ~ U[0, 1): a(x) / p(x), and 0 where p(x) = 0 (then a(x) = 0).
-        scale, mass = _accept_test(decoder, law, p, q_drafted, tokens)
-        accept = verification._safe_ratio(mass, scale, 0)
+        scale, mass = accept_test(decoder, law, p, q_drafted, tokens)
+        accept = safe_ratio(mass, scale, 0)
         accept = jnp.where(inside, jnp.clip(accept, 0, 1), 0)
-        rejected = _residual_rows(decoder, p, q_drafted, tokens, law.rejected)
+        rejected = residual_rows(decoder, p, q_drafted, tokens, law.rejected)
         residual = jax.vmap(jax.vmap(_mass_or_target))(rejected, q_drafted)
         last_rows = jnp.concatenate([verification.safe_normalize(residual), q[:, -1:]], axis=1)
     else:
@@ -298,14 +299,14 @@ def _law(decoder, inputs: _Inputs, stop, with_bonus=True) -> DraftsLaw:
     return DraftsLaw(outcome, num_accepted, accept)
 
 
-def _law_block(inputs: _Inputs, stop, with_bonus) -> DraftsLaw:
+def _law_block(inputs: Inputs, stop, with_bonus) -> DraftsLaw:
     """The exact law of ``_verify_block``: ``P(tau = n) = h_n prod_{j > n} (1 - h_j)``."""
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     if not lookahead:
         return DraftsLaw(q, jnp.ones((num_requests, 1), q.dtype),
                          jnp.zeros((num_requests, 0), q.dtype))
-    h, last_rows = _block_rows(inputs)
+    h, last_rows = block_rows(inputs)
     h0 = jnp.concatenate([jnp.ones((num_requests, 1), h.dtype), h], axis=1)  # level 0: always
     after = jnp.cumprod((1 - h0)[:, ::-1], axis=1)[:, ::-1]  # prod_{j >= n} (1 - h_j)
     after = jnp.concatenate([after[:, 1:], jnp.ones((num_requests, 1), h.dtype)], axis=1)
@@ -313,7 +314,7 @@ def _law_block(inputs: _Inputs, stop, with_bonus) -> DraftsLaw:
     reach = jnp.cumsum(num_accepted[:, ::-1], axis=1)[:, ::-1]  # P(tau >= n)
     outcome = _end_law(num_accepted[..., None] * verification.safe_normalize(last_rows), reach,
                        tokens, counts, stop, with_bonus)
-    acceptance = verification._safe_ratio(reach[:, 1:], reach[:, :-1], 0)
+    acceptance = safe_ratio(reach[:, 1:], reach[:, :-1], 0)
     return DraftsLaw(outcome, num_accepted, acceptance)
 
 
@@ -327,7 +328,7 @@ def _end_law(outcome, reach, tokens, counts, stop, with_bonus):
     if not lookahead:
         return outcome
     first = counts
-    if stop.shape[0]:  # static, as in _end_outputs
+    if stop.shape[0]:  # static, as in end_outputs
         inside = jnp.arange(lookahead)[None] < counts[:, None]
         is_stop = jnp.isin(tokens, stop) & inside
         first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), counts)
@@ -395,7 +396,7 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     num_requests, lookahead = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (lookahead, lookahead + 1),
                            inputs.batched, inputs.target_probs.dtype)
-    return _unbatch(_verify(decoder, inputs._replace(batched=None), u, v, stop, with_bonus),
+    return _unbatch(verify_given(decoder, inputs._replace(batched=None), u, v, stop, with_bonus),
                     inputs.batched)
 
 

@@ -71,7 +71,7 @@ from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.given_drafts import PAD
-from specjax.decoders.given_drafts import _end_outputs
+from specjax.decoders.given_drafts import end_outputs
 from specjax.decoders.tree import TokenTree
 from specjax.decoders.tree import first_hit
 from specjax.decoders.tree import sibling_tests
@@ -270,8 +270,8 @@ def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
         node = jnp.where(descend, nxt, node)
         done = done | ending
     at_leaf = _no_child_present(tree, inputs.num_nodes, node)
-    counts = jnp.where(at_leaf, num_accepted, -1)  # _end_outputs reads a bonus as all accepted
-    ended = _end_outputs(out, num_accepted, counts, stop, with_bonus)
+    counts = jnp.where(at_leaf, num_accepted, -1)  # end_outputs reads a bonus as all accepted
+    ended = end_outputs(out, num_accepted, counts, stop, with_bonus)
     keep = jnp.arange(depth + 1)[None] < ended.num_accepted[:, None]
     return VerifiedTree(ended.tokens, jnp.where(keep, nodes, PAD), ended.num_accepted,
                         ended.bonus, ended.num_emitted, ended.stopped)

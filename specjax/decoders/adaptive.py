@@ -64,9 +64,9 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
-from specjax.decoders.verification import _safe_ratio
 from specjax.decoders.verification import acceptance_probability
 from specjax.decoders.verification import speculative_residual
+from specjax.numerics import safe_ratio
 
 MAX_PATHS = 2**22  # largest number of (previous token, drafted path) entries the exact law holds
 
@@ -384,7 +384,7 @@ class AdaptiveSpeculative(CallDecoder):
             go = live & (i < fits) & ~self.policy.stop(state)
             nxt = draw(p_thr[row, x], u[i])
             p_x, q_x = p_trans[row, x, nxt], q_trans[row, x, nxt]
-            alpha = jnp.minimum(1, _safe_ratio(q_x, p_x, 1))
+            alpha = jnp.minimum(1, safe_ratio(q_x, p_x, 1))
             drafts.append(nxt)
             accept.append(alpha)
             all_acc = jnp.where(go, all_acc * alpha, all_acc)

@@ -8,7 +8,25 @@ parameters (biased SD's ``epsilon``) are leaves, so they can be traced and diffe
 ``specjax.accepted_length`` and the tuning objectives are written once against this protocol;
 adding a decoder never edits them.
 
-There are two kinds of decoder.
+Every member of the protocol is declared on the base classes below with its default, and the
+entry points read the members, never probe for them: a capability is a class-level flag
+(``same_root``, ``has_root_scale``, ``uses_draft``, ...), a hook a method whose default is the
+behaviour of a decoder without it. ``PROTOCOL`` lists the members of each base class.
+
+**Every decoder** (``Decoder``) provides or inherits
+
+* ``model_kinds``: the model kinds it supports beyond ``MarkovChain`` (``"finite_state"``:
+  exact values on ``FiniteStateModel``s; ``"protocol"``: Monte Carlo on any autoregressive model);
+* ``uses_draft`` (default ``True``): ``False`` for a decoder that never reads the draft
+  (``Autoregressive``: the draft may be ``None``);
+* ``validate()`` (default: nothing): refuse invalid numeric settings (values only when concrete),
+  before any work;
+* ``check(num_states, num_rows)`` (default: nothing): refuse a setting too large for the models;
+* ``probe(draft, target, kind)`` (default: nothing): refuse the decoder's own functions when they
+  misbehave on the models' rows (a user's rule: ``RejectionRule``);
+* ``label``: a short name for tables.
+
+There are two kinds of decoder; the entry points dispatch on the two classes.
 
 **Token-wise** (``TokenwiseDecoder``): every token is the outcome of one verification step whose
 law depends on the draft row ``p`` and the target row ``q`` of the current context, and on the
@@ -18,19 +36,31 @@ drafts). A token-wise decoder provides
 * ``laws(p, q) -> (root, verify)``: two ``VerificationLaw``s over ``(..., V)`` rows, the joint law
   of (token, rejected?) at the root of a call and at every later draft of the call (the bonus
   law is always the target's row);
-* ``lookahead``: ``None`` (the paper's ``K = T``) or ``K``; ``resolve_lookahead(T)`` gives the
-  static ``K`` the engines use (0 for autoregressive decoding: every token a bonus);
-* optionally ``check(num_states, num_rows)`` (refuse a setting too large for the models),
-  ``same_root`` (root law equals the in-call law: the exact recursion needs one phase fewer) and
-  ``root_scale(p, q)`` (for unbiased rules whose rejected mass is ``[q - S p]_+``: a faster exact
-  recursion);
+* ``lookahead`` (default ``None``): ``None`` (the paper's ``K = T``) or ``K``;
+  ``resolve_lookahead(T)`` gives the static ``K`` the engines use (0 for autoregressive decoding:
+  every token a bonus);
+* ``num_drafts`` (default 1): the sequences drafted per call (``call_work``'s cost; a decoder
+  with more than one is refused by the given-drafts kernel);
+* optionally ``same_root`` (default ``True``: the root law equals the in-call law, the exact
+  recursion needs one phase fewer) and ``has_root_scale`` with ``root_scale(p, q)`` (for unbiased
+  rules whose rejected mass is ``[q - S p]_+``: a faster exact recursion);
+* optionally ``acceptance(p, q)``: the acceptance probabilities ``b`` of Algorithm 2 (for the
+  ``"tradeoff"`` objective and, with ``reads_draft_probs = False``, the given-drafts test
+  ``u < b(x)`` of a rule that ignores the draft's probabilities); ``has_acceptance`` says whether
+  the decoder gives it (a subclass that defines ``acceptance`` has it);
+* optionally ``residual_given_draft(p, q, x)``: the masses a token is drawn from after draft
+  ``x`` is rejected, for a rule whose residual depends on the rejected draft (SGLang's threshold
+  verification; the given-drafts kernel); ``has_residual_given_draft`` says whether the decoder
+  gives it (a subclass that defines it has it);
 * optionally, for a law that depends on the position and on the whole models (a policy solved
-  by backward induction: ``OptimalMultiDraft(sequence_optimal=True)``), ``bind(p, q)`` on the
-  Markov transitions ``(T, V, V)`` returning the decoder to run, and ``laws_at(n, p, q)`` with the
-  positions ``n`` (``0..T-1``, broadcasting against the rows' leading axes) of the rows. The
-  engines call ``decoder.bind(...)`` once per run (per chunk in ``decoding_statistics``) and
-  ``laws_at`` wherever they call ``laws``;
-  the defaults are ``self`` and ``laws(p, q)``.
+  by backward induction: ``OptimalMultiDraft(sequence_optimal=True)``; then
+  ``binds_models = True``), ``bind(p, q)`` on the Markov transitions ``(T, V, V)`` returning the
+  decoder to run, and ``laws_at(n, p, q)`` with the positions ``n`` (``0..T-1``, broadcasting
+  against the rows' leading axes) of the rows. The engines call ``decoder.bind(...)`` once per
+  run (per chunk in ``decoding_statistics``) and ``laws_at`` wherever they call ``laws``;
+  the defaults are ``self`` and ``laws(p, q)``;
+* ``call_work(depth)``: what a call that drafts ``depth`` tokens costs under
+  ``specjax.CostModel`` (default: ``depth`` passes, ``num_drafts * depth + 1`` tokens scored).
 
 Speculative decoding, batch SD with and without replacement, biased SD and any user rule of the
 paper's Algorithm 2 are token-wise. The Monte Carlo engine draws each chain's (token, rejected)
@@ -39,7 +69,8 @@ from these laws, the exact recursion sums the same masses, so the two cannot dis
 **Call-level** (``CallDecoder``): a target call drafts a block (or a tree) and verifies it
 jointly; its outcome is a run of kept drafts and one last token. A call-level decoder provides
 
-* ``lookahead``: ``K``, the most drafts a call keeps (a call emits at most ``K + 1`` tokens);
+* ``lookahead``: ``K``, the most drafts a call keeps (a call emits at most ``K + 1`` tokens; no
+  default); ``truncate(K')`` the decoder the sampler runs when at most ``K'`` drafts fit;
 * ``num_uniforms``: how many 31-bit uniforms one call of one chain consumes;
 * ``prepare(draft, target)``: per-run tables (e.g. the draft's thresholds), built once;
 * ``sample_call(tables, n, prev, u) -> (tokens (K + 1,), num_kept, last_rejected)``: one call
@@ -53,10 +84,14 @@ jointly; its outcome is a run of kept drafts and one last token. A call-level de
   exact recursion calls once per position. The default contracts ``call_law``; a decoder that
   can push ``start`` through its call directly (a token tree: ``O(nodes V^2)`` instead of
   ``O(classes V^3)``) overrides it;
+* optionally ``uses_position``, ``drafted_call_law_from`` (with ``has_drafted_call_law``) and
+  call states (``num_call_states``, ``initial_call_state``, ``next_call_state``): see
+  ``CallDecoder``;
 * optionally ``call_work(depth) -> (draft passes, tokens scored)``, what a call that drafts
   ``depth`` levels costs under ``specjax.CostModel`` (default: one chain, ``depth`` and
   ``depth + 1``);
-* optionally ``check(num_states, num_rows)`` and ``check_exact(num_states, horizon)``.
+* optionally ``check_exact(num_states, horizon)`` (default: nothing): refuse an exact law that
+  cannot be built for ``V`` tokens and horizon ``T``.
 
 Block verification is call-level; token trees and optimal multi-draft verification fit the same
 protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
@@ -73,20 +108,42 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
-from specjax.models.checks import model_kind
-
-from specjax._pytree import array_field  # noqa: E402,F401 - re-exported for decoder authors
-from specjax._pytree import pytree_dataclass  # noqa: E402
+from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder authors
+from specjax._pytree import pytree_dataclass
+from specjax.numerics import HIGHEST
+from specjax.numerics import matmul_highest  # noqa: F401 - the decoders' full-precision product
 
 decoder_dataclass = pytree_dataclass
 
-_HIGHEST = jax.lax.Precision.HIGHEST
+
+class FieldDefault:
+    """A protocol member's default that a decoder may also declare as a dataclass field.
+
+    Read on an instance, it is ``value``; read on the class it raises ``AttributeError``, which
+    is how ``dataclasses`` learns that the member gives no default to a subclass's field of the
+    same name (``BatchSpeculative``'s ``num_drafts: int`` stays a required argument,
+    ``Speculative``'s ``lookahead: int | None = None`` keeps its own default).
+    """
+
+    def __init__(self, value):
+        self.value = value
+        self.name = ""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            raise AttributeError(f"{self.name} (a protocol default, read on instances)")
+        return self.value
 
 
-def matmul_highest(a, b):
-    """``a @ b`` at full precision (no TF32/bfloat16 passes on accelerators), for the exact laws
-    that push a reach vector or matrix through ``(V, V)`` rows."""
-    return jnp.matmul(a, b, precision=_HIGHEST)
+def _flag_defined_hooks(cls, hooks: dict) -> None:
+    """Sets ``cls``'s capability flag of every hook ``cls`` defines itself, unless ``cls`` sets
+    the flag: a user's decoder that writes ``acceptance`` has acceptance probabilities."""
+    for hook, flag in hooks.items():
+        if hook in cls.__dict__ and flag not in cls.__dict__:
+            setattr(cls, flag, True)
 
 # ---------------------------------------------------------------------------------------------
 # The two protocols.
@@ -95,12 +152,17 @@ def matmul_highest(a, b):
 class Decoder:
     """Base class of every decoder (see the module docstring for the protocol)."""
 
-    #: ``"tokenwise"`` or ``"call"``: which engines run the decoder.
-    kind: ClassVar[str] = ""
     #: Model kinds the decoder supports beyond ``MarkovChain`` (which every decoder supports):
     #: ``"finite_state"`` (exact values on ``FiniteStateModel``s) and ``"protocol"`` (Monte Carlo
     #: on any autoregressive model of the protocol).
     model_kinds: ClassVar[tuple] = ()
+    #: Whether the decoder reads the draft (``Autoregressive`` does not: its draft may be
+    #: ``None``).
+    uses_draft: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when a numeric setting is invalid (its values checked only when
+        concrete). Called by every entry point before any work."""
 
     def check(self, num_states: int, num_rows: int) -> None:
         """Raise ``ValueError`` when the decoder cannot run on ``V = num_states`` tokens with
@@ -123,12 +185,31 @@ class TokenwiseDecoder(Decoder):
     """A decoder whose every token is one verification step: provide ``laws`` and
     ``lookahead``."""
 
-    kind: ClassVar[str] = "tokenwise"
     model_kinds: ClassVar[tuple] = ("finite_state", "protocol")
+    #: ``None`` (``K = T``) or ``K``; a decoder declares it as a dataclass field.
+    lookahead = FieldDefault(None)
+    #: The sequences drafted per call (a multi-draft decoder's ``num_drafts`` field).
+    num_drafts = FieldDefault(1)
     #: Whether the root law equals the in-call law (everything but multi-draft roots).
     same_root: ClassVar[bool] = True
     #: Whether ``root_scale`` is available (rejected mass ``[q - S p]_+``, accepted ``q`` minus it).
     has_root_scale: ClassVar[bool] = False
+    #: Whether ``acceptance`` is available (set for a subclass that defines it).
+    has_acceptance: ClassVar[bool] = False
+    #: Whether the acceptance test reads the draft's probabilities: ``False`` for a rule whose
+    #: test is ``u < b(x)`` (typical acceptance, SGLang's thresholds; needs ``acceptance``).
+    reads_draft_probs: ClassVar[bool] = True
+    #: Whether ``residual_given_draft`` is available (set for a subclass that defines it).
+    has_residual_given_draft: ClassVar[bool] = False
+    #: Whether the laws depend on the whole models (``bind`` returns another decoder and
+    #: ``laws_at`` reads the position): such a decoder has no law of its rows alone.
+    binds_models: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _flag_defined_hooks(cls, {
+            "acceptance": "has_acceptance",
+            "residual_given_draft": "has_residual_given_draft"})
 
     def laws(self, p, q):
         """``(root, verify)`` ``VerificationLaw``s for draft rows ``p`` and target rows ``q``."""
@@ -137,6 +218,15 @@ class TokenwiseDecoder(Decoder):
     def root_scale(self, p, q):
         """The root's ``S`` as ``(..., 1)`` when ``has_root_scale``."""
         raise NotImplementedError
+
+    def acceptance(self, p, q):
+        """The acceptance probabilities ``b`` ``(..., V)`` when ``has_acceptance``."""
+        raise NotImplementedError(f"{type(self).__name__} has no acceptance probabilities")
+
+    def residual_given_draft(self, p, q, x):
+        """The masses ``(..., V)`` the token is drawn from after the drafted ``x`` is rejected,
+        when ``has_residual_given_draft`` (otherwise the rejected mass of ``laws``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no residual_given_draft")
 
     def bind(self, p, q):
         """The decoder to run on Markov transitions ``p``, ``q`` ``(T, V, V)`` (traced): ``self``
@@ -153,19 +243,17 @@ class TokenwiseDecoder(Decoder):
     def resolve_lookahead(self, horizon: int) -> int:
         """The static ``K`` the engines use: ``None`` means ``T``, larger values act as ``T``
         (one compilation for all of them)."""
-        lookahead = getattr(self, "lookahead", None)
-        return horizon if lookahead is None else min(lookahead, horizon)
+        return horizon if self.lookahead is None else min(self.lookahead, horizon)
 
     def call_work(self, depth: int) -> tuple[int, int]:
         """``(draft passes, tokens the target scores)`` of a call that drafts ``depth`` tokens
         per sequence (``min(K, T - n + 1)`` at position ``n``), for ``specjax.CostModel``:
-        ``depth`` passes and ``M depth + 1`` tokens (the root and ``M`` drafted sequences; a
-        decoder with a ``num_drafts`` field drafts that many, the others one)."""
-        num_drafts = getattr(self, "num_drafts", 1)
-        if num_drafts == math.inf:
+        ``depth`` passes and ``M depth + 1`` tokens (the root and ``M = num_drafts`` drafted
+        sequences)."""
+        if self.num_drafts == math.inf:
             raise ValueError(f"{type(self).__name__} with num_drafts=math.inf drafts infinitely "
                              "many sequences per call: its calls have no finite cost")
-        return depth, int(num_drafts) * depth + 1
+        return depth, int(self.num_drafts) * depth + 1
 
 
 class CallLaw(NamedTuple):
@@ -191,18 +279,19 @@ class CallLaw(NamedTuple):
 class CallDecoder(Decoder):
     """A decoder that verifies a whole drafted block per call: see the module docstring.
 
-    Two optional hooks, for decoders whose call depends on more than the previous token:
+    Optional hooks, for decoders whose call depends on more than the previous token:
 
     * ``uses_position = True``: ``call_law`` and ``call_law_from`` also receive the call's
       1-based start ``position=n`` (a keyword; an int, traced inside the exact recursion's scan;
       e.g. a stopping policy whose thresholds depend on the position,
       ``specjax.AdaptiveSpeculative``).
-    * ``drafted_call_law_from(start, p_rows, q_rows, bonus_row, *, with_bonus, position)``: for
-      a decoder whose number of drafts is random, ``(call_law_from(...), drafted)`` from one
-      pass over the call, ``drafted`` ``(K' + 1,)`` the mass of calls from previous-token law
-      ``start`` that draft exactly ``d`` tokens. ``specjax.decoding_time`` and
-      ``specjax.engine_metrics`` then price and count the drafts from it instead of
-      ``call_work``'s fixed depth.
+    * ``has_drafted_call_law = True`` with ``drafted_call_law_from(start, p_rows, q_rows,
+      bonus_row, *, with_bonus, position)``: for a decoder whose number of drafts is random,
+      ``(call_law_from(...), drafted)`` from one pass over the call, ``drafted`` ``(K' + 1,)``
+      the mass of calls from previous-token law ``start`` that draft exactly ``d`` tokens.
+      ``specjax.decoding_time`` and ``specjax.engine_metrics`` then price and count the drafts
+      from it instead of ``call_work``'s fixed depth. (A subclass that defines
+      ``drafted_call_law_from`` has it.)
     * ``num_call_states > 1``: a call depends on a *call state* carried from one call to the
       next (HuggingFace's draft-length schedule, ``specjax.HeuristicSchedule``). The decoder
       gives ``initial_call_state``, ``next_call_state(state, kept)`` (ints or arrays: the state
@@ -212,11 +301,18 @@ class CallDecoder(Decoder):
       and carries the mass of call starts per state and previous token).
     """
 
-    kind: ClassVar[str] = "call"
     model_kinds: ClassVar[tuple] = ()
+    #: ``K``, the most drafts of a call: a field or property of every call-level decoder.
+    lookahead: int
     uses_position: ClassVar[bool] = False
+    #: Whether ``drafted_call_law_from`` is available (set for a subclass that defines it).
+    has_drafted_call_law: ClassVar[bool] = False
     num_call_states: ClassVar[int] = 1
     initial_call_state: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _flag_defined_hooks(cls, {"drafted_call_law_from": "has_drafted_call_law"})
 
     def next_call_state(self, state, kept):
         """The call state after a call that kept ``kept`` drafts (stateless: unchanged)."""
@@ -242,7 +338,14 @@ class CallDecoder(Decoder):
         each field summed over ``a`` with weights ``start[a]``, shapes ``(K', V)`` and
         ``(K' + 1, V)``. Override it where pushing ``start`` through the call is cheaper."""
         law = self.call_law(p_rows, q_rows, bonus_row, with_bonus=with_bonus)
-        return CallLaw(*(jnp.einsum("a,iay->iy", start, x, precision=_HIGHEST) for x in law))
+        return CallLaw(*(jnp.einsum("a,iay->iy", start, x, precision=HIGHEST) for x in law))
+
+    def drafted_call_law_from(self, start, p_rows, q_rows, bonus_row, *, with_bonus: bool,
+                              **extra) -> tuple[CallLaw, jax.Array]:
+        """``(call_law_from(...), drafted)`` when ``has_drafted_call_law`` (see the class
+        docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts a fixed number of tokens: it "
+                                  "has no drafted_call_law_from")
 
     def call_work(self, depth: int) -> tuple[int, int]:
         """``(draft passes, tokens the target scores)`` of a call that drafts at most ``depth``
@@ -268,6 +371,21 @@ class CallDecoder(Decoder):
         return dataclasses.replace(self, lookahead=lookahead)
 
 
+#: Every member of the protocol, by the base class that declares it with its default.
+PROTOCOL = {
+    Decoder: ("model_kinds", "uses_draft", "validate", "check", "probe", "label"),
+    TokenwiseDecoder: ("lookahead", "num_drafts", "same_root", "has_root_scale",
+                       "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
+                       "binds_models", "laws", "root_scale", "acceptance",
+                       "residual_given_draft", "bind", "laws_at", "resolve_lookahead",
+                       "call_work"),
+    CallDecoder: ("lookahead", "uses_position", "has_drafted_call_law", "num_call_states",
+                  "initial_call_state", "next_call_state", "num_uniforms", "prepare",
+                  "sample_call", "call_law", "call_law_from", "drafted_call_law_from",
+                  "call_work", "check_exact", "resolve_lookahead", "truncate"),
+}
+
+
 def check_decoder(decoder) -> None:
     """Raise ``ValueError`` unless ``decoder`` is a decoder value."""
     if not isinstance(decoder, (TokenwiseDecoder, CallDecoder)):
@@ -275,22 +393,6 @@ def check_decoder(decoder) -> None:
             "decoder must be a specjax decoder such as specjax.Speculative() or "
             "specjax.BatchSpeculative(4) (a TokenwiseDecoder or CallDecoder), got "
             f"{decoder!r}")
-
-
-def resolve_run(decoder, draft, target):
-    """What every entry point checks first: the decoder (and its numeric settings when
-    concrete), then the models and their kind. ``draft`` may be ``None`` for a decoder that does
-    not use it (``Autoregressive``). Returns ``(draft, kind)``; ``check_horizon(kind, target,
-    horizon)`` gives ``T``."""
-    check_decoder(decoder)
-    if hasattr(decoder, "validate"):
-        decoder.validate()
-    if draft is None and not getattr(decoder, "uses_draft", True):
-        draft = target
-    kind = model_kind(draft, target)
-    if all(_checks.is_concrete(leaf) for leaf in jax.tree_util.tree_leaves((draft, target))):
-        decoder.probe(draft, target, kind)
-    return draft, kind
 
 
 def check_lookahead(lookahead, *, allow_none: bool = True) -> None:

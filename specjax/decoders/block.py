@@ -50,8 +50,8 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
-from specjax.decoders.verification import _safe_ratio
 from specjax.decoders.verification import safe_normalize
+from specjax.numerics import safe_ratio
 
 MAX_BLOCKS = 2**20  # largest number of draft blocks V**K the exact law enumerates
 
@@ -86,14 +86,14 @@ def block_levels(p_rows, q_rows, drafts, num_drafts):
     """
     k = drafts.shape[0]
     steps = jnp.arange(k, dtype=jnp.int32)
-    ratio = _safe_ratio(q_rows[steps, drafts], p_rows[steps, drafts], 0)
+    ratio = safe_ratio(q_rows[steps, drafts], p_rows[steps, drafts], 0)
     weights = [jnp.ones((), p_rows.dtype)]
     for i in range(k):
         weights.append(jnp.minimum(weights[-1] * ratio[i], 1))
     weights = jnp.stack(weights)  # (K + 1,): w_0 .. w_K
     residual = jnp.maximum(weights[:k, None] * q_rows - p_rows, 0)  # level i = 0 .. K-1
     mass = jnp.sum(residual, axis=-1)
-    inner = _safe_ratio(mass[1:], mass[1:] + (1 - weights[1:k]), 1)  # h_1 .. h_{K-1}
+    inner = safe_ratio(mass[1:], mass[1:] + (1 - weights[1:k]), 1)  # h_1 .. h_{K-1}
     inner = jnp.concatenate([inner, jnp.zeros((1,), inner.dtype)])
     levels = steps + 1
     h = jnp.where(levels == num_drafts, weights[1:], jnp.where(levels < num_drafts, inner, 0))
@@ -182,7 +182,7 @@ class BlockVerification(CallDecoder):
           with_bonus: whether that position exists (static).
         """
         k, num_states, _ = p_rows.shape
-        ratio = _safe_ratio(q_rows, p_rows, 1)
+        ratio = safe_ratio(q_rows, p_rows, 1)
         weight = jnp.ones((num_states,), p_rows.dtype)
         joint = jnp.ones((num_states,), p_rows.dtype)
         joints, residuals, stop = [joint], [], []
@@ -191,7 +191,7 @@ class BlockVerification(CallDecoder):
                 residuals.append(jnp.maximum(weight[..., None] * lift(q_rows[i], i + 1)
                                              - lift(p_rows[i], i + 1), 0))
                 mass = jnp.sum(residuals[-1], axis=-1)
-                stop.append(_safe_ratio(mass, mass + (1 - weight), 1) if i > 0 else joint)
+                stop.append(safe_ratio(mass, mass + (1 - weight), 1) if i > 0 else joint)
                 weight = jnp.minimum(weight[..., None] * lift(ratio[i], i + 1), 1)
                 joint = joint[..., None] * lift(p_rows[i], i + 1)
                 joints.append(joint)

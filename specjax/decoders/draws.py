@@ -12,12 +12,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.numerics import next_power_of_two
+
 INT32_MAX = jnp.iinfo(jnp.int32).max
 RESOLUTION_BITS = 31  # uniforms are 31-bit integers; probabilities are resolved to 2**-31
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def categorical_thresholds(masses: jax.Array) -> jax.Array:
@@ -35,7 +33,7 @@ def categorical_thresholds(masses: jax.Array) -> jax.Array:
       ``(..., W')`` int32 thresholds, ``W'`` the next power of two ``>= W`` (padding has no mass).
     """
     width = masses.shape[-1]
-    padded = _next_power_of_two(width)
+    padded = next_power_of_two(width)
     if jnp.finfo(masses.dtype).bits < 32:
         # float16 cannot hold 2**31 (its largest value is 65504): scaling the CDF in it overflows
         # to inf and every threshold casts to the same integer (every draw the first token). The

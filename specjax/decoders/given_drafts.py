@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_decoder
 from specjax.decoders.block import BlockVerification
 from specjax.decoders.block import block_levels
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
+from specjax.decoders.planning import resolve_decoder
 
 
 #: The id that pads ``Verified.tokens`` after the last emitted token.
@@ -55,7 +55,7 @@ class Verified(NamedTuple):
 
 
 
-class _Inputs(NamedTuple):
+class Inputs(NamedTuple):
     tokens: jax.Array  # (B, K) int32, padded ids clipped into range
     draft_probs: jax.Array | None  # (B, K, V) or None
     target_probs: jax.Array  # (B, K + 1, V)
@@ -65,15 +65,11 @@ class _Inputs(NamedTuple):
 
 def check_given_decoder(decoder) -> None:
     """Raise ``ValueError`` unless ``decoder`` verifies one given draft per position."""
-    check_decoder(decoder)
+    resolve_decoder(decoder)
     if isinstance(decoder, BlockVerification):
         return
-    if hasattr(decoder, "validate"):
-        decoder.validate()
-    one_draft = getattr(decoder, "num_drafts", 1) == 1
-    if not isinstance(decoder, TokenwiseDecoder) or not decoder.same_root or not one_draft \
-            or type(decoder).bind is not TokenwiseDecoder.bind \
-            or type(decoder).laws_at is not TokenwiseDecoder.laws_at:
+    if not isinstance(decoder, TokenwiseDecoder) or not decoder.same_root \
+            or decoder.num_drafts != 1 or decoder.binds_models:
         raise ValueError(
             f"decoder must verify one given draft per position with a law of its rows alone "
             f"(specjax.Speculative(), specjax.BiasedSpeculative(eps), a specjax.RejectionRule) "
@@ -82,8 +78,7 @@ def check_given_decoder(decoder) -> None:
             f"depends on the whole models: it has no given-drafts form yet")
 
 
-
-def _rows(inputs: _Inputs):
+def drafted_rows(inputs: Inputs):
     """``(p, q)`` of the drafted positions, ``p`` the one-hot of the drafts when not given."""
     q = inputs.target_probs
     lookahead = inputs.tokens.shape[1]
@@ -97,41 +92,42 @@ def _gather(rows, tokens):
     return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
 
 
-def _accept_test(decoder, law, p, q, tokens):
+def accept_test(decoder, law, p, q, tokens):
     """``(scale, mass)`` at the drafts: accept iff ``u * scale < mass``. In general
     ``(p(x), a(x))`` with ``a`` the accepted mass (a draft with ``p(x) = 0`` is rejected); for a
     rule whose test ignores the draft's probabilities (``reads_draft_probs = False``: typical
     acceptance, SGLang's thresholds), ``(1, b(x))`` from its ``acceptance(p, q)``."""
-    if getattr(decoder, "reads_draft_probs", True):
+    if decoder.reads_draft_probs:
         return _gather(p, tokens), _gather(law.accepted, tokens)
     b = _gather(decoder.acceptance(p, q), tokens)
     return jnp.ones_like(b), b
 
 
-def _residual_rows(decoder, p, q, tokens, rejected):
+def residual_rows(decoder, p, q, tokens, rejected):
     """The masses the token is drawn from after rejecting ``tokens``: the decoder's rejected
     mass, or, for a rule whose residual depends on the rejected draft (SGLang's threshold
     verification), its ``residual_given_draft(p, q, x)``."""
-    given = getattr(decoder, "residual_given_draft", None)
-    return rejected if given is None else given(p, q, tokens)
+    if not decoder.has_residual_given_draft:
+        return rejected
+    return decoder.residual_given_draft(p, q, tokens)
 
 
 @functools.partial(jax.jit, static_argnames="with_bonus")
-def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
+def verify_given(decoder, inputs: Inputs, u, v, stop, with_bonus) -> Verified:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
     if isinstance(decoder, BlockVerification):
-        return _verify_block(inputs, u, v, stop, with_bonus)
+        return verify_block(inputs, u, v, stop, with_bonus)
     if lookahead:
-        p, q_drafted = _rows(inputs)
+        p, q_drafted = drafted_rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
-        scale, mass = _accept_test(decoder, law, p, q_drafted, tokens)
+        scale, mass = accept_test(decoder, law, p, q_drafted, tokens)
         keep = u * scale < mass
         keep &= jnp.arange(lookahead)[None] < counts[:, None]
         num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
         at = jnp.minimum(num_accepted, lookahead - 1)
-        rejected = _residual_rows(decoder, p[rows, at], q_drafted[rows, at],
+        rejected = residual_rows(decoder, p[rows, at], q_drafted[rows, at],
                                   tokens[rows, at], law.rejected[rows, at])
     else:
         num_accepted = jnp.zeros((num_requests,), jnp.int32)
@@ -144,16 +140,16 @@ def _verify(decoder, inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
     out = jnp.where(position < num_accepted[:, None], padded,
                     jnp.where(position == num_accepted[:, None], last[:, None], PAD))
-    return _end_outputs(out.astype(jnp.int32), num_accepted, counts, stop, with_bonus)
+    return end_outputs(out.astype(jnp.int32), num_accepted, counts, stop, with_bonus)
 
 
 
-def _block_rows(inputs: _Inputs):
+def block_rows(inputs: Inputs):
     """Block verification's ``(h (B, K), last rows (B, K + 1, V))``: the stopping probability of
     each level (``block.block_levels``) and the law of the last token when ``tau = n``."""
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     lookahead = tokens.shape[1]
-    p, q_drafted = _rows(inputs)
+    p, q_drafted = drafted_rows(inputs)
     h, residual = jax.vmap(block_levels)(p, q_drafted, tokens, counts)
     residual = jax.vmap(jax.vmap(_mass_or_target))(residual, q_drafted)
     rows = jnp.concatenate([residual, q[:, lookahead:]], axis=1)
@@ -161,7 +157,7 @@ def _block_rows(inputs: _Inputs):
     return h, jnp.where(bonus_row[..., None], q, rows)
 
 
-def _verify_block(inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
+def verify_block(inputs: Inputs, u, v, stop, with_bonus) -> Verified:
     """Block verification of given drafts: level ``i`` (``1..K_b``) is kept iff
     ``u_{i-1} < h_i``; ``tau`` is the largest kept level (the backward pass), the last token
     the inverse CDF of ``r_tau`` (or of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``."""
@@ -169,7 +165,7 @@ def _verify_block(inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
     if lookahead:
-        h, last_rows = _block_rows(inputs)
+        h, last_rows = block_rows(inputs)
         levels = jnp.arange(1, lookahead + 1)[None]
         tau = jnp.max(jnp.where(u < h, levels, 0), axis=1).astype(jnp.int32)
     else:
@@ -179,11 +175,11 @@ def _verify_block(inputs: _Inputs, u, v, stop, with_bonus) -> Verified:
     padded = jnp.concatenate([tokens, jnp.zeros((num_requests, 1), jnp.int32)], axis=1)
     out = jnp.where(position < tau[:, None], padded,
                     jnp.where(position == tau[:, None], last[:, None], PAD))
-    return _end_outputs(out.astype(jnp.int32), tau, counts, stop, with_bonus)
+    return end_outputs(out.astype(jnp.int32), tau, counts, stop, with_bonus)
 
 
 
-def _end_outputs(out, num_accepted, counts, stop, with_bonus):
+def end_outputs(out, num_accepted, counts, stop, with_bonus):
     """Outputs after the endings: a dropped bonus (``with_bonus=False``, ``K_b >= 1``) and the
     first stop token (the tokens after it dropped)."""
     position = jnp.arange(out.shape[1])[None]

@@ -43,7 +43,7 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
-from specjax.decoders.verification import _divide
+from specjax.numerics import divide
 
 #: Largest ``V^M x rows`` (the size of the biggest array of the enumeration of the selection
 #: law) that ``importance_selection_law`` builds: 256 MB in float32, as
@@ -116,9 +116,9 @@ def _selection_law(p, q, num_drafts: int):
     den = w[..., :, None] + total[..., None, :]  # (..., V, V^(M-1)): w(y) + W(t)
     positive = _positive(den)
     safe_den = jnp.where(positive, den, jnp.ones_like(den))
-    # P(J = 1 | X_1 = y, the others t); _divide: no den^-2 in the derivative (no overflow).
+    # P(J = 1 | X_1 = y, the others t); divide: no den^-2 in the derivative (no overflow).
     own = jnp.broadcast_to(w[..., :, None], den.shape)
-    share = jnp.where(positive, _divide(own, safe_den), jnp.full_like(den, 1 / num_drafts))
+    share = jnp.where(positive, divide(own, safe_den), jnp.full_like(den, 1 / num_drafts))
     expected = jnp.sum(prob[..., None, :] * share, axis=-1)  # E[share] over t, (..., V)
     return num_drafts * p * expected
 

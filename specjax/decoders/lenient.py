@@ -14,6 +14,7 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.numerics import safe_ratio
 
 
 @pytree_dataclass
@@ -50,7 +51,7 @@ class LenientSpeculative(TokenwiseDecoder):
     def acceptance(self, p, q):
         """``b = min(1, q / (l p))``, 1 where ``p = 0``."""
         scaled = jnp.asarray(self.lenience, q.dtype) * p
-        return jnp.minimum(1, verification._safe_ratio(q, scaled, 1))
+        return jnp.minimum(1, safe_ratio(q, scaled, 1))
 
     def laws(self, p, q):
         law = verification.named_residual_law(p, q, self.acceptance(p, q), self.residual)

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from specjax import _checks
 
 from specjax.decoders.verification import VerificationLaw
-from specjax.decoders.verification import _indicator
 from specjax.decoders.verification import safe_normalize
 from specjax.decoders.verification import scaled_residual
+from specjax.numerics import indicator
 
 
 def check_num_drafts(num_drafts) -> None:
@@ -126,7 +126,7 @@ def _batch_scale_bwd(num_drafts, res, g):
     def back(m, carry):
         coeff, grad_p, grad_q = carry
         cum_m = jax.lax.dynamic_slice_in_dim(cums, m, 1, -1)
-        a = _indicator(scaled_residual(p, q, cum_m))  # 1[x in A_m]
+        a = indicator(scaled_residual(p, q, cum_m))  # 1[x in A_m]
         grad_q = grad_q + coeff * a
         grad_p = grad_p - (coeff * cum_m) * a
         coeff = coeff * (1 - jnp.sum(a * p, axis=-1, keepdims=True))
@@ -320,7 +320,7 @@ def without_replacement_stage_laws(p: jax.Array, q: jax.Array, num_drafts):
     rejected = jnp.zeros_like(q)
     for stage in range(stages):
         # A path whose draft law has no token left draws its token from the residual.
-        exhausted = 1 - _indicator(jnp.sum(draft, axis=-1))
+        exhausted = 1 - indicator(jnp.sum(draft, axis=-1))
         rejected = rejected + jnp.sum((weight * exhausted)[..., None] * residual, axis=0)
         accepted.append(jnp.sum(weight[..., None] * jnp.minimum(draft, residual), axis=0))
         reject_x = weight[..., None] * jnp.maximum(draft - residual, 0)  # (P, ..., V)
@@ -475,7 +475,7 @@ def _without_replacement_prefix_law(p_sorted: jax.Array, stages: int) -> jax.Arr
         return x.reshape((1,) * (1 + len(rows)) + x.shape)
 
     for stage in range(stages):
-        exhausted = 1 - _indicator(jnp.sum(draft, axis=-1))
+        exhausted = 1 - indicator(jnp.sum(draft, axis=-1))
         law = law + at_top(weight * exhausted, top)
         branch = weight[..., None] * draft  # (P, ..., V): draw token x next
         above = expand(index) > top[..., None]  # x + 1 > top: it becomes x + 1
@@ -644,7 +644,7 @@ def weighted_optimal_root_law(p: jax.Array, q: jax.Array, weights: jax.Array,
     p, q = jnp.broadcast_to(p, shape), jnp.broadcast_to(q, shape)
     weights = jax.lax.stop_gradient(jnp.broadcast_to(weights, shape))
     if num_drafts == math.inf:  # rho(G) = 1[p(G) > 0]: every token the draft proposes
-        accepted = q * _indicator(p) * (weights > 0)
+        accepted = q * indicator(p) * (weights > 0)
         return VerificationLaw(accepted, q - accepted)
     num_states = shape[-1]
     ratio_desc = jnp.flip(ratio_order(p, q), -1)

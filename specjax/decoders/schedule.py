@@ -43,9 +43,9 @@ from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import StoppingRule
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
-from specjax.decoders.base import matmul_highest
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import speculative_law
+from specjax.numerics import matmul_highest
 
 
 @pytree_dataclass

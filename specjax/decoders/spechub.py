@@ -75,7 +75,7 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
-from specjax.decoders.verification import _divide
+from specjax.numerics import divide
 
 
 def spechub_pair_masses(p: jax.Array):
@@ -96,7 +96,7 @@ def spechub_pair_masses(p: jax.Array):
     rest = jnp.sum(q_ia, axis=-1, keepdims=True)
     edge = rest < jnp.finfo(p.dtype).tiny
     safe_rest = jnp.where(edge, jnp.ones_like(rest), rest)
-    q_ai = jnp.where(edge, zero, _divide(p_hub * q_ia, safe_rest))
+    q_ai = jnp.where(edge, zero, divide(p_hub * q_ia, safe_rest))
     return hub, q_ia, q_ai, edge
 
 

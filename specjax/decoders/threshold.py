@@ -16,6 +16,7 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.numerics import safe_ratio
 
 
 @pytree_dataclass
@@ -78,7 +79,7 @@ class ThresholdVerification(TokenwiseDecoder):
     def laws(self, p, q):
         b = self.acceptance(p, q)
         # P(reject x) / (1 - q(x)), 0 where q(x) = 1 (then b(x) = 1: never rejected).
-        weight = verification._safe_ratio(p * (1 - b), 1 - q, 0)
+        weight = safe_ratio(p * (1 - b), 1 - q, 0)
         total = jnp.sum(weight, axis=-1, keepdims=True)
         law = verification.VerificationLaw(b * p, jnp.maximum(q * (total - weight), 0))
         return law, law

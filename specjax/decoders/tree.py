@@ -71,13 +71,13 @@ from specjax import _checks
 from specjax.decoders import multi_draft
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
-from specjax.decoders.base import matmul_highest
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
-from specjax.decoders.verification import _safe_ratio
 from specjax.decoders.verification import safe_normalize
+from specjax.numerics import matmul_highest
+from specjax.numerics import safe_ratio
 
 CHILDREN = ("iid", "without_replacement", "top_k")
 MAX_TREE_NODES = 2**14  # the largest tree (nodes, root included) a TokenTree accepts
@@ -431,7 +431,7 @@ class TokenTree(CallDecoder):
                 p_t, q_t = p_trans[row, x, tokens], q_trans[row, x, tokens]
                 scale = scales[row, x]
                 mass = jnp.maximum(q_t - scale[:-1] * p_t, 0)
-                ratio = jnp.minimum(_safe_ratio(mass, (scale[1:] - scale[:-1]) * p_t, 1), 1)
+                ratio = jnp.minimum(safe_ratio(mass, (scale[1:] - scale[:-1]) * p_t, 1), 1)
                 hit = present & bernoulli(ratio, u_d[width:2 * width])
             else:
                 tokens, hit = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
@@ -482,7 +482,7 @@ class TokenTree(CallDecoder):
         tokens = jnp.stack(tokens).astype(jnp.int32)
 
         alive, d, r, residual = sibling_tests(self.children, p_row, q_row, tokens, present)
-        hit = first_hit(alive & bernoulli(jnp.minimum(_safe_ratio(r, d, 1), 1),
+        hit = first_hit(alive & bernoulli(jnp.minimum(safe_ratio(r, d, 1), 1),
                                           u_d[width:2 * width]))
         return tokens, alive, hit, residual
 

@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
+from specjax.numerics import divide
+from specjax.numerics import safe_ratio
+from specjax.numerics import tiny
 
 
 class VerificationLaw(NamedTuple):
@@ -40,26 +43,6 @@ class VerificationLaw(NamedTuple):
     rejected: jax.Array  # shape=(..., V)
 
 
-@jax.custom_jvp
-def _divide(num: jax.Array, den: jax.Array) -> jax.Array:
-    """``num / den`` for ``den`` at least the smallest normal float, with the derivative written
-    as ``(d num - (num / den) d den) / den``: the default rule forms ``den ** -2``, which
-    overflows to inf (and then NaN) once ``den`` is below about 1e-19 in float32."""
-    return num / den
-
-
-@_divide.defjvp
-def _divide_jvp(primals, tangents):
-    num, den = primals
-    d_num, d_den = tangents
-    ratio = num / den
-    return ratio, (d_num - ratio * d_den) / den
-
-
-def _tiny(x: jax.Array):
-    return jnp.finfo(jnp.asarray(x).dtype).tiny
-
-
 def safe_normalize(w: jax.Array) -> jax.Array:
     """``w / sum(w)`` over the last axis; all zeros (value and gradient finite) when the sum is 0.
 
@@ -67,18 +50,9 @@ def safe_normalize(w: jax.Array) -> jax.Array:
     and its gradient never overflow.
     """
     total = jnp.sum(w, axis=-1, keepdims=True)
-    positive = total >= _tiny(total)
+    positive = total >= tiny(total)
     safe_total = jnp.where(positive, total, jnp.ones_like(total))
-    return jnp.where(positive, _divide(w, safe_total), jnp.zeros_like(w))
-
-
-def _safe_ratio(num: jax.Array, den: jax.Array, fill) -> jax.Array:
-    """``num / den`` where ``den`` is at least the smallest normal float, ``fill`` elsewhere
-    (``den = 0`` included), with finite values and reverse-mode gradients (forward-mode
-    derivatives can still overflow when ``num / den`` itself is huge)."""
-    positive = den >= _tiny(den)
-    safe_den = jnp.where(positive, den, jnp.ones_like(den))
-    return jnp.where(positive, _divide(num, safe_den), jnp.full_like(num, fill))
+    return jnp.where(positive, divide(w, safe_total), jnp.zeros_like(w))
 
 
 def speculative_residual(p: jax.Array, q: jax.Array) -> jax.Array:
@@ -123,7 +97,7 @@ def acceptance_probability(p: jax.Array, q: jax.Array, *, epsilon) -> jax.Array:
     _checks.check_rows(probabilities={"p": p, "q": q})
     if _checks.is_concrete(epsilon):
         _checks.check_finite_non_negative("epsilon", epsilon)
-    return jnp.minimum(1, _safe_ratio(q + epsilon, p, 1))
+    return jnp.minimum(1, safe_ratio(q + epsilon, p, 1))
 
 
 def optimal_residual(p: jax.Array, q: jax.Array, accept_prob: jax.Array) -> jax.Array:
@@ -226,11 +200,6 @@ def speculative_law(p: jax.Array, q: jax.Array) -> VerificationLaw:
 def scaled_residual(p: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array:
     """``[q - S p]_+``: SD's rejection mass for ``S = 1``, batch SD's root for ``S = S_M``."""
     return jnp.maximum(q - scale * p, 0)
-
-
-def _indicator(x):
-    """``1[x > 0]`` for ``x >= 0`` by arithmetic (XLA CPU vectorises it better than a select)."""
-    return jnp.sign(x)
 
 
 def bonus_law(q: jax.Array) -> VerificationLaw:

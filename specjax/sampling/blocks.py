@@ -124,9 +124,9 @@ def _simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon
         q = jax.vmap(functools.partial(probs_block, target))(target_states, tokens)
         invalid = invalid | jnp.where(_row_flags(p, n, horizon), 1, 0) \
             | jnp.where(_row_flags(q, n, horizon), 2, 0)
-        inputs = given._Inputs(tokens, p.astype(dtype), q.astype(dtype),
+        inputs = given.Inputs(tokens, p.astype(dtype), q.astype(dtype),
                                jnp.full((num_chains,), lookahead, jnp.int32), None)
-        out = given._verify(decoder, inputs, u[:, lookahead:2 * lookahead],
+        out = given.verify_given(decoder, inputs, u[:, lookahead:2 * lookahead],
                             u[:, 2 * lookahead:], no_stop, True)
         kept = out.num_accepted
         emitted = jnp.maximum(out.tokens, 0)  # the padding (-1) lies beyond kept: never written

@@ -27,6 +27,7 @@ import numpy as np
 from specjax import _checks
 from specjax.sampling import sharding as _sharding
 from specjax.decoders.base import CallDecoder
+from specjax.decoders.planning import MAX_COUNTER
 from specjax.sampling import blocks
 from specjax.sampling import decoding
 from specjax.sampling import engine
@@ -37,7 +38,6 @@ from specjax._progress import Progress
 #: position's kernels (see the README's "GPU/TPU readiness"), about 0.5 GB.
 DEFAULT_CHUNK_SIZE = 1 << 20
 DEFAULT_CHUNK_SIZE_ACCELERATOR = 1 << 24
-_MAX_CHAINS = 1 << 32  # chain counters are 32-bit
 TRACE_CHUNK_ELEMENTS = 1 << 24  # tokens per device in a chunk of the engines that keep them
 
 
@@ -251,7 +251,7 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     chunk = _resolve_chunk_size(chunk_size, num_chains, run.sharding, words)
     num_chunks = -(-num_chains // chunk)
     per_chain = decoding.counters_per_chain(run.decoder, run.lookahead, run.batched_scoring)
-    if num_chunks * chunk * per_chain > _MAX_CHAINS:
+    if num_chunks * chunk * per_chain > MAX_COUNTER:
         raise ValueError(f"num_chains ({num_chains}) is too large: chains are numbered with 32 "
                          f"bits, so num_chains rounded up to a multiple of chunk_size ({chunk}) "
                          f"must be at most 2**32" + ("" if per_chain == 1 else

@@ -29,9 +29,9 @@ from jax.sharding import NamedSharding
 from specjax import _checks
 from specjax import _memory
 from specjax.decoders.base import CallDecoder
-from specjax.decoders.base import resolve_run
+from specjax.decoders.planning import MAX_COUNTER
+from specjax.decoders.planning import plan_run
 from specjax.models.autoregressive import with_static_leaves
-from specjax.models.checks import check_horizon
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
 from specjax.decoders.given_drafts import check_given_decoder
@@ -41,8 +41,6 @@ from specjax.sampling import engine
 from specjax.sampling import models
 from specjax.sampling import sharding as _sharding
 from specjax.sampling.engine import DecodingTrace
-
-MAX_COUNTER = 2**32  # chains (and a call-level decoder's uniforms) are numbered with 32 bits
 
 
 class Plan(NamedTuple):
@@ -59,20 +57,6 @@ class Plan(NamedTuple):
     sharding: NamedSharding | None
     stop_tokens: tuple = ()  # sorted ids; the chains end at the first one (engine.stop_trace)
     batched_scoring: bool = False  # protocol models, one target evaluation per call (blocks)
-
-
-def check_supported(decoder, kind: str, what: str) -> None:
-    """Raise ``ValueError`` unless ``decoder`` supports models of ``kind`` for ``what``
-    (``"protocol"``: Monte Carlo; ``"finite_state"``: exact values)."""
-    if kind == "markov" or kind in decoder.model_kinds:
-        return
-    names = {"finite_state": "FiniteStateModels", "protocol": "autoregressive models other "
-             "than MarkovChain"}
-    raise ValueError(
-        f"decoder {type(decoder).__name__} does not support {what} on {names[kind]} (the "
-        f"draft and target given): its "
-        f"{'sampler' if kind == 'protocol' else 'exact law'} is written for MarkovChain models "
-        f"(see the support table in docs/guides/decoders.md)")
 
 
 def check_same_prompt(draft, target) -> None:
@@ -130,15 +114,9 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
     # leaves that are not arrays (an equinox module's functions) travel as static data
     target = with_static_leaves(target)
     draft = target if same else with_static_leaves(draft)
-    draft, kind = resolve_run(decoder, draft, target)
-    horizon = check_horizon(kind, target, horizon)
-    mc_kind = "markov" if kind == "markov" else "protocol"  # finite-state models are protocol
-    check_supported(decoder, mc_kind, "Monte Carlo")
-    _checks.check_static_int("num_chains", num_chains)
+    decoder, draft, target, mc_kind, horizon, lookahead = plan_run(
+        decoder, draft, target, engine="monte_carlo", horizon=horizon, num_chains=num_chains)
     resolved_sharding = _sharding.resolve(sharding, num_chains)
-    lookahead = decoder.resolve_lookahead(horizon)
-    if isinstance(decoder, CallDecoder):
-        decoder = decoder.truncate(lookahead)
     batched_scoring = check_batched_scoring(batched_scoring, decoder, mc_kind, lookahead)
     per_chain = counters_per_chain(decoder, lookahead, batched_scoring)
     if num_chains * per_chain > MAX_COUNTER:
@@ -146,8 +124,6 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
             f"per chain and call)"
         raise ValueError(f"num_chains must be at most {limit}: chains are numbered with 32 bits; "
                          f"got {num_chains}")
-    rows = horizon * target.num_states if mc_kind == "markov" else num_chains
-    decoder.check(target.num_states, rows)
     stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
                 resolved_sharding, stop_tokens, batched_scoring)

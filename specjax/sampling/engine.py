@@ -40,12 +40,12 @@ from jax.extend.random import threefry2x32_p
 
 from specjax.sampling import sharding as _sharding
 
-from specjax.decoders.draws import _next_power_of_two
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import int31
 from specjax.decoders.draws import search
 from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import bonus_law
+from specjax.numerics import next_power_of_two
 
 ROOT, VERIFY, BONUS = 0, 1, 2  # row kinds of the per-position law table
 ALL_KINDS = (ROOT, VERIFY, BONUS)
@@ -193,7 +193,7 @@ def row_kinds(decoder, lookahead: int, horizon: int) -> tuple:
 
 def table_width(num_states: int) -> int:
     """``W'``: the thresholds of one ``2V`` (accepted | rejected) row, padded to a power of two."""
-    return _next_power_of_two(2 * num_states)
+    return next_power_of_two(2 * num_states)
 
 
 def table_plan(decoder, num_states: int, horizon: int, lookahead: int) -> TablePlan:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decoders.base import CallLaw
+from specjax.numerics import HIGHEST
 from specjax.theory.recursion import ExactDecoding
 
 def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
@@ -71,7 +72,7 @@ def next_state_table(decoder, lookahead: int):
 
 def _position(decoder, n) -> dict:
     """The call's position for a decoder whose law depends on it (``uses_position``)."""
-    return {"position": n} if getattr(decoder, "uses_position", False) else {}
+    return {"position": n} if decoder.uses_position else {}
 
 
 def _call_rows(draft, target, n, lookahead: int):
@@ -139,7 +140,7 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
             laws, drafts = jax.vmap(one_state)(starts[0], jnp.arange(num_call_states))
             ends = laws.rejected + laws.bonus  # (S, K + 1, V)
             new_starts = new_starts + jnp.einsum("siv,sit->itv", ends, moves,
-                                                 precision=jax.lax.Precision.HIGHEST)
+                                                 precision=HIGHEST)
             law = CallLaw(*(jnp.sum(x, axis=0) for x in laws))
             drafted = jnp.sum(drafts, axis=0)
         kept = jnp.pad(law.kept, ((0, 1), (0, 0)))  # positions n .. n + K

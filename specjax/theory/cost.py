@@ -44,9 +44,10 @@ import numpy as np
 
 from specjax import _checks
 from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
-from specjax.decoders.verification import _safe_ratio
-from specjax.theory.values import _plan_exact
+from specjax.decoders.planning import plan_run
+from specjax.numerics import safe_ratio
 from specjax.theory.values import exact
 
 
@@ -225,8 +226,9 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
     """
     check_decoder(decoder)
     _check_cost(cost)
-    decoder, draft, _, num_positions, lookahead = _plan_exact(decoder, draft, target, horizon)
-    if hasattr(decoder, "drafted_call_law_from"):  # a random draft length: its law by position
+    decoder, draft, target, _, num_positions, lookahead = plan_run(
+        decoder, draft, target, engine="exact", horizon=horizon)
+    if isinstance(decoder, CallDecoder) and decoder.has_drafted_call_law:  # a random length
         weights, new_call = drafted_law(decoder, draft, target, lookahead)
         passes, scored = depth_works(decoder, lookahead)
     else:  # a call at n does call_work(min(K, T - n + 1))
@@ -244,7 +246,7 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
     expected_time = total(times)
     ar_time = jnp.asarray(num_positions * (cost.target_time(1) + cost.call_overhead), dtype)
     call_time = (jnp.asarray(times, dtype) if weights is None else
-                 _safe_ratio(weights @ jnp.asarray(times, dtype), new_call, 0))
+                 safe_ratio(weights @ jnp.asarray(times, dtype), new_call, 0))
     return DecodingTime(
         expected_time=expected_time,
         autoregressive_time=ar_time,

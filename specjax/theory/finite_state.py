@@ -16,15 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoders import verification
+from specjax.numerics import matmul_highest
 from specjax.theory.recursion import ExactDecoding
 from specjax.theory.recursion import keep_live
 from specjax.theory.recursion import stopping
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _vecmat(x, a):
-    return jnp.dot(x, a, precision=_HIGHEST)
 
 
 @functools.partial(jax.jit, static_argnames=("horizon", "lookahead"))
@@ -63,12 +58,12 @@ def forward_finite_state(decoder, draft, target, *, horizon, lookahead, stop=Non
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def step(pi, _):
         if one_phase:  # pi: (S,)
-            rejected = _vecmat(pi, root.rejected)
-            return push(outer(pi, root_total)), (rejected, _vecmat(pi, root_total), jnp.sum(pi),
-                                                 None)
+            rejected = matmul_highest(pi, root.rejected)
+            return push(outer(pi, root_total)), (rejected, matmul_highest(pi, root_total),
+                                                 jnp.sum(pi), None)
         if in_call_only:  # pi: (2, S) = (root, in-call)
-            rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
-            token = _vecmat(pi[0], root_total) + _vecmat(pi[1], verify_total)
+            rejected = matmul_highest(pi[0], root.rejected) + matmul_highest(pi[1], verify.rejected)
+            token = matmul_highest(pi[0], root_total) + matmul_highest(pi[1], verify_total)
             new_pi = push(jnp.stack([
                 outer(pi[0], root.rejected) + outer(pi[1], verify.rejected),
                 outer(pi[0], root.accepted) + outer(pi[1], verify.accepted),
@@ -77,8 +72,9 @@ def forward_finite_state(decoder, draft, target, *, horizon, lookahead, stop=Non
         # pi: (K + 1, S): root, K - 1 in-call phases, bonus.
         inside = jnp.sum(pi[1:lookahead], axis=0)
         bonus = pi[lookahead]
-        rejected = _vecmat(pi[0], root.rejected) + _vecmat(inside, verify.rejected)
-        token = _vecmat(pi[0], root_total) + _vecmat(inside, verify_total) + _vecmat(bonus, q)
+        rejected = matmul_highest(pi[0], root.rejected) + matmul_highest(inside, verify.rejected)
+        token = (matmul_highest(pi[0], root_total) + matmul_highest(inside, verify_total)
+                 + matmul_highest(bonus, q))
         new_pi = push(jnp.concatenate([
             (outer(pi[0], root.rejected) + outer(inside, verify.rejected)
              + outer(bonus, q))[None],

@@ -14,11 +14,12 @@ from specjax.decoders import verification as _verify
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_decoder
 from specjax.decoders.biased import BiasedSpeculative
+from specjax.decoders.planning import plan_run
 from specjax.decoders.rejection import RejectionRule
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
 from specjax.models.markov import check_pair
-
+from specjax.numerics import matmul_highest
 
 
 def marginals(model: MarkovChain) -> jax.Array:
@@ -26,7 +27,7 @@ def marginals(model: MarkovChain) -> jax.Array:
     check_chain("model", model)
 
     def step(mu, trans_n):
-        mu = jnp.dot(mu, trans_n, precision=jax.lax.Precision.HIGHEST)
+        mu = matmul_highest(mu, trans_n)
         return mu, mu
 
     _, mus = jax.lax.scan(step, model.init, model.trans)
@@ -77,11 +78,8 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
             f"output_chain needs a token-wise decoder with one law per position and lookahead "
             f"None (K = T), got {decoder!r}: its output is not a Markov chain in the tokens; "
             f"use specjax.exact(decoder, draft, target).marginals")
-    if hasattr(decoder, "validate"):
-        decoder.validate()
     check_pair(draft, target)
-    if all(_checks.is_concrete(x) for x in (draft.trans, target.trans)):
-        decoder.probe(draft, target, "markov")
+    decoder, draft, target, *_ = plan_run(decoder, draft, target, engine="exact")
     law, _ = decoder.laws(draft.trans, target.trans)
     trans = law.accepted + law.rejected
     if _checks.is_concrete(trans):

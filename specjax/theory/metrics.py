@@ -30,13 +30,13 @@ import jax.numpy as jnp
 
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
-from specjax.decoders.verification import _safe_ratio
+from specjax.decoders.planning import plan_run
 from specjax.models.markov import MarkovChain
+from specjax.numerics import safe_ratio
 from specjax.theory import calls
 from specjax.theory import recursion
 from specjax.theory.cost import call_works
 from specjax.theory.cost import depth_works
-from specjax.theory.values import _plan_exact
 from specjax.theory.values import exact
 
 
@@ -92,13 +92,14 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
     if not isinstance(target, MarkovChain) or not isinstance(draft, (MarkovChain, type(None))):
         raise ValueError(f"engine_metrics needs MarkovChain models, got {type(draft).__name__} "
                          f"and {type(target).__name__}")
-    decoder, draft, _, horizon, lookahead = _plan_exact(decoder, draft, target, None)
+    decoder, draft, target, _, horizon, lookahead = plan_run(
+        decoder, draft, target, engine="exact")
     _, scored = call_works(decoder, horizon, lookahead)
     drafted = []  # for a random draft length (adaptive): [(T, K + 1)], the number drafted
     if isinstance(decoder, CallDecoder):
         result, depths, *drafted = calls.forward_calls(
             decoder, draft, target, lookahead=lookahead, with_depths=True,
-            with_drafted=hasattr(decoder, "drafted_call_law_from"))
+            with_drafted=decoder.has_drafted_call_law)
         new_call = result.new_call
     else:
         new_call = exact(decoder, draft, target).new_call
@@ -119,6 +120,6 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
         expected_drafted=expected_drafted,
         accepted_at=accepted_at,
         acceptance_per_position=accepted_at / expected_calls,
-        conditional_acceptance=_safe_ratio(accepted_at, reached, 0),
+        conditional_acceptance=safe_ratio(accepted_at, reached, 0),
         mean_acceptance_length=1 + accepted / expected_calls,
-        draft_acceptance_rate=_safe_ratio(accepted, expected_drafted, 0))
+        draft_acceptance_rate=safe_ratio(accepted, expected_drafted, 0))

@@ -30,9 +30,8 @@ import jax.numpy as jnp
 
 from specjax import _memory
 from specjax.decoders import verification as _verify
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
+from specjax.numerics import matmul_highest
+from specjax.numerics import safe_ratio
 
 class ExactDecoding(NamedTuple):
     """Exact per-position statistics of a decoder (expected values, no sampling).
@@ -73,7 +72,7 @@ class ExactDecoding(NamedTuple):
         Where no draft is ever verified (``verified == 0``: a certain bonus token, or
         autoregressive decoding) nothing is rejected and the rate is 1 by convention; values and
         gradients stay finite."""
-        return 1 - _verify._safe_ratio(self.rejection_rate, self.verified, 0)
+        return 1 - safe_ratio(self.rejection_rate, self.verified, 0)
 
     @property
     def expected_rejections(self) -> jax.Array:
@@ -94,10 +93,6 @@ class ExactDecoding(NamedTuple):
                             self.new_call.dtype)
         return jnp.sum(self.emitted, axis=-1)
 
-
-def _vecmat(x, a):
-    """``x @ a`` at full precision (no TF32/bfloat16 passes on accelerators)."""
-    return jnp.dot(x, a, precision=_HIGHEST)
 
 
 def forward_bytes(num_states: int, horizon: int, lookahead: int, dtype_bytes: int = 4) -> int:
@@ -181,7 +176,7 @@ def stopping(step, stop):
 def _autoregressive(init, q, stop=None) -> ExactDecoding:
     """Every position is one call and the target's own draw: nothing is verified or rejected."""
     def step(mu, q_n):
-        mu = _vecmat(mu, q_n)
+        mu = matmul_highest(mu, q_n)
         return mu, (None, mu)
 
     step = functools.partial(stopping(step, stop), mask=lambda mu: keep_live(mu, stop))
@@ -221,14 +216,14 @@ def _unbiased_forward(init, p, q, decoder) -> ExactDecoding:
     def step(pi, inputs):
         p_n, q_n = inputs
         if one_phase:
-            rejected = _vecmat(pi, _verify.scaled_residual(p_n, q_n, 1))
-            total = _vecmat(pi, q_n)
+            rejected = matmul_highest(pi, _verify.scaled_residual(p_n, q_n, 1))
+            total = matmul_highest(pi, q_n)
             return total, (rejected, total)
         root, inside = pi[0], pi[1]
         scale = decoder.root_scale(p_n, q_n)
-        rejected = (_vecmat(root, _verify.scaled_residual(p_n, q_n, scale))
-                    + _vecmat(inside, _verify.scaled_residual(p_n, q_n, 1)))
-        total = _vecmat(root + inside, q_n)
+        rejected = (matmul_highest(root, _verify.scaled_residual(p_n, q_n, scale))
+                    + matmul_highest(inside, _verify.scaled_residual(p_n, q_n, 1)))
+        total = matmul_highest(root + inside, q_n)
         return jnp.stack([rejected, total - rejected]), (rejected, total)
 
     pi0 = init if one_phase else jnp.stack([init, jnp.zeros_like(init)])
@@ -242,12 +237,13 @@ def _phased_step(pi, root, verify, q_n, lookahead: int):
     bonus (phase ``K``). Returns the next ``pi`` (phase ``i >= 1``: the ``i``-th draft of a call
     was just accepted) and the rejected mass."""
     inside = pi[1:lookahead]
-    rejected = _vecmat(pi[0], root.rejected) + _vecmat(jnp.sum(inside, 0), verify.rejected)
-    bonus = _vecmat(pi[lookahead], q_n)
+    rejected = (matmul_highest(pi[0], root.rejected)
+                + matmul_highest(jnp.sum(inside, 0), verify.rejected))
+    bonus = matmul_highest(pi[lookahead], q_n)
     new_pi = jnp.concatenate([
         (rejected + bonus)[None],
-        _vecmat(pi[0], root.accepted)[None],
-        _vecmat(inside, verify.accepted),
+        matmul_highest(pi[0], root.accepted)[None],
+        matmul_highest(inside, verify.accepted),
     ])
     return new_pi, rejected
 
@@ -288,12 +284,12 @@ def _general_forward(init, p, q, decoder, lookahead: int, stop=None) -> ExactDec
         n, p_n, q_n = pq
         root, verify = step_laws(n, p_n, q_n)
         if one_phase:  # pi: (V,), every position is verified the same way
-            rejected = _vecmat(pi, root.rejected)
-            new_pi = rejected + _vecmat(pi, root.accepted)
+            rejected = matmul_highest(pi, root.rejected)
+            new_pi = rejected + matmul_highest(pi, root.accepted)
             return new_pi, (rejected, new_pi, pi[:0], None)
         if in_call_only:  # pi: (2, V) = (root, in-call)
-            rejected = _vecmat(pi[0], root.rejected) + _vecmat(pi[1], verify.rejected)
-            accepted = _vecmat(pi[0], root.accepted) + _vecmat(pi[1], verify.accepted)
+            rejected = matmul_highest(pi[0], root.rejected) + matmul_highest(pi[1], verify.rejected)
+            accepted = matmul_highest(pi[0], root.accepted) + matmul_highest(pi[1], verify.accepted)
             return jnp.stack([rejected, accepted]), (rejected, rejected + accepted, pi[0], None)
         new_pi, rejected = _phased_step(pi, root, verify, q_n, lookahead)
         return new_pi, (rejected, jnp.sum(new_pi, 0), pi[0],

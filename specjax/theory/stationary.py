@@ -46,16 +46,14 @@ from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
-from specjax.decoders.base import resolve_run
+from specjax.decoders.planning import plan_run
 from specjax.models.markov import MarkovChain
+from specjax.numerics import HIGHEST
 from specjax.theory import adaptive as _adaptive
 from specjax.theory.calls import law_from_rows
 from specjax.theory.calls import next_state_table
 from specjax.theory.cost import _check_cost
 from specjax.theory.cost import depth_works
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
 
 class StationaryRate(NamedTuple):
     """The long-run behaviour of a call-level decoder on a stationary chain
@@ -143,7 +141,7 @@ def _call_kernel(decoder, p, q, times, *, depth: int):
     num_call_states = decoder.num_call_states
     p_rows, q_rows = _call_rows(p, q, depth)
     moves = jnp.asarray(next_state_table(decoder, depth), q.dtype)  # (S, K + 1, S)
-    random_length = hasattr(decoder, "drafted_call_law_from")
+    random_length = decoder.has_drafted_call_law
 
     def one(state, a):
         start = jax.nn.one_hot(a, num_states, dtype=q.dtype)
@@ -152,11 +150,11 @@ def _call_kernel(decoder, p, q, times, *, depth: int):
                             with_drafted=random_length)
         if random_length:
             law, drafted = out
-            time = jnp.dot(drafted, times, precision=_HIGHEST)
+            time = jnp.dot(drafted, times, precision=HIGHEST)
         else:
             law, time = out, times[depth]
         ends = law.rejected + law.bonus  # (K + 1, V): i drafts kept, then the last token
-        row = jnp.einsum("iv,it->tv", ends, moves[state], precision=_HIGHEST)
+        row = jnp.einsum("iv,it->tv", ends, moves[state], precision=HIGHEST)
         tokens = jnp.arange(1, depth + 2, dtype=q.dtype)
         return row.reshape(-1), jnp.dot(tokens, jnp.sum(ends, axis=-1)), time
 
@@ -226,8 +224,8 @@ def _evaluate(decoder, p, q, times, depth: int, argument: str):
 
 def _check_stationary_policy(decoder) -> None:
     """A threshold table must not depend on the position: the long run has none."""
-    policy = getattr(decoder, "policy", None)
-    if isinstance(policy, ThresholdTable) and not _same_at_every_position(policy.thresholds):
+    if isinstance(decoder, AdaptiveSpeculative) and isinstance(decoder.policy, ThresholdTable) \
+            and not _same_at_every_position(decoder.policy.thresholds):
         raise ValueError("decoder: its ThresholdTable's rows differ from position to position, "
                          "and the long run has no position; give the same row at every "
                          "position")
@@ -290,15 +288,13 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
         raise ValueError(f"decoder must be a call-level decoder for stationary_rate, got "
                          f"{type(decoder).__name__} (for SD with lookahead K use "
                          f"AdaptiveSpeculative(FixedLength(K), max_lookahead=K))")
-    resolve_run(decoder, draft, target)  # the decoder's settings, the models' values
+    decoder, draft, target, *_ = plan_run(decoder, draft, target, engine="exact")
     _check_cost(cost)
     _adaptive.check_chains(draft, target)
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     depth = decoder.lookahead
     _check_depth("decoder", depth, target.horizon)
     _check_stationary_policy(decoder)
-    if hasattr(decoder, "check_exact"):
-        decoder.check_exact(q.shape[-1], target.horizon)
     dtype = q.dtype
     times = _work_times(decoder, depth, cost, dtype)
     argument = "decoder" if decoder.num_call_states > 1 else "target"

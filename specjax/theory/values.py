@@ -32,13 +32,13 @@ import jax.numpy as jnp
 
 from specjax import _checks
 from specjax.decoders.base import CallDecoder
-from specjax.decoders.base import resolve_run
-from specjax.models.checks import check_horizon
+from specjax.decoders.planning import plan_run
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.speculative import Speculative
 from specjax.models.markov import MarkovChain
+from specjax.numerics import matmul_highest
 from specjax.theory import calls
 from specjax.theory import recursion
 from specjax.theory.finite_state import forward_finite_state
@@ -49,28 +49,6 @@ from specjax.theory.recursion import ExactDecoding
 def _forward(decoder, draft, target, *, lookahead, stop_tokens=()):
     stop = _checks.stop_mask(stop_tokens, target.num_states, target.init.dtype)
     return recursion.forward(target.init, draft.trans, target.trans, decoder, lookahead, stop)
-
-
-def _plan_exact(decoder, draft, target, horizon):
-    """Validates an exact computation; returns ``(decoder, draft, kind, T, K)``."""
-    draft, kind = resolve_run(decoder, draft, target)
-    if kind == "protocol":
-        raise ValueError(
-            "draft and target must both be MarkovChains, or both FiniteStateModels on one state "
-            "space (exact quantities need a finite state space: lift n-grams with "
-            f"as_finite_state), got {type(draft).__name__} and {type(target).__name__}")
-    if kind == "finite_state" and "finite_state" not in decoder.model_kinds:
-        raise ValueError(f"{type(decoder).__name__} has no exact values on FiniteStateModels: "
-                         "its call law is written for MarkovChain models (see the support "
-                         "table in docs/guides/decoders.md)")
-    horizon = check_horizon(kind, target, horizon)
-    lookahead = decoder.resolve_lookahead(horizon)
-    if isinstance(decoder, CallDecoder):
-        decoder.check_exact(target.num_states, horizon)
-    else:
-        rows = horizon * target.num_states if kind == "markov" else target.num_contexts
-        decoder.check(target.num_states, rows)
-    return decoder, draft, kind, horizon, lookahead
 
 
 def exact(decoder, draft, target, *, horizon: int | None = None,
@@ -109,7 +87,8 @@ def exact(decoder, draft, target, *, horizon: int | None = None,
     References:
       Theorems 1 and 3 (``E[N_rej]`` as a sum of per-position rejection masses).
     """
-    decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, horizon)
+    decoder, draft, target, kind, horizon, lookahead = plan_run(decoder, draft, target,
+                                                                engine="exact", horizon=horizon)
     stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     if isinstance(decoder, CallDecoder):
         if stop_tokens:
@@ -142,7 +121,7 @@ def _tokenwise_accepted_length(decoder, draft, target, *, position, lookahead):
         return total
 
     def step(reach, accepted):
-        reach = jnp.dot(reach, accepted, precision=jax.lax.Precision.HIGHEST)
+        reach = matmul_highest(reach, accepted)
         return reach, jnp.sum(reach, axis=-1)
 
     _, more = jax.lax.scan(step, reach, verify.accepted[1:])
@@ -176,7 +155,8 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
         if not isinstance(model, MarkovChain) and (model is not None or name == "target"):
             raise ValueError(f"{name} must be a MarkovChain for accepted_length (one value per "
                              f"previous token), got {type(model).__name__}")
-    decoder, draft, kind, horizon, lookahead = _plan_exact(decoder, draft, target, None)
+    decoder, draft, target, kind, horizon, lookahead = plan_run(decoder, draft, target,
+                                                                engine="exact")
     _checks.check_position(position, horizon)
     if lookahead == 0:
         return jnp.zeros((target.num_states,), target.dtype)

@@ -30,9 +30,10 @@ import jax.numpy as jnp
 
 from specjax import _checks
 from specjax import _memory
-from specjax.decoders import verification as _verify
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
+from specjax.numerics import HIGHEST
+from specjax.numerics import tiny
 from specjax.theory.laws import marginals
 
 
@@ -47,7 +48,7 @@ def _uniform_init(num_states, dtype):
 def _logits_of(probs):
     """Finite logits of probabilities: ``log(max(probs, tiny))`` (a zero becomes about -87 in
     float32, -708 in float64: a probability that underflows to 0 under the softmax)."""
-    return jnp.log(jnp.maximum(probs, _verify._tiny(probs)))
+    return jnp.log(jnp.maximum(probs, tiny(probs)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _stationary_fit(target, horizon):
     weights = jnp.where(reached, weights, 1.0)
     total = jnp.where(reached, total, float(horizon))
     return jnp.einsum("na,nab->ab", weights, target.trans,
-                      precision=jax.lax.Precision.HIGHEST) / total[:, None]
+                      precision=HIGHEST) / total[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +241,7 @@ class LowRankDraft(DraftFamily):
         return {"u": u, "w": vt, "bias": bias}
 
     def transitions(self, params):
-        logits = jnp.dot(params["u"], params["w"], precision=jax.lax.Precision.HIGHEST)
+        logits = jnp.dot(params["u"], params["w"], precision=HIGHEST)
         logits = logits + params["bias"][None, :]
         return jnp.broadcast_to(logits, (self.horizon,) + logits.shape)
 

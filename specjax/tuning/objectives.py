@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from specjax import _checks
 from specjax.decoders import verification as _verify
+from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_decoder
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.biased import BiasedSpeculative
@@ -54,15 +55,18 @@ class Objective:
 
     @property
     def num_drafts(self):
-        return getattr(self.decoder, "num_drafts", None)
+        """``M`` of a token-wise decoder; ``None`` for a call-level one or ``"kl"``."""
+        return self.decoder.num_drafts if isinstance(self.decoder, TokenwiseDecoder) else None
 
     @property
     def lookahead(self):
-        return getattr(self.decoder, "lookahead", None)
+        """The decoder's ``lookahead`` (``None``: ``K = T``, and for ``"kl"``)."""
+        return None if self.decoder is None else self.decoder.lookahead
 
     @property
     def epsilon(self):
-        return getattr(self.decoder, "epsilon", 0.0)
+        """Biased SD's ``epsilon`` (0 for the other decoders)."""
+        return self.decoder.epsilon if isinstance(self.decoder, BiasedSpeculative) else 0.0
 
     @property
     def label(self) -> str:
@@ -121,7 +125,8 @@ def objective(decoder, quantity: str = "rejections", *, weight: float = 1.0) -> 
     if quantity not in QUANTITIES[:3]:
         raise ValueError(f"quantity must be one of {QUANTITIES[:3]} (kl_divergence() for the "
                          f"KL), got {quantity!r}")
-    if quantity == "tradeoff" and not hasattr(decoder, "acceptance"):
+    if quantity == "tradeoff" and not (isinstance(decoder, TokenwiseDecoder)
+                                       and decoder.has_acceptance):
         raise ValueError(f"quantity 'tradeoff' needs a decoder with acceptance probabilities "
                          f"(acceptance(p, q)), got {decoder!r}")
     weight = _checks.check_finite_non_negative("weight", weight)
