@@ -309,4 +309,4 @@ def test_label_and_pytree():
     assert decoder.label == "Gumbel list coupling, M = 3, K = 2"
     assert GumbelList(2).label == "Gumbel list coupling, M = 2"
     assert jax.tree_util.tree_leaves(decoder) == []
-    assert not decoder.same_root and decoder.kind == "tokenwise"
+    assert not decoder.same_root and isinstance(decoder, specjax.TokenwiseDecoder)

@@ -345,4 +345,4 @@ def test_label_and_pytree():
     assert decoder.label == "importance-weighted, M = 3, K = 2"
     assert ImportanceWeighted(2).label == "importance-weighted, M = 2"
     assert jax.tree_util.tree_leaves(decoder) == []
-    assert not decoder.same_root and decoder.kind == "tokenwise"
+    assert not decoder.same_root and isinstance(decoder, specjax.TokenwiseDecoder)

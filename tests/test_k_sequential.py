@@ -259,4 +259,4 @@ def test_label_and_pytree():
     assert decoder.label == "k-sequential, M = 3, K = 2"
     assert KSequential(2).label == "k-sequential, M = 2"
     assert jax.tree_util.tree_leaves(decoder) == []
-    assert not decoder.same_root and decoder.kind == "tokenwise"
+    assert not decoder.same_root and isinstance(decoder, specjax.TokenwiseDecoder)

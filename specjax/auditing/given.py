@@ -73,8 +73,8 @@ from specjax.decoders.given_drafts import Verified
 from specjax.decoders.given_drafts import Inputs
 from specjax.decoders.given_drafts import accept_test
 from specjax.decoders.given_drafts import block_rows
-from specjax.decoders.given_drafts import residual_rows
 from specjax.decoders.given_drafts import drafted_rows
+from specjax.decoders.given_drafts import residual_rows
 from specjax.decoders.given_drafts import verify_given
 from specjax.decoders.given_drafts import check_given_decoder
 from specjax.decoders.block import BlockVerification
@@ -396,8 +396,8 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     num_requests, lookahead = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (lookahead, lookahead + 1),
                            inputs.batched, inputs.target_probs.dtype)
-    return _unbatch(verify_given(decoder, inputs._replace(batched=None), u, v, stop, with_bonus),
-                    inputs.batched)
+    out = verify_given(decoder, inputs._replace(batched=None), u, v, stop, with_bonus)
+    return _unbatch(out, inputs.batched)
 
 
 def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,

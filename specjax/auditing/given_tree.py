@@ -66,7 +66,7 @@ from specjax.auditing.given import _unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
 from specjax.auditing.given import computation_arrays
-from specjax.decoders.base import check_decoder
+from specjax.decoders.planning import resolve_decoder
 from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
@@ -122,7 +122,7 @@ class TreeLaw(NamedTuple):
 def tree_of(decoder) -> TokenTree:
     """The ``TokenTree`` whose call ``decoder`` verifies (``BatchSpeculative(M, lookahead=K)``:
     ``(M, 1, ..., 1)``), or a ``ValueError`` naming what is supported."""
-    check_decoder(decoder)
+    resolve_decoder(decoder)
     if isinstance(decoder, TokenTree):
         return decoder
     if isinstance(decoder, BatchSpeculative) and decoder.lookahead is not None \

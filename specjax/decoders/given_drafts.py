@@ -118,7 +118,7 @@ def verify_given(decoder, inputs: Inputs, u, v, stop, with_bonus) -> Verified:
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
     if isinstance(decoder, BlockVerification):
-        return verify_block(inputs, u, v, stop, with_bonus)
+        return _verify_block(inputs, u, v, stop, with_bonus)
     if lookahead:
         p, q_drafted = drafted_rows(inputs)
         law = decoder.laws(p, q_drafted)[1]
@@ -128,7 +128,7 @@ def verify_given(decoder, inputs: Inputs, u, v, stop, with_bonus) -> Verified:
         num_accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)
         at = jnp.minimum(num_accepted, lookahead - 1)
         rejected = residual_rows(decoder, p[rows, at], q_drafted[rows, at],
-                                  tokens[rows, at], law.rejected[rows, at])
+                                 tokens[rows, at], law.rejected[rows, at])
     else:
         num_accepted = jnp.zeros((num_requests,), jnp.int32)
         rejected = q[:, 0]
@@ -157,7 +157,7 @@ def block_rows(inputs: Inputs):
     return h, jnp.where(bonus_row[..., None], q, rows)
 
 
-def verify_block(inputs: Inputs, u, v, stop, with_bonus) -> Verified:
+def _verify_block(inputs: Inputs, u, v, stop, with_bonus) -> Verified:
     """Block verification of given drafts: level ``i`` (``1..K_b``) is kept iff
     ``u_{i-1} < h_i``; ``tau`` is the largest kept level (the backward pass), the last token
     the inverse CDF of ``r_tau`` (or of ``q_{K_b}`` at ``tau = K_b``) at ``v_tau``."""
