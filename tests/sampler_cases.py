@@ -37,7 +37,7 @@ CASES = {
     "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
     "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
     "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
-    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
+    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
                                                                max_lookahead=3),
     "HF schedule from 1, K<=3": specjax.HeuristicSchedule(1, max_lookahead=3),
 }

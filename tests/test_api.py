@@ -206,11 +206,11 @@ def test_values_of_different_classes_never_share_a_structure():
     to the other. (jaxlib 0.10.2's register_dataclass nodes compare equal across classes; a
     threshold sweep of ConfidenceThreshold once ran RejectionThreshold's program.)"""
     same_layout = [
-        (specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=3),
-         specjax.AdaptiveSpeculative(specjax.ConfidenceThreshold(0.3), max_lookahead=3),
-         specjax.AdaptiveSpeculative(specjax.EntropyThreshold(0.3), max_lookahead=3)),
+        (specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3), max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.decoders.ConfidenceThreshold(0.3), max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.decoders.EntropyThreshold(0.3), max_lookahead=3)),
         (specjax.KSequential(2), specjax.ImportanceWeighted(2), specjax.GumbelList(2)),
-        (specjax.RejectionThreshold(0.3), specjax.ConfidenceThreshold(0.3)),
+        (specjax.decoders.RejectionThreshold(0.3), specjax.decoders.ConfidenceThreshold(0.3)),
     ]
     for group in same_layout:
         for i, a in enumerate(group):

@@ -211,14 +211,14 @@ jax.tree_util.register_pytree_node(_LogitsOnly, lambda m: ((m.model,), None),
 
 def test_a_logits_model_scores_its_block_through_its_softmax():
     draft, target = _lifted_pair(6)
-    wrapped = specjax.ProcessedModel(model=_LogitsOnly(target))
+    wrapped = specjax.models.ProcessedModel(model=_LogitsOnly(target))
     state = target.update(target.init_state(), 1)
     drafts = jnp.array([0, 2, 2], jnp.int32)
     np.testing.assert_allclose(wrapped.probs_block(state, drafts),
                                models.autoregressive.probs_block(target, state, drafts),
                                atol=1e-6)
     # temperature: the block's rows are the processed rows, position by position
-    hot = specjax.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
+    hot = specjax.models.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
     rows = hot.probs_block(state, drafts)
     s = state
     for j in range(3):

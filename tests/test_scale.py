@@ -254,7 +254,7 @@ def test_exact_acceptance_rate_against_enumeration(x64, lookahead):
     law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, draft, target, lookahead))
     rejected, verified = enumerated_per_position(law, 4, lookahead)
     d, t = (specjax.MarkovChain(jnp.asarray(a), jnp.asarray(b)) for a, b in (draft, target))
-    exact = specjax.exact_speculative_decoding(d, t, lookahead=lookahead)
+    exact = specjax.exact(specjax.Speculative(lookahead), d, t)
     np.testing.assert_allclose(exact.rejection_rate, rejected, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(exact.verified, verified, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(exact.acceptance_rate, 1 - rejected / verified, rtol=1e-9)
@@ -268,7 +268,7 @@ def test_exact_acceptance_rate_biased_against_enumeration(x64):
         lookahead=2))
     rejected, verified = enumerated_per_position(law, 4, 2)
     d, t = (specjax.MarkovChain(jnp.asarray(a), jnp.asarray(b)) for a, b in (draft, target))
-    exact = specjax.exact_biased_speculative_decoding(d, t, epsilon=eps, lookahead=2)
+    exact = specjax.exact(specjax.BiasedSpeculative(eps, lookahead=2), d, t)
     np.testing.assert_allclose(exact.rejection_rate, rejected, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(exact.verified, verified, rtol=1e-9, atol=1e-12)
 
@@ -279,7 +279,7 @@ def test_exact_acceptance_rate_theorem_1_form(x64):
     marg = specjax.marginals(target)
     tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
     expected = 1 - jnp.einsum("nv,nv->n", marg[:-1], tv)
-    exact = specjax.exact_speculative_decoding(draft, target)
+    exact = specjax.exact(specjax.Speculative(), draft, target)
     np.testing.assert_allclose(exact.acceptance_rate, expected, rtol=1e-12)
     np.testing.assert_array_equal(exact.verified, 1)
 
@@ -288,7 +288,7 @@ def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
     """``p = q`` with ``K = 2``: every third position is a certain bonus token (verified = 0);
     the rate is 1 there by convention, and gradients are finite everywhere (edge rows too)."""
     _, target = specjax.paper_instance(horizon=9)
-    exact = specjax.exact_speculative_decoding(target, target, lookahead=2)
+    exact = specjax.exact(specjax.Speculative(2), target, target)
     np.testing.assert_allclose(exact.verified, [1, 1, 0] * 3, atol=1e-6)
     np.testing.assert_array_equal(exact.acceptance_rate, 1)
     draft_pair, target_pair = edge_pair()
@@ -297,7 +297,7 @@ def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
             d = specjax.MarkovChain.from_logits(jnp.zeros(4), logits)
             t = specjax.MarkovChain(jnp.asarray(target_pair[0], jnp.float32),
                                     jnp.asarray(target_pair[1], jnp.float32))
-            return jnp.sum(specjax.exact_speculative_decoding(d, t, lookahead=lookahead)
+            return jnp.sum(specjax.exact(specjax.Speculative(lookahead), d, t)
                            .acceptance_rate)
         logits = jnp.log(jnp.asarray(draft_pair[1], jnp.float32))
         value, grad = jax.value_and_grad(total)(logits)

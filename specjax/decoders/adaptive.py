@@ -306,7 +306,7 @@ class AdaptiveSpeculative(CallDecoder):
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> spec = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=4)
+      >>> spec = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3), max_lookahead=4)
       >>> round(float(specjax.exact(spec, draft, target).expected_calls), 3)
       30.141
 
