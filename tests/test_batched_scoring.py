@@ -63,9 +63,9 @@ def test_monte_carlo_fits_the_exact_values_per_position(decoder):
     assert_mean(stats.num_calls, calls, "calls")
     assert_mean(stats.num_rejections, rejections, "rejections")
     for name, counts, probs in (
-            ("rejections at", stats.rejections_at, np.asarray(exact.rejected).sum(-1)),
-            ("calls at", stats.calls_at, np.asarray(exact.new_call)),
-            ("verified at", stats.verified_at, np.asarray(exact.verified))):
+            ("rejections at", stats.rejected, np.asarray(exact.rejected).sum(-1)),
+            ("calls at", stats.new_call, np.asarray(exact.new_call)),
+            ("verified at", stats.verified, np.asarray(exact.verified))):
         for pos in range(T):  # a Bernoulli mean per position
             flags = np.zeros(n)
             flags[:counts[pos]] = 1
@@ -238,7 +238,7 @@ def test_chunks_and_stop_tokens_keep_the_tokens():
                                         chunk_size=1000, batched_scoring=True)
     np.testing.assert_array_equal(stats.num_calls, trace.num_calls)
     np.testing.assert_array_equal(stats.num_rejections, trace.num_rejections)
-    np.testing.assert_array_equal(stats.calls_at, np.asarray(trace.new_call).sum(0))
+    np.testing.assert_array_equal(stats.new_call, np.asarray(trace.new_call).sum(0))
     cut = specjax.decode(key, decoder, draft, target, 3000, horizon=T, batched_scoring=True,
                          stop_tokens=1)
     tokens = np.asarray(trace.tokens)

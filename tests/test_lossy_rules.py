@@ -243,4 +243,4 @@ def test_every_entry_point_and_model_kind_runs():
                            (ngram, dict(horizon=4))):
             assert specjax.decode(key, rule, *models, 8, **kw).tokens.shape[0] == 8
             stats_ = specjax.decoding_statistics(key, rule, *models, 8, chunk_size=4, **kw)
-            assert np.isfinite(np.asarray(stats_.rejections_at)).all()
+            assert np.isfinite(np.asarray(stats_.rejected)).all()

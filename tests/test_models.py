@@ -581,7 +581,7 @@ def test_public_entry_points_validate_models_and_horizon():
     counts = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 10,
                                          horizon=3, chunk_size=4)
     np.testing.assert_array_equal(counts.num_rejections, plain.num_rejections)
-    np.testing.assert_array_equal(counts.rejections_at, np.asarray(plain.rejected).sum(0))
+    np.testing.assert_array_equal(counts.rejected, np.asarray(plain.rejected).sum(0))
     with pytest.raises(ValueError, match="BlockVerification does not support Monte Carlo"):
         specjax.decode(KEY, specjax.BlockVerification(2), draft, target, 10, horizon=3)
     with pytest.raises(ValueError, match="BlockVerification has no exact values"):
