@@ -23,8 +23,6 @@ result types of secondary functions) are not here: ``specjax.<name>`` still reso
 with a ``DeprecationWarning`` naming their subpackage.
 """
 
-from __future__ import annotations
-
 import warnings
 
 from specjax.sampling import samplers as _samplers

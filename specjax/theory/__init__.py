@@ -41,6 +41,10 @@ from specjax.theory.tree_shapes import sequoia_tree
 __all__ = [
     "OptimalStopping",
     "optimal_stopping",
+    "OptimalRate",
+    "StationaryRate",
+    "optimal_rate",
+    "stationary_rate",
     "CostModel",
     "DecodingTime",
     "LookaheadChoice",
