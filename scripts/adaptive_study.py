@@ -81,7 +81,8 @@ def threshold_grids(target, grid: int) -> dict:
     max_entropy = math.log(target.num_states)
     return {
         "SpecDec++ tuned": (specjax.decoders.RejectionThreshold, interior),
-        "entropy tuned": (specjax.decoders.EntropyThreshold, max_entropy * np.linspace(0, 1, grid + 1)[1:]),
+        "entropy tuned": (specjax.decoders.EntropyThreshold,
+                          max_entropy * np.linspace(0, 1, grid + 1)[1:]),
         "confidence tuned": (specjax.decoders.ConfidenceThreshold, interior),
     }
 
@@ -121,8 +122,9 @@ def long_run(draft, target, c: float, k: int, grid: int) -> dict:
                  for t in thresholds]
         i = int(np.argmin(swept))
         out[name] = (swept[i], float(thresholds[i]))
-    out["SpecDec++ 0.3"] = (rate(specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
-                                                             max_lookahead=k)), 0.3)
+    specdec = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
+                                          max_lookahead=k)
+    out["SpecDec++ 0.3"] = (rate(specdec), 0.3)
     out["HF +2/-1"] = (rate(hf_schedule(k)), k)
     best = specjax.optimal_rate(draft, target, cost, max_lookahead=k)
     out["optimal"] = (float(best.time_per_token), bool(best.threshold_form))

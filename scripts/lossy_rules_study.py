@@ -85,7 +85,8 @@ def evaluate(rule, draft, target):
     optimal = _optimal_rule(rule)
     metrics["optimal_tv"] = row_metrics(optimal, draft, target)["tv"]
     metrics["rejections"] = float(specjax.exact(rule, draft, target).expected_rejections)
-    metrics["kl"] = float(specjax.theory.sequence_kl(specjax.output_chain(rule, draft, target), target))
+    metrics["kl"] = float(specjax.theory.sequence_kl(specjax.output_chain(rule, draft, target),
+                                                     target))
     metrics["kl_optimal"] = float(specjax.theory.sequence_kl(
         specjax.output_chain(optimal, draft, target), target))
     metrics["gap"] = metrics["reject"] + metrics["tv"] - metrics["tv_pq"]

@@ -159,7 +159,8 @@ def main(argv=None):
     key = jax.random.key(args.seed)
     rows = []
     for label, (sampler, exact_fn), kw, greedy in (DECODERS[name] for name in names):
-        drafts = (specjax.models.greedy_draft(draft), specjax.models.greedy_draft(draft_fs)) if greedy else (
+        drafts = (specjax.models.greedy_draft(draft),
+                  specjax.models.greedy_draft(draft_fs)) if greedy else (
             draft, draft_fs)
         exact = exact_fn(drafts[1], target_fs, horizon=args.horizon, **kw)
         trace = sampler(key, drafts[0], target, args.num_chains, horizon=args.horizon, **kw)

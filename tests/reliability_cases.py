@@ -616,8 +616,8 @@ def _cases() -> list[Case]:
                              ("p",), None),
         "batch_improvement": (lambda p, q: S.batch_improvement(p, q, num_drafts=2), ("p",),
                               None),
-        "batch_residual_mass": (lambda p, q: S.decoders.batch_residual_mass(p, q, num_drafts=2), ("p",),
-                                None),
+        "batch_residual_mass": (lambda p, q: S.decoders.batch_residual_mass(p, q, num_drafts=2),
+                                ("p",), None),
         "pareto_front": (lambda p, q: S.theory.pareto_front(p, q, jnp.asarray([0.0, 0.1])), ("p",),
                          None),
         "optimal_acceptance": (lambda p, q: S.optimal_acceptance(p, q, num_drafts=2), ("p",),
@@ -905,7 +905,8 @@ def _cases() -> list[Case]:
         lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=5),
         check=lambda r: float(r.value) <= float(S.expected_rejections(
             fam().chain(fam().uniform()), t())) + 1e-6)
-    add(kind, "kl_fit", "num_steps 0", lambda: S.tuning.kl_fit(fam(), t(), num_steps=0), "num_steps")
+    add(kind, "kl_fit", "num_steps 0", lambda: S.tuning.kl_fit(fam(), t(), num_steps=0),
+        "num_steps")
     add(kind, "kl_fit", "family a string", lambda: S.tuning.kl_fit("full", t()), "family")
     add(kind, "audit", "num_samples 0",
         lambda: S.audit(k(), specjax.auditing.rules.speculative_rule, p1(), q1(),
@@ -1015,7 +1016,8 @@ def _cases() -> list[Case]:
     for what, w in (("NaN", math.nan), ("-1", -1.0)):
         add(kind, "objective", f"weight {what}",
             lambda w=w: S.objective(S.BiasedSpeculative(0.1), "tradeoff", weight=w), "weight")
-    add(kind, "biased_tradeoff", "epsilon NaN", lambda: S.tuning.biased_tradeoff(math.nan), "epsilon")
+    add(kind, "biased_tradeoff", "epsilon NaN", lambda: S.tuning.biased_tradeoff(math.nan),
+        "epsilon")
     add(kind, "make_objective", "biased, epsilon NaN",
         lambda: S.tuning.make_objective("biased", epsilon=math.nan), "epsilon")
     add(kind, "kl_divergence", "valid (a uniform draft)",
@@ -1428,15 +1430,17 @@ def _cases() -> list[Case]:
         lambda: S.theory.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
         check=returned)
     add(kind, "engine_metrics", "target a dict",
-        lambda: S.theory.engine_metrics(S.Speculative(lookahead=2), d(), {"trans": 1}), "MarkovChain")
+        lambda: S.theory.engine_metrics(S.Speculative(lookahead=2), d(),
+                                        {"trans": 1}), "MarkovChain")
     add(kind, "engine_metrics", "TokenTree((2, 1)) (valid)",
         lambda: S.theory.engine_metrics(S.TokenTree((2, 1)), d(), t()), check=returned)
     add(kind, "best_tree_budget", "max_budget 1",
-        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1, max_depth=2),
+        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1,
+                                          max_depth=2),
         "max_budget")
     add(kind, "best_tree_budget", "children 'foo'",
-        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=3, max_depth=2,
-                                   children="foo"), "children")
+        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=3,
+                                          max_depth=2, children="foo"), "children")
     add(kind, "best_lookahead", "max_lookahead 0",
         lambda: S.theory.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
         "max_lookahead")
@@ -1455,20 +1459,25 @@ def _cases() -> list[Case]:
         lambda: S.exact(adaptive(S.decoders.RejectionThreshold(1.5), max_lookahead=2), d(), t()),
         "threshold")
     add(kind, "EntropyThreshold", "threshold -1",
-        lambda: S.decode(k(), adaptive(S.decoders.EntropyThreshold(-1.0), max_lookahead=2), d(), t(), C),
+        lambda: S.decode(k(), adaptive(S.decoders.EntropyThreshold(-1.0), max_lookahead=2), d(),
+                         t(), C),
         "threshold")
     add(kind, "ConfidenceThreshold", "threshold NaN",
-        lambda: S.exact(adaptive(S.decoders.ConfidenceThreshold(math.nan), max_lookahead=2), d(), t()),
+        lambda: S.exact(adaptive(S.decoders.ConfidenceThreshold(math.nan), max_lookahead=2), d(),
+                        t()),
         "threshold")
     add(kind, "StoppingRule", "fn 3", lambda: S.decoders.StoppingRule(3), "fn")
     add(kind, "StoppingRule", "fn returning floats",
-        lambda: S.exact(adaptive(S.decoders.StoppingRule(lambda s: 0.5 + 0 * s.depth), max_lookahead=2),
+        lambda: S.exact(adaptive(S.decoders.StoppingRule(lambda s: 0.5 + 0 * s.depth),
+                                 max_lookahead=2),
                         d(), t()), "fn")
     add(kind, "ThresholdTable", "table for another horizon",
-        lambda: S.exact(adaptive(S.decoders.ThresholdTable(jnp.zeros((T + 1, 3, V))), max_lookahead=2),
+        lambda: S.exact(adaptive(S.decoders.ThresholdTable(jnp.zeros((T + 1, 3, V))),
+                                 max_lookahead=2),
                         d(), t()), "thresholds")
     add(kind, "decode", "AdaptiveSpeculative(RejectionThreshold(0.3)) (valid)",
-        lambda: S.decode(k(), adaptive(S.decoders.RejectionThreshold(0.3), max_lookahead=2), d(), t(), C),
+        lambda: S.decode(k(), adaptive(S.decoders.RejectionThreshold(0.3), max_lookahead=2), d(),
+                         t(), C),
         check=trace_right())
     add(kind, "optimal_stopping", "max_lookahead 0",
         lambda: S.theory.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
@@ -1504,7 +1513,8 @@ def _cases() -> list[Case]:
         lambda: S.theory.stationary_rate(S.Speculative(lookahead=2), *_stationary(),
                                   S.CostModel(0.1, 1.0)), "decoder")
     add(kind, "stationary_rate", "TokenTree((2, 1)) (valid)",
-        lambda: S.theory.stationary_rate(S.TokenTree((2, 1)), *_stationary(), S.CostModel(0.1, 1.0)),
+        lambda: S.theory.stationary_rate(S.TokenTree((2, 1)), *_stationary(),
+                                         S.CostModel(0.1, 1.0)),
         check=returned)
 
     ids = [c.id for c in cases]

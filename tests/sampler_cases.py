@@ -37,8 +37,8 @@ CASES = {
     "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
     "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
     "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
-    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
-                                                               max_lookahead=3),
+    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(
+        specjax.decoders.RejectionThreshold(0.3), max_lookahead=3),
     "HF schedule from 1, K<=3": specjax.HeuristicSchedule(1, max_lookahead=3),
     "lenient l=0.6": specjax.LenientSpeculative(0.6),
     "threshold 0.5/0.7 K=3": specjax.ThresholdVerification(0.5, 0.7, lookahead=3),

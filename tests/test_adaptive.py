@@ -377,7 +377,8 @@ def test_validation_errors():
         with pytest.raises(ValueError, match="must return boolean stop flags"):
             run()
     with pytest.raises(ValueError, match=r"max_lookahead: the exact law .*2\*\*22"):
-        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2), max_lookahead=20),
+        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2),
+                                                  max_lookahead=20),
                       draft, target)
     cost = specjax.CostModel(0.1, 1.0)
     with pytest.raises(ValueError, match="cost must be a specjax.CostModel"):

@@ -251,7 +251,7 @@ def test_mean_accepted_length_per_call(lookahead, seed, zero_fraction):
 
 
 def block_decoding(key, draft, target, num_chains, *, lookahead):
-    """``decode`` with ``BlockVerification(lookahead)`` (the old ``block_verification_decoding``)."""
+    """``decode`` with ``BlockVerification(lookahead)``: the old ``block_verification_decoding``."""
     return specjax.decode(key, specjax.BlockVerification(lookahead), draft, target, num_chains)
 
 

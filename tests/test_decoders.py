@@ -99,7 +99,8 @@ class CallSpeculative(specjax.CallDecoder):
             kept.append(reach)
         zeros = jnp.zeros_like(reach)
         bonus = [zeros] * len(kept) + [reach @ bonus_row if with_bonus else zeros]
-        return specjax.decoders.CallLaw(jnp.stack(kept), jnp.stack(rejected + [zeros]), jnp.stack(bonus))
+        return specjax.decoders.CallLaw(jnp.stack(kept), jnp.stack(rejected + [zeros]),
+                                        jnp.stack(bonus))
 
 
 def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64):
@@ -303,7 +304,8 @@ def test_accepted_length_against_closed_forms(x64):
             atol=1e-12)
     # One draft per call: the probability that the root accepts, 1 - sum [q - S_M p]_+.
     one = specjax.accepted_length(specjax.BatchSpeculative(3, lookahead=1), draft, target)
-    rejected = specjax.decoders.batch_residual_mass(draft.trans[0], target.trans[0], num_drafts=3).sum(-1)
+    rejected = specjax.decoders.batch_residual_mass(draft.trans[0], target.trans[0],
+                                                    num_drafts=3).sum(-1)
     np.testing.assert_allclose(one, 1 - rejected, atol=1e-12)
     np.testing.assert_array_equal(specjax.accepted_length(specjax.Autoregressive(), None,
                                                           target), np.zeros(4))

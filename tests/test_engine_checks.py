@@ -308,7 +308,8 @@ def test_exact_acceptance_under_processing_equals_brute_force(x64):
                                    (dict(top_k=2), dict(top_p=0.8)),
                                    (dict(temperature=1.3, min_p=0.1), dict(top_k=3, top_p=0.9)),
                                    (dict(temperature=0.0), dict())]:
-        result = specjax.exact(specjax.Speculative(2), specjax.models.process_chain(draft, **d_settings),
+        result = specjax.exact(specjax.Speculative(2),
+                               specjax.models.process_chain(draft, **d_settings),
                                specjax.models.process_chain(target, **t_settings))
         d, t = literal_chain(draft, d_settings), literal_chain(target, t_settings)
         rejections, calls = exact_counts(d, (t[0], t[1]), lookahead=2)
@@ -344,7 +345,8 @@ def test_processing_every_model_kind(x64):
     settings = dict(temperature=0.7, top_k=3, top_p=0.9)
     want = specjax.exact(specjax.Speculative(2), specjax.models.process_chain(draft, **settings),
                          specjax.models.process_chain(target, **settings)).expected_calls
-    lifted = [specjax.models.process_model(specjax.FiniteStateModel.from_markov_chain(m), **settings)
+    lifted = [specjax.models.process_model(specjax.FiniteStateModel.from_markov_chain(m),
+                                           **settings)
               for m in (draft, target)]
     assert isinstance(lifted[0], specjax.FiniteStateModel)
     got = specjax.exact(specjax.Speculative(2), *lifted, horizon=3).expected_calls

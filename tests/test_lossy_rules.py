@@ -128,8 +128,8 @@ def test_default_threshold_verification_is_lossless_and_the_others_are_not(x64):
                                                                  True),
                            (specjax.LenientSpeculative(0.5), False),
                            (specjax.TopKAcceptance(0), True), (specjax.TopKAcceptance(2), False)]:
-        kl = float(specjax.theory.sequence_kl(specjax.output_chain(rule, chain(draft), chain(target)),
-                                       chain(target)))
+        kl = float(specjax.theory.sequence_kl(
+            specjax.output_chain(rule, chain(draft), chain(target)), chain(target)))
         assert (kl < 1e-12) == lossless, (rule.label, kl)
 
 

@@ -384,7 +384,8 @@ def test_exact_models_edge_cases_are_finite_with_gradients(x64):
     (init, p), (_, q) = edge_pair()
     draft = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, p))
     target = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, q))
-    markov = specjax.exact(specjax.BatchSpeculative(3, lookahead=2), specjax.MarkovChain(init, p), specjax.MarkovChain(init, q))
+    markov = specjax.exact(specjax.BatchSpeculative(3, lookahead=2), specjax.MarkovChain(init, p),
+                           specjax.MarkovChain(init, q))
     for rule, lookahead in [(SD, None), (("batch", 3), 2)]:
         def cost(table_p, table_q, rule=rule, lookahead=lookahead):
             d = FiniteStateModel(draft.start, draft.next_state, table_p)
@@ -556,7 +557,8 @@ def test_public_samplers_take_protocol_models(name):
 def test_public_exact_functions_take_finite_state_models(x64):
     draft = random_ngram(1, 2, 3).as_finite_state(2)
     target = random_ngram(2, 3, 3).as_finite_state(2)
-    exact = specjax.exact(specjax.BatchSpeculative(2, replacement=False, lookahead=3), draft, target, horizon=6)
+    exact = specjax.exact(specjax.BatchSpeculative(2, replacement=False, lookahead=3), draft,
+                          target, horizon=6)
     want = specjax.exact(make(("batch_wor", 2), 3), draft, target, horizon=6)
     for field in exact._fields:
         np.testing.assert_allclose(getattr(exact, field), getattr(want, field), atol=1e-14)
@@ -658,7 +660,8 @@ def test_greedy_ngram_draft_sampler_matches_exact():
     E[calls] (lifted to the trigram's contexts) against the public sampler (4.5 SE)."""
     draft, target = random_ngram(5, 2, 4, zero_fraction=0.0), random_ngram(6, 3, 4)
     greedy = specjax.models.greedy_draft(draft)
-    exact = specjax.exact(specjax.Speculative(3), greedy.as_finite_state(2), target.as_finite_state(2), horizon=12)
+    exact = specjax.exact(specjax.Speculative(3), greedy.as_finite_state(2),
+                          target.as_finite_state(2), horizon=12)
     trace = specjax.speculative_decoding(jax.random.key(8), greedy, target, 40_000, horizon=12,
                                          lookahead=3)
     assert_mean(trace.num_rejections, float(exact.expected_rejections), "greedy rejections")

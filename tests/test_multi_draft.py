@@ -158,7 +158,8 @@ def test_without_replacement_equals_enumerated_literal_algorithm(x64, num_drafts
     root, verify = specjax.BatchSpeculative(num_drafts, replacement=False).laws(p, q)
     assert_laws_equal(kernel_law(target[0], root, verify, _verify.bonus_law(q), horizon), law)
     rej, calls = ref.expected_counts_from_law(law)
-    exact = specjax.exact(specjax.BatchSpeculative(num_drafts, replacement=False), chain(draft), chain(target))
+    exact = specjax.exact(specjax.BatchSpeculative(num_drafts, replacement=False), chain(draft),
+                          chain(target))
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     np.testing.assert_allclose(np.asarray(exact.rejected), ref.rejected_measure(law, 3, horizon),
@@ -180,7 +181,8 @@ def test_without_replacement_sampler_means_match_exact(lookahead):
     trace = specjax.batch_speculative_decoding(jax.random.key(9), draft, target, 50_000,
                                                num_drafts=3, lookahead=lookahead,
                                                replacement=False)
-    exact = specjax.exact(specjax.BatchSpeculative(3, replacement=False, lookahead=lookahead), draft, target)
+    exact = specjax.exact(specjax.BatchSpeculative(3, replacement=False, lookahead=lookahead),
+                          draft, target)
     stats.assert_mean(trace.num_rejections, float(exact.expected_rejections), "rejections")
     stats.assert_mean(trace.num_calls, float(exact.expected_calls), "calls")
 

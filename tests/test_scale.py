@@ -230,8 +230,9 @@ def test_sharded_equals_unsharded_on_four_host_devices():
     every case of ``sampler_cases.CASES``, sharded over 4 devices (one case also over 2 devices,
     a 2x2 mesh and one axis of it), returns exactly the unsharded trace, and the chunked
     statistics path on the same layouts exactly the trace's counts (a case outside
-    ``REPRODUCIBLE``: the same for all chains but ``MAX_DIFFERING`` of them); n-grams (protocol models) and stop tokens run sharded as unsharded; and
-    the compiled trace path has no cross-device communication."""
+    ``REPRODUCIBLE``: the same for all chains but ``MAX_DIFFERING`` of them); n-grams (protocol
+    models) and stop tokens run sharded as unsharded; and the compiled trace path has no
+    cross-device communication."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     env["PYTHONPATH"] = os.pathsep.join(

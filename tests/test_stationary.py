@@ -137,14 +137,16 @@ def test_stationary_rate_of_a_heuristic_is_the_literal_renewal_ratio(x64):
 
 
 @pytest.mark.parametrize("decoder", [fixed(3), specjax.TokenTree((2, 1)),
-                                     specjax.AdaptiveSpeculative(specjax.decoders.EntropyThreshold(0.9),
-                                                                 max_lookahead=3)])
+                                     specjax.AdaptiveSpeculative(
+                                         specjax.decoders.EntropyThreshold(0.9),
+                                         max_lookahead=3)])
 def test_stationary_rate_is_the_growth_of_the_finite_horizon_time(x64, decoder):
     """``decoding_time`` (forward recursion over positions) on horizons 60 and 120: the difference
     is ``60 lambda`` (the start and end effects cancel, the chain mixes fast)."""
     p, q, _, _ = stationary_pair(4, 3)
     rate = specjax.theory.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
-    times = [float(specjax.theory.decoding_time(decoder, lift(p, t), lift(q, t), COST).expected_time)
+    times = [float(specjax.theory.decoding_time(decoder, lift(p, t), lift(q, t),
+                                                COST).expected_time)
              for t in (60, 120)]
     np.testing.assert_allclose((times[1] - times[0]) / 60, float(rate.time_per_token),
                                rtol=1e-9)

@@ -62,7 +62,8 @@ def test_biased_counts_and_output_law_equal_enumeration(x64, residual, lookahead
         ch, draft, target, lambda p, q: ref.biased_accept(p, q, eps), residual_fn, lookahead))
     rej, calls = ref.expected_counts_from_law(law)
     d, t = chains(draft, target)
-    exact = specjax.exact(specjax.BiasedSpeculative(eps, residual=residual, lookahead=lookahead), d, t)
+    exact = specjax.exact(specjax.BiasedSpeculative(eps, residual=residual, lookahead=lookahead),
+                          d, t)
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     tokens_law = ref.marginalise_tokens(law)
@@ -282,7 +283,8 @@ def test_biased_rules_trade_rejections_for_bias(x64):
         opt = specjax.exact(specjax.BiasedSpeculative(eps), d, t)
         assert float(opt.expected_rejections) < previous
         previous = float(opt.expected_rejections)
-        kl_opt = float(specjax.theory.sequence_kl(specjax.theory.biased_output_chain(d, t, epsilon=eps), t))
+        kl_opt = float(specjax.theory.sequence_kl(
+            specjax.theory.biased_output_chain(d, t, epsilon=eps), t))
         kl_uno = float(specjax.theory.sequence_kl(
             specjax.theory.biased_output_chain(d, t, epsilon=eps, residual="target"), t))
         assert 0 < kl_opt < kl_uno

@@ -26,11 +26,16 @@ OBJECTIVES = {
     "batch M=inf": lambda d, t: specjax.batch_expected_rejections(d, t, num_drafts=math.inf),
     "batch M=3 K=2": lambda d, t: specjax.batch_expected_rejections(d, t, num_drafts=3,
                                                                     lookahead=2),
-    "biased opt": lambda d, t: specjax.exact(specjax.BiasedSpeculative(0.1), d, t).expected_rejections,
-    "biased uno K=2": lambda d, t: specjax.exact(specjax.BiasedSpeculative(0.1, residual="target", lookahead=2), d, t).expected_rejections,
-    "biased standard": lambda d, t: specjax.exact(specjax.BiasedSpeculative(0.1, residual="standard"), d, t).expected_rejections,
-    "opt marginals": lambda d, t: jnp.sum(jnp.sin(specjax.exact(specjax.BiasedSpeculative(0.2), d, t).marginals)),
-    "kl opt": lambda d, t: specjax.theory.sequence_kl(specjax.theory.biased_output_chain(d, t, epsilon=0.2), t),
+    "biased opt": lambda d, t: specjax.exact(specjax.BiasedSpeculative(0.1), d,
+                                             t).expected_rejections,
+    "biased uno K=2": lambda d, t: specjax.exact(
+        specjax.BiasedSpeculative(0.1, residual="target", lookahead=2), d, t).expected_rejections,
+    "biased standard": lambda d, t: specjax.exact(
+        specjax.BiasedSpeculative(0.1, residual="standard"), d, t).expected_rejections,
+    "opt marginals": lambda d, t: jnp.sum(jnp.sin(
+        specjax.exact(specjax.BiasedSpeculative(0.2), d, t).marginals)),
+    "kl opt": lambda d, t: specjax.theory.sequence_kl(
+        specjax.theory.biased_output_chain(d, t, epsilon=0.2), t),
 }
 
 
@@ -78,7 +83,8 @@ SINGLE_TOKEN = {
     "tv": lambda p, q: specjax.tv_distance(p, q),
     "residual": lambda p, q: jnp.sum(jnp.sin(specjax.speculative_residual(p, q))),
     "batch improvement M=4": lambda p, q: specjax.batch_improvement(p, q, num_drafts=4),
-    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(specjax.decoders.batch_residual_mass(p, q, num_drafts=30))),
+    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(
+        specjax.decoders.batch_residual_mass(p, q, num_drafts=30))),
     "loss star": lambda p, q: specjax.tv_loss_star(
         p, q, specjax.acceptance_probability(p, q, epsilon=0.1)),
     "rejection probability": lambda p, q: specjax.rejection_probability(

@@ -19,7 +19,8 @@ V, T = 5, 12
 
 
 def families(num_states=V, horizon=T):
-    return [specjax.tuning.FullDraft(num_states, horizon), specjax.tuning.StationaryDraft(num_states, horizon),
+    return [specjax.tuning.FullDraft(num_states, horizon),
+            specjax.tuning.StationaryDraft(num_states, horizon),
             specjax.tuning.LowRankDraft(num_states, horizon, 2),
             specjax.tuning.ContextFreeDraft(num_states, horizon)]
 
@@ -78,15 +79,19 @@ def test_family_validation():
         specjax.tuning.kl_fit(family, np.eye(V))
     target = target_chain(0)
     with pytest.raises(ValueError, match=r"params must have shapes \(5, 5\)"):
-        specjax.tune_draft(family, jnp.zeros((T, V, V)), target, specjax.objective(specjax.Speculative()))
+        specjax.tune_draft(family, jnp.zeros((T, V, V)), target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="NaN or infinite"):
-        specjax.tune_draft(family, jnp.full((V, V), jnp.nan), target, specjax.objective(specjax.Speculative()))
+        specjax.tune_draft(family, jnp.full((V, V), jnp.nan), target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="num_steps"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.objective(specjax.Speculative()), num_steps=0)
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()), num_steps=0)
     with pytest.raises(ValueError, match="objective must be callable"):
         specjax.tune_draft(family, family.uniform(), target, "sd")
     with pytest.raises(ValueError, match="optimizer must be an optax"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.objective(specjax.Speculative()),
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()),
                            optimizer=0.1)
     with pytest.raises(ValueError, match="num_drafts"):
         specjax.objective(specjax.BatchSpeculative(0))
@@ -101,9 +106,11 @@ def test_family_validation():
     with pytest.raises(ValueError, match="scale"):
         family.init(jax.random.key(0), scale=float("nan"))
     with pytest.raises(ValueError, match="params must be a pytree of arrays"):
-        specjax.tune_draft(family, [[0.0] * V] * V, target, specjax.objective(specjax.Speculative()))
+        specjax.tune_draft(family, [[0.0] * V] * V, target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="callback must be callable"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.objective(specjax.Speculative()),
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()),
                            callback=3)
     # NumPy numbers and 0-d arrays are numbers too.
     assert specjax.tuning.biased_tradeoff(np.float32(0.25), weight=jnp.array(2.0)).epsilon == 0.25
@@ -149,7 +156,8 @@ def test_stationary_kl_fit_formula(x64):
     mu = np.asarray(specjax.marginals(target))[:-1]
     q = np.asarray(target.trans)
     want = np.einsum("na,nab->ab", mu, q) / mu.sum(0)[:, None]
-    fit = specjax.tuning.StationaryDraft(V, T).chain(specjax.tuning.kl_fit(specjax.tuning.StationaryDraft(V, T), target))
+    family = specjax.tuning.StationaryDraft(V, T)
+    fit = family.chain(specjax.tuning.kl_fit(family, target))
     np.testing.assert_allclose(np.asarray(fit.trans[0]), want, rtol=1e-12)
 
 
@@ -197,7 +205,8 @@ def test_bad_step_size_still_never_increases_and_stays_finite():
     family = specjax.tuning.StationaryDraft(V, T)
     target = target_chain(5)
     start = family.init(jax.random.key(2))
-    result = specjax.tune_draft(family, start, target, specjax.objective(specjax.Speculative()), num_steps=30,
+    result = specjax.tune_draft(family, start, target, specjax.objective(specjax.Speculative()),
+                                num_steps=30,
                                 optimizer=optax.sgd(1e4))
     assert float(result.value) <= float(result.history[0])
     assert np.isfinite(np.asarray(result.final_params)).all()
@@ -281,7 +290,8 @@ def test_result_does_not_depend_on_log_every():
     target = target_chain(7)
     start = family.init(jax.random.key(4))
     optimizer = optax.adam(0.05)
-    runs = [specjax.tune_draft(family, start, target, specjax.objective(specjax.BatchSpeculative(2)),
+    runs = [specjax.tune_draft(family, start, target,
+                               specjax.objective(specjax.BatchSpeculative(2)),
                                num_steps=12, optimizer=optimizer, log_every=k)
             for k in (None, 1, 5, 12)]
     for other in runs[1:]:
@@ -301,11 +311,12 @@ def test_tuned_stationary_draft_beats_kl_fit_on_sd(x64, seed):
     num_states, horizon = 4 + seed, 10 + 5 * seed
     target = target_chain(10 + seed, num_states, horizon)
     family = specjax.tuning.StationaryDraft(num_states, horizon)
-    kl_value = float(specjax.expected_rejections(family.chain(specjax.tuning.kl_fit(family, target)),
-                                                 target))
+    kl_value = float(specjax.expected_rejections(
+        family.chain(specjax.tuning.kl_fit(family, target)), target))
     optimizer = optax.adam(optax.cosine_decay_schedule(0.05, 1500))
     result = specjax.tune_draft(family, family.init(jax.random.key(seed)), target,
-                                specjax.objective(specjax.Speculative()), num_steps=1500, optimizer=optimizer)
+                                specjax.objective(specjax.Speculative()), num_steps=1500,
+                                optimizer=optimizer)
     tuned = float(result.value)
     assert tuned < kl_value - 1e-3
 
@@ -354,8 +365,8 @@ def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
         target = specjax.MarkovChain(target.init.astype(dtype), target.trans.astype(dtype))
         v, t = target.num_states, target.horizon
         for family in families(v, t):
-            starts = [specjax.tuning.kl_fit(family, target), family.init(jax.random.key(0), scale=50.0),
-                      family.uniform()]
+            starts = [specjax.tuning.kl_fit(family, target),
+                      family.init(jax.random.key(0), scale=50.0), family.uniform()]
             for objective in objectives():
                 for params in starts:
                     value, grad = jax.value_and_grad(

@@ -306,7 +306,8 @@ class AdaptiveSpeculative(CallDecoder):
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> spec = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3), max_lookahead=4)
+      >>> policy = specjax.decoders.RejectionThreshold(0.3)
+      >>> spec = specjax.AdaptiveSpeculative(policy, max_lookahead=4)
       >>> round(float(specjax.exact(spec, draft, target).expected_calls), 3)
       30.141
 

@@ -34,9 +34,9 @@ class Objective:
     """An exact, differentiable cost of decoding: ``objective(draft, target) -> scalar``.
 
     Build one with ``objective(decoder, quantity)``, ``biased_tradeoff``, ``kl_divergence``, or
-    by name with ``make_objective``. Objectives are frozen dataclasses: hashable, so ``tune_draft`` compiles
-    once per objective. Any other callable ``(draft, target) -> scalar`` works with
-    ``tune_draft`` too.
+    by name with ``make_objective``. Objectives are frozen dataclasses: hashable, so
+    ``tune_draft`` compiles once per objective. Any other callable ``(draft, target) -> scalar``
+    works with ``tune_draft`` too.
 
     Attributes:
       decoder: the decoder whose exact values are the cost (``None`` for ``"kl"``).
