@@ -281,9 +281,9 @@ POLICIES = (FixedLength, RejectionThreshold, EntropyThreshold, ConfidenceThresho
 
 
 def _refuse_policy(policy):
-    hint = " (wrap a function in specjax.StoppingRule(fn))" if callable(policy) else ""
-    raise ValueError(f"policy must be a stopping policy such as specjax.RejectionThreshold(0.3)"
-                     f"{hint}, got {policy!r}")
+    hint = " (wrap a function in specjax.decoders.StoppingRule(fn))" if callable(policy) else ""
+    raise ValueError(f"policy must be a stopping policy such as "
+                     f"specjax.decoders.RejectionThreshold(0.3){hint}, got {policy!r}")
 
 
 def _lift(row: jax.Array, rank: int) -> jax.Array:

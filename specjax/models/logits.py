@@ -193,7 +193,7 @@ class ProcessedModel:
     ``probs(state)`` is ``process_logits(logits, ...)`` of ``model.logits(state)`` when the model
     has that method (a model that gives logits), else of ``log(model.probs(state))``;
     ``init_state``, ``update`` and ``num_states`` are the model's. Build it with
-    ``specjax.process_model``.
+    ``specjax.models.process_model``.
 
     Attributes:
       model: the wrapped model (a pytree child).
