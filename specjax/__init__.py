@@ -100,6 +100,8 @@ from specjax.auditing import verify_drafts_law
 from specjax.auditing import verify_tree
 from specjax.auditing import verify_tree_law
 
+from specjax import compat  # the deprecated conveniences: specjax.compat.<name> warns
+
 __version__ = "0.2.0"
 
 __all__ = [
