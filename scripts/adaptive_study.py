@@ -3,7 +3,7 @@ policy, exactly, on two instances; a table of regrets and a figure.
 
 For each draft-to-target cost ratio ``c`` (a draft pass costs ``c``, a target call 1, whatever the
 number of tokens it scores) and at most ``K`` drafts per call (``--max-lookahead``, 4), the exact
-expected time to decode the ``T`` tokens (``specjax.decoding_time``) of:
+expected time to decode the ``T`` tokens (``specjax.theory.decoding_time``) of:
 
 * ``fixed K``: SD with lookahead ``k = 1..K``, and the best of them (``best_lookahead``);
 * ``SpecDec++``: ``RejectionThreshold(t)`` (stop once ``1 - A > t``, ``A`` the exact probability
@@ -80,9 +80,10 @@ def threshold_grids(target, grid: int) -> dict:
     interior = np.linspace(0, 1, grid + 2)[1:-1]
     max_entropy = math.log(target.num_states)
     return {
-        "SpecDec++ tuned": (specjax.RejectionThreshold, interior),
-        "entropy tuned": (specjax.EntropyThreshold, max_entropy * np.linspace(0, 1, grid + 1)[1:]),
-        "confidence tuned": (specjax.ConfidenceThreshold, interior),
+        "SpecDec++ tuned": (specjax.decoders.RejectionThreshold, interior),
+        "entropy tuned": (specjax.decoders.EntropyThreshold,
+                          max_entropy * np.linspace(0, 1, grid + 1)[1:]),
+        "confidence tuned": (specjax.decoders.ConfidenceThreshold, interior),
     }
 
 
@@ -111,9 +112,9 @@ def long_run(draft, target, c: float, k: int, grid: int) -> dict:
     cost = specjax.CostModel(draft_cost=c, target_cost=1.0)
 
     def rate(decoder):
-        return float(specjax.stationary_rate(decoder, draft, target, cost).time_per_token)
+        return float(specjax.theory.stationary_rate(decoder, draft, target, cost).time_per_token)
 
-    fixed = [rate(specjax.AdaptiveSpeculative(specjax.FixedLength(j), max_lookahead=j))
+    fixed = [rate(specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(j), max_lookahead=j))
              for j in range(1, k + 1)]
     out = {"best fixed K": (min(fixed), 1 + int(np.argmin(fixed)))}
     for name, (policy, thresholds) in threshold_grids(target, grid).items():
@@ -121,8 +122,9 @@ def long_run(draft, target, c: float, k: int, grid: int) -> dict:
                  for t in thresholds]
         i = int(np.argmin(swept))
         out[name] = (swept[i], float(thresholds[i]))
-    out["SpecDec++ 0.3"] = (rate(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
-                                                             max_lookahead=k)), 0.3)
+    specdec = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
+                                          max_lookahead=k)
+    out["SpecDec++ 0.3"] = (rate(specdec), 0.3)
     out["HF +2/-1"] = (rate(hf_schedule(k)), k)
     best = specjax.optimal_rate(draft, target, cost, max_lookahead=k)
     out["optimal"] = (float(best.time_per_token), bool(best.threshold_form))
@@ -133,7 +135,7 @@ def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
     """Every scheme's exact expected time at draft cost ``c``: ``{name: (time, setting)}``."""
     cost = specjax.CostModel(draft_cost=c, target_cost=1.0)
     out = {}
-    fixed = specjax.best_lookahead(draft, target, cost, max_lookahead=k)
+    fixed = specjax.theory.best_lookahead(draft, target, cost, max_lookahead=k)
     times = np.asarray(fixed.times, np.float64)
     for j in range(1, k + 1):
         out[f"fixed K = {j}"] = (float(times[j]), j)
@@ -143,10 +145,10 @@ def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
         swept = sweep(policy, thresholds, draft, target, cost, k)
         i = int(np.argmin(swept))
         out[name] = (float(swept[i]), float(thresholds[i]))
-    default = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=k)
+    default = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3), max_lookahead=k)
     out["SpecDec++ 0.3"] = (float(specjax.expected_time(default, draft, target, cost)), 0.3)
     out["HF +2/-1"] = (float(specjax.expected_time(hf_schedule(k), draft, target, cost)), k)
-    best = specjax.optimal_stopping(draft, target, cost, max_lookahead=k)
+    best = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=k)
     out["optimal"] = (float(best.expected_time), bool(best.threshold_form))
     out["_optimal"] = best
     return out
@@ -208,7 +210,7 @@ def study(name, draft, target, args, key) -> dict:
         decoders = {
             "optimal": row["_optimal"].decoder,
             "SpecDec++ tuned": specjax.AdaptiveSpeculative(
-                specjax.RejectionThreshold(row["SpecDec++ tuned"][1]), max_lookahead=k),
+                specjax.decoders.RejectionThreshold(row["SpecDec++ tuned"][1]), max_lookahead=k),
         }
         print(f"\nMonte Carlo at c = {args.sim_cost:g}: E[calls], {args.num_chains} chains")
         print("| policy | exact | simulated | z |")

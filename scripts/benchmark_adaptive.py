@@ -1,7 +1,7 @@
 """The optimal adaptive draft length: time to solve it, specjax vs plain NumPy, in one run.
 
 On random chains (``specjax.random_markov_chain``, V = 16, T = 64 by default) with a draft pass at
-``--draft-cost`` of a target call, ``specjax.optimal_stopping(draft, target, cost,
+``--draft-cost`` of a target call, ``specjax.theory.optimal_stopping(draft, target, cost,
 max_lookahead=K)`` (K = 6 by default) solves the stopping policy of least expected time by
 backward induction over positions, previous tokens and the ``V**K`` drafted paths of a call.
 
@@ -117,13 +117,13 @@ def _run(args) -> dict:
     results = {}
 
     def solve(_):
-        results["best"] = specjax.optimal_stopping(draft, target, cost, max_lookahead=k)
+        results["best"] = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=k)
         return results["best"].values
 
     first = timed(lambda: jax.block_until_ready(solve(0)))
     seconds = best_time(solve, args.repeats)
     best = results["best"]
-    fixed = specjax.best_lookahead(draft, target, cost, max_lookahead=min(k, horizon))
+    fixed = specjax.theory.best_lookahead(draft, target, cost, max_lookahead=min(k, horizon))
     row = {"states": args.states, "horizon": horizon, "max_lookahead": k, "dtype": dtype,
            "first_s": first, "specjax_s": seconds, "expected_time": float(best.expected_time),
            "threshold_form": bool(best.threshold_form),
@@ -175,8 +175,8 @@ def _long_run(draft, target, cost, k: int, repeats: int) -> dict:
     first = timed(lambda: jax.block_until_ready(solve(0)))
     seconds = best_time(solve, repeats)
     best = results["best"]
-    fixed = [float(specjax.stationary_rate(
-        specjax.AdaptiveSpeculative(specjax.FixedLength(j), max_lookahead=j), *steady,
+    fixed = [float(specjax.theory.stationary_rate(
+        specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(j), max_lookahead=j), *steady,
         cost).time_per_token) for j in range(1, k + 1)]
     print(f"\nLong run (optimal_rate, policy iteration) on the rows of position 1 repeated, "
           f"K <= {k}")

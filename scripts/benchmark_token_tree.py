@@ -5,7 +5,7 @@ On random chains (``specjax.random_markov_chain``, V = 256, T = 128 by default, 
 sampling):
 
 * the Sequoia tree: ``specjax.sequoia_tree`` (Sequoia's dynamic program) on
-  the positional acceptance of the chains (``specjax.positional_acceptance``, 8 children), 64
+  the positional acceptance of the chains (``specjax.theory.positional_acceptance``, 8 children), 64
   nodes, depth at most 8: many node classes;
 * a uniform tree (``--branching``, default (4, 2, 2, 1, 1, 1), 77 nodes): one class per depth,
   the cheap case of specjax's exact law.
@@ -227,7 +227,7 @@ class NumpyTreeSampler:
 # ----------------------------------------------------------------------------- the trees
 def sequoia_parents(draft, target, budget: int, max_depth: int):
     """Sequoia's tree on the chains' positional acceptance (8 children)."""
-    acceptance = specjax.positional_acceptance(draft, target, num_children=8)
+    acceptance = specjax.theory.positional_acceptance(draft, target, num_children=8)
     _, parents = specjax.sequoia_tree(acceptance, budget=budget, max_depth=max_depth)
     return tuple(int(x) for x in parents)
 

@@ -9,8 +9,8 @@ On the paper's instance (V = 7, T = 50, uniform prompt) and a few random ones, f
   first call of each whole-sequence run: it accepted ``s - 2`` drafts when the second call starts
   at position ``s``);
 * whole sequence: expected target calls for T = 50, exactly (``specjax.expected_calls`` and
-  ``exact_block_expected_calls``) and simulated (``num_calls.mean()`` of
-  ``speculative_decoding(..., lookahead=K)`` and ``block_verification_decoding``).
+  ``exact(BlockVerification(K), ...).expected_calls``) and simulated (``num_calls.mean()`` of
+  ``speculative_decoding(..., lookahead=K)`` and ``decode(key, BlockVerification(K), ...)``).
 
 Exact values in float64; samplers in float32. Default run: under a minute on 2 CPU cores.
 
@@ -26,6 +26,12 @@ import jax
 import numpy as np
 
 import specjax
+from specjax import theory
+
+
+def block_accepted_length(draft, target, *, lookahead):
+    """Block verification's expected accepted drafts of the first call, per previous token."""
+    return specjax.accepted_length(specjax.BlockVerification(lookahead), draft, target)
 
 
 def instances(horizon: int, num_random: int):
@@ -64,16 +70,17 @@ def run(horizon: int, max_lookahead: int, num_chains: int, num_random: int, seed
         for k in range(1, max_lookahead + 1):
             key = jax.random.fold_in(jax.random.key(seed), k)
             sd = specjax.speculative_decoding(key, draft, target, num_chains, lookahead=k)
-            bv = specjax.block_verification_decoding(key, draft, target, num_chains, lookahead=k)
+            bv = specjax.decode(key, specjax.BlockVerification(k), draft, target, num_chains)
             with jax.enable_x64(True):
                 d64, t64 = as_float64(draft), as_float64(target)
                 prompt = np.asarray(t64.init)
                 exact = {f: float(prompt @ np.asarray(fn(d64, t64, lookahead=k)))
-                         for f, fn in (("tokenwise", specjax.exact_tokenwise_accepted_length),
-                                       ("block", specjax.exact_block_accepted_length),
-                                       ("joint", specjax.exact_joint_accepted_length))}
+                         for f, fn in (("tokenwise", theory.exact_tokenwise_accepted_length),
+                                       ("block", block_accepted_length),
+                                       ("joint", theory.exact_joint_accepted_length))}
                 sd_calls = float(specjax.expected_calls(d64, t64, lookahead=k))
-                bv_calls = float(specjax.exact_block_expected_calls(d64, t64, lookahead=k))
+                bv_calls = float(specjax.exact(specjax.BlockVerification(k), d64,
+                                               t64).expected_calls)
             token_sim, token_se = mean_se(first_call_accepted(sd))
             block_sim, block_se = mean_se(first_call_accepted(bv))
             per_call.append(dict(

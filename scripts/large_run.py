@@ -79,14 +79,14 @@ def main(argv=None) -> dict:
         out[label] = (mean, se, float(value), z)
 
     rate = np.asarray(exact.acceptance_rate, np.float64)
-    se = np.sqrt(rate * (1 - rate) / np.maximum(stats.verified_at, 1))
+    se = np.sqrt(rate * (1 - rate) / np.maximum(stats.verified, 1))
     z = np.where(se > 0, (stats.acceptance_rate - rate) / np.where(se > 0, se, 1), 0.0)
     shown = sorted({n for n in (1, 2, 3, 4, 5, 6, 10, 100, args.horizon // 2, args.horizon)
                     if 1 <= n <= args.horizon})
     print("acceptance rate given a verified draft, by position n:")
     print(f"{'n':>6}{'verified':>12}{'simulated':>11}{'exact':>9}{'z':>7}")
     for n in shown:
-        print(f"{n:>6}{stats.verified_at[n - 1]:>12,}{stats.acceptance_rate[n - 1]:>11.5f}"
+        print(f"{n:>6}{stats.verified[n - 1]:>12,}{stats.acceptance_rate[n - 1]:>11.5f}"
               f"{rate[n - 1]:>9.5f}{z[n - 1]:>+7.2f}")
     print(f"largest |z| over all {args.horizon} positions: {np.abs(z).max():.2f} "
           f"(at n = {int(np.abs(z).argmax()) + 1})")

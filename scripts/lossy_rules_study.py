@@ -18,7 +18,7 @@ Per token (a target call's row ``p``, ``q``), with ``b`` the rule's acceptance p
 
 These are averaged over the rows the target visits (position ``n``, previous token ``a`` with the
 target's marginal law). Over whole sequences (``K = T``): ``E[N_rej]`` (``specjax.exact``) and the
-KL divergence of the output's law from the target's (``specjax.sequence_kl`` of
+KL divergence of the output's law from the target's (``specjax.theory.sequence_kl`` of
 ``specjax.output_chain``), with the rule's own residual and with Theorem 4's.
 
 Usage: python scripts/lossy_rules_study.py [--states 32] [--horizon 50] [--concentration 0.3]
@@ -85,8 +85,9 @@ def evaluate(rule, draft, target):
     optimal = _optimal_rule(rule)
     metrics["optimal_tv"] = row_metrics(optimal, draft, target)["tv"]
     metrics["rejections"] = float(specjax.exact(rule, draft, target).expected_rejections)
-    metrics["kl"] = float(specjax.sequence_kl(specjax.output_chain(rule, draft, target), target))
-    metrics["kl_optimal"] = float(specjax.sequence_kl(
+    metrics["kl"] = float(specjax.theory.sequence_kl(specjax.output_chain(rule, draft, target),
+                                                     target))
+    metrics["kl_optimal"] = float(specjax.theory.sequence_kl(
         specjax.output_chain(optimal, draft, target), target))
     metrics["gap"] = metrics["reject"] + metrics["tv"] - metrics["tv_pq"]
     metrics["removable"] = metrics["tv"] - metrics["loss_star"]

@@ -53,7 +53,8 @@ def main(argv=None) -> list[dict]:
     for name, draft, target in instances(args.states, args.horizon, args.seeds):
         row = dict(instance=name,
                    sd=float(specjax.expected_rejections(draft, target)),
-                   greedy=float(specjax.expected_rejections(specjax.greedy_draft(draft), target)))
+                   greedy=float(specjax.expected_rejections(specjax.models.greedy_draft(draft),
+                                                            target)))
         line = f"{name:<14}{row['sd']:>9.3f}{row['greedy']:>9.3f}"
         for m in drafts:
             wr = float(specjax.batch_expected_rejections(draft, target, num_drafts=m))

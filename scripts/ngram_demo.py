@@ -85,8 +85,16 @@ def bits_per_token(model: NGramModel, sequences) -> float:
     return total / max(count, 1)
 
 
-SD = (specjax.speculative_decoding, specjax.exact_speculative_decoding)
-BATCH = (specjax.batch_speculative_decoding, specjax.exact_batch_speculative_decoding)
+
+
+def exact_of(decoder_type):
+    """``exact`` of the decoder ``decoder_type(**settings)``, settings as the sampler's."""
+    return lambda draft, target, *, horizon, **settings: specjax.exact(
+        decoder_type(**settings), draft, target, horizon=horizon)
+
+
+SD = (specjax.speculative_decoding, exact_of(specjax.Speculative))
+BATCH = (specjax.batch_speculative_decoding, exact_of(specjax.BatchSpeculative))
 DECODERS = {  # name: (label, (sampler, exact function), keyword arguments, greedy draft?)
     "sd": ("SD, K = T", SD, {}, False),
     "k2": ("SD, K = 2", SD, dict(lookahead=2), False),
@@ -151,7 +159,8 @@ def main(argv=None):
     key = jax.random.key(args.seed)
     rows = []
     for label, (sampler, exact_fn), kw, greedy in (DECODERS[name] for name in names):
-        drafts = (specjax.greedy_draft(draft), specjax.greedy_draft(draft_fs)) if greedy else (
+        drafts = (specjax.models.greedy_draft(draft),
+                  specjax.models.greedy_draft(draft_fs)) if greedy else (
             draft, draft_fs)
         exact = exact_fn(drafts[1], target_fs, horizon=args.horizon, **kw)
         trace = sampler(key, drafts[0], target, args.num_chains, horizon=args.horizon, **kw)

@@ -327,8 +327,8 @@ def part_c(args) -> dict:
 
 def part_d(args) -> dict:
     _, target = specjax.paper_instance(num_states=args.paper_states, horizon=args.horizon)
-    family = specjax.StationaryDraft(num_states=args.paper_states, horizon=args.horizon)
-    fit = specjax.kl_fit(family, target)
+    family = specjax.tuning.StationaryDraft(num_states=args.paper_states, horizon=args.horizon)
+    fit = specjax.tuning.kl_fit(family, target)
     m = args.tune_drafts
     decoders = {"optimal": specjax.OptimalMultiDraft(m), "batch SD": specjax.BatchSpeculative(m)}
     costs = {name: specjax.objective(dec, "rejections") for name, dec in decoders.items()}

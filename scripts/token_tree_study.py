@@ -210,7 +210,7 @@ def cut_children(parents, max_children: int) -> tuple:
 def sequoia(draft, target, budget: int, max_depth: int, cap: int):
     """Sequoia's DP value and tree (cut to ``cap`` children per node) for ``budget`` nodes."""
     num = min(budget - 1, cap)
-    acc = np.asarray(specjax.positional_acceptance(
+    acc = np.asarray(specjax.theory.positional_acceptance(
         draft, target, num_children=num, children="without_replacement"), np.float64)
     acc = np.concatenate([acc, np.zeros(budget - 1 - num)])  # exact: ranks > cap are never drafted
     value, parents = specjax.sequoia_tree(acc, budget=budget, max_depth=max_depth)
@@ -251,7 +251,7 @@ def study(name, draft, target, args, key):
             row[scheme] = tokens_per_call(dec, draft, target)
         row["sd"] = tokens_per_call(specjax.Speculative(lookahead=budget - 1), draft, target)
         if budget <= max_search:
-            row["best"], row["best_parents"] = specjax.best_token_tree(
+            row["best"], row["best_parents"] = specjax.theory.best_token_tree(
                 draft, target, budget=budget, max_depth=depth, children="without_replacement")
         row["ratio"] = (row["speed of light"] - 1) / (math.log(budget) / entropy)
         rows.append(row)

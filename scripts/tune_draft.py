@@ -86,11 +86,12 @@ def monte_carlo(key, draft, target, objectives, num_chains):
 
 def run(args):
     _, target = specjax.paper_instance(args.seed, args.states, args.horizon)
-    family = specjax.draft_family(args.family, args.states, args.horizon, rank=args.rank)
-    objectives = [specjax.sd_rejections(), specjax.batch_rejections(args.num_drafts),
-                  specjax.target_calls(lookahead=args.lookahead),
-                  specjax.biased_tradeoff(args.epsilon, weight=args.weight),
-                  specjax.kl_divergence()]
+    family = specjax.tuning.draft_family(args.family, args.states, args.horizon, rank=args.rank)
+    named = specjax.tuning.make_objective  # the objectives by name, with their labels
+    objectives = [named("sd"), named("batch", num_drafts=args.num_drafts),
+                  named("calls", lookahead=args.lookahead),
+                  specjax.tuning.biased_tradeoff(args.epsilon, weight=args.weight),
+                  specjax.tuning.kl_divergence()]
     by_kind = {obj.kind: obj for obj in objectives}
     tuned_for = ["sd", "batch"] + ([args.objective] if args.objective not in ("sd", "batch")
                                    else [])
@@ -99,7 +100,7 @@ def run(args):
     optimizer = optax.adam(optax.cosine_decay_schedule(args.learning_rate, args.steps))
 
     initial = family.init(jax.random.key(args.seed))
-    params = {"initial": initial, "kl_fit": specjax.kl_fit(family, target)}
+    params = {"initial": initial, "kl_fit": specjax.tuning.kl_fit(family, target)}
     histories, seconds = {}, {}
     for kind in tuned_for:
         start = time.perf_counter()

@@ -32,12 +32,13 @@ def study(seeds, families, num_drafts, *, states=7, horizon=50, steps=2000, lear
     for seed in seeds:
         _, target = specjax.paper_instance(seed, states, horizon)
         for name in families:
-            family = specjax.draft_family(name, states, horizon, rank=rank)
-            fit = specjax.kl_fit(family, target)
-            tuned_sd = specjax.tune_draft(family, fit, target, specjax.sd_rejections(),
+            family = specjax.tuning.draft_family(name, states, horizon, rank=rank)
+            fit = specjax.tuning.kl_fit(family, target)
+            tuned_sd = specjax.tune_draft(family, fit, target,
+                                          specjax.objective(specjax.Speculative()),
                                           num_steps=steps, optimizer=optimizer).draft
             for m in num_drafts:
-                objective = specjax.batch_rejections(m)
+                objective = specjax.objective(specjax.BatchSpeculative(m))
                 tuned_batch = specjax.tune_draft(family, fit, target, objective,
                                                  num_steps=steps, optimizer=optimizer).draft
                 drafts = {"kl_fit": family.chain(fit), "tuned_sd": tuned_sd,

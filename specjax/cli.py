@@ -293,13 +293,13 @@ def simulate(args) -> None:
         ("autoregressive (Alg. 3)", lambda k: specjax.autoregressive_decoding(k, target, c),
          None),
         ("SD, K = T (Alg. 1)", lambda k: specjax.speculative_decoding(k, draft, target, c),
-         specjax.exact_speculative_decoding(draft, target)),
+         specjax.exact(specjax.Speculative(), draft, target)),
         ("SD, K = 4", lambda k: specjax.speculative_decoding(k, draft, target, c, lookahead=4),
-         specjax.exact_speculative_decoding(draft, target, lookahead=4)),
+         specjax.exact(specjax.Speculative(4), draft, target)),
     ] + [
         (f"batch SD, M = {m} (Alg. 4)",
          lambda k, m=m: specjax.batch_speculative_decoding(k, draft, target, c, num_drafts=m),
-         specjax.exact_batch_speculative_decoding(draft, target, num_drafts=m))
+         specjax.exact(specjax.BatchSpeculative(m), draft, target))
         for m in (2, 4, 5)
     ]
     header = f"{'decoder':<26}{'N_rej':>9}{'± se':>8}{'exact':>9}{'calls':>9}{'± se':>8}" \

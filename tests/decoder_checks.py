@@ -131,10 +131,10 @@ def assert_exact_matches_adaptive_literal(decoder, pair, summary, cost, tol=1e-1
     num_states, horizon = pair[1][1].shape[-1], pair[1][1].shape[0]
     rejected = ref.rejected_measure(joint, num_states, horizon)
     assert np.abs(np.asarray(exact.rejected) - rejected).max() < tol
-    timed = specjax.decoding_time(decoder, draft, target, cost)
+    timed = specjax.theory.decoding_time(decoder, draft, target, cost)
     assert abs(float(timed.expected_time) - means["time"]) < tol
     assert abs(float(timed.expected_draft_passes) - means["drafted"]) < tol
-    metrics = specjax.engine_metrics(decoder, draft, target)
+    metrics = specjax.theory.engine_metrics(decoder, draft, target)
     assert abs(float(metrics.expected_drafted) - means["drafted"]) < tol
     assert abs(float(jnp.sum(metrics.accepted_at)) - means["kept"]) < tol
     return exact

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+import specjax.compat  # the deprecated conveniences' own cases (their warnings are recorded)
 
 OUTCOMES = ("clear error", "right", "silent", "cryptic", "crash")
 PASSING = ("clear error", "right")
@@ -199,7 +200,7 @@ def reference64(name: str) -> float:
         if name.startswith("batch"):
             return float(specjax.batch_expected_rejections(d, t, num_drafts=int(name[5:])))
         if name == "block2_calls":
-            return float(specjax.exact_block_expected_calls(d, t, lookahead=2))
+            return float(specjax.exact(specjax.BlockVerification(2), d, t).expected_calls)
         if name == "biased":
             return float(specjax.exact(specjax.BiasedSpeculative(0.1), d, t).expected_rejections)
     raise KeyError(name)
@@ -570,7 +571,7 @@ def _cases() -> list[Case]:
             a, b, num_drafts=3),
         "accepted_length": lambda a, b: S.accepted_length(S.Speculative(2), a, b),
         "output_chain": lambda a, b: S.output_chain(S.Speculative(), a, b),
-        "sequence_kl": lambda a, b: S.sequence_kl(a, b),
+        "sequence_kl": lambda a, b: S.theory.sequence_kl(a, b),
     }
     for entry, fn in entries.items():
         names = ("model_a", "model_b") if entry == "sequence_kl" else ("draft", "target")
@@ -615,9 +616,9 @@ def _cases() -> list[Case]:
                              ("p",), None),
         "batch_improvement": (lambda p, q: S.batch_improvement(p, q, num_drafts=2), ("p",),
                               None),
-        "batch_residual_mass": (lambda p, q: S.batch_residual_mass(p, q, num_drafts=2), ("p",),
-                                None),
-        "pareto_front": (lambda p, q: S.pareto_front(p, q, jnp.asarray([0.0, 0.1])), ("p",),
+        "batch_residual_mass": (lambda p, q: S.decoders.batch_residual_mass(p, q, num_drafts=2),
+                                ("p",), None),
+        "pareto_front": (lambda p, q: S.theory.pareto_front(p, q, jnp.asarray([0.0, 0.1])), ("p",),
                          None),
         "optimal_acceptance": (lambda p, q: S.optimal_acceptance(p, q, num_drafts=2), ("p",),
                                lambda: 1 - max(P()[list(a)].sum() ** 2 - Q()[list(a)].sum()
@@ -737,13 +738,14 @@ def _cases() -> list[Case]:
             kk, d(), t(), C, epsilon=0.0), trace_right()),
         "rejection_decoding": (lambda kk: S.rejection_decoding(
             kk, d(), t(), C, accept_prob=sd_accept, residual=sd_residual), trace_right()),
-        "block_verification_decoding": (lambda kk: S.block_verification_decoding(
-            kk, d(), t(), C, lookahead=2), trace_right()),
+        "compat.block_verification_decoding": (
+            lambda kk: S.compat.block_verification_decoding(kk, d(), t(), C, lookahead=2),
+            trace_right()),
         "random_markov_chain": (lambda kk: S.random_markov_chain(kk, V, T),
                                 lambda c: is_law(c.trans)),
         "audit": (lambda kk: S.audit(kk, specjax.auditing.rules.speculative_rule, p1(), q1(),
                                      num_samples=20_000), lambda r: not r.any_biased),
-        "FullDraft.init": (lambda kk: S.FullDraft(V, T).init(kk), returned),
+        "FullDraft.init": (lambda kk: S.tuning.FullDraft(V, T).init(kk), returned),
     }
     for entry, (fn, check) in key_entries.items():
         for what, make in list(bad_keys.items())[:None if entry in every_key else 3]:
@@ -826,12 +828,14 @@ def _cases() -> list[Case]:
     add(kind, "batch_expected_rejections", "num_drafts math.inf (valid)",
         lambda: S.batch_expected_rejections(d(), t(), num_drafts=math.inf),
         check=exact_right("batch_inf"))
-    add(kind, "exact_speculative_decoding", "lookahead 0",
-        lambda: S.exact_speculative_decoding(d(), t(), lookahead=0), "lookahead")
-    add(kind, "exact_speculative_decoding", "lookahead 2 (valid)",
-        lambda: S.exact_speculative_decoding(d(), t(), lookahead=2), check=exact_right("sd_k2"))
-    add(kind, "exact_batch_speculative_decoding", "num_drafts 0",
-        lambda: S.exact_batch_speculative_decoding(d(), t(), num_drafts=0), "num_drafts")
+    add(kind, "compat.exact_speculative_decoding", "lookahead 0",
+        lambda: S.compat.exact_speculative_decoding(d(), t(), lookahead=0), "lookahead")
+    add(kind, "compat.exact_speculative_decoding", "lookahead 2 (valid)",
+        lambda: S.compat.exact_speculative_decoding(d(), t(), lookahead=2),
+        check=exact_right("sd_k2"))
+    add(kind, "compat.exact_batch_speculative_decoding", "num_drafts 0",
+        lambda: S.compat.exact_batch_speculative_decoding(d(), t(), num_drafts=0),
+        "num_drafts")
     add(kind, "expected_calls", "lookahead 0",
         lambda: S.expected_calls(d(), t(), lookahead=0), "lookahead")
     add(kind, "expected_calls", "K = T (valid)", lambda: S.expected_calls(d(), t()),
@@ -844,16 +848,16 @@ def _cases() -> list[Case]:
         add(kind, "accepted_length", f"position {value!r}",
             lambda v=value: S.accepted_length(S.Speculative(2), d(), t(), position=v),
             "position")
-    add(kind, "exact_block_accepted_length", "prev_token V",
-        lambda: S.exact_block_accepted_length(d(), t(), lookahead=2, prev_token=V),
+    add(kind, "compat.exact_block_accepted_length", "prev_token V",
+        lambda: S.compat.exact_block_accepted_length(d(), t(), lookahead=2, prev_token=V),
         "prev_token")
     add(kind, "exact_tokenwise_accepted_length", "position 0",
-        lambda: S.exact_tokenwise_accepted_length(d(), t(), lookahead=2, position=0),
+        lambda: S.theory.exact_tokenwise_accepted_length(d(), t(), lookahead=2, position=0),
         "position")
     add(kind, "exact_joint_accepted_length", "lookahead 0",
-        lambda: S.exact_joint_accepted_length(d(), t(), lookahead=0), "lookahead")
-    add(kind, "exact_block_expected_calls", "lookahead 2 (valid)",
-        lambda: S.exact_block_expected_calls(d(), t(), lookahead=2),
+        lambda: S.theory.exact_joint_accepted_length(d(), t(), lookahead=0), "lookahead")
+    add(kind, "compat.exact_block_expected_calls", "lookahead 2 (valid)",
+        lambda: S.compat.exact_block_expected_calls(d(), t(), lookahead=2),
         check=lambda r: close(r, reference64("block2_calls")))
     add(kind, "random_markov_chain", "num_states 0",
         lambda: S.random_markov_chain(k(), 0, T), "num_states")
@@ -864,41 +868,46 @@ def _cases() -> list[Case]:
     add(kind, "paper_instance", "num_states 0", lambda: S.paper_instance(num_states=0),
         "num_states")
     add(kind, "paper_instance", "seed 'ten'", lambda: S.paper_instance(seed="ten"), "seed")
-    add(kind, "draft_family", "name 'foo'", lambda: S.draft_family("foo", V, T),
+    add(kind, "draft_family", "name 'foo'", lambda: S.tuning.draft_family("foo", V, T),
         ("name", "family"))
-    add(kind, "LowRankDraft", "rank 0", lambda: S.LowRankDraft(V, T, rank=0), "rank")
-    add(kind, "LowRankDraft", "rank V+1", lambda: S.LowRankDraft(V, T, rank=V + 1), "rank")
-    add(kind, "FullDraft", "num_states 0", lambda: S.FullDraft(0, T), "num_states")
-    add(kind, "StationaryDraft", "horizon -1", lambda: S.StationaryDraft(V, -1), "horizon")
-    add(kind, "ContextFreeDraft", "num_states '4'", lambda: S.ContextFreeDraft("4", T),
+    add(kind, "LowRankDraft", "rank 0", lambda: S.tuning.LowRankDraft(V, T, rank=0), "rank")
+    add(kind, "LowRankDraft", "rank V+1", lambda: S.tuning.LowRankDraft(V, T, rank=V + 1), "rank")
+    add(kind, "FullDraft", "num_states 0", lambda: S.tuning.FullDraft(0, T), "num_states")
+    add(kind, "StationaryDraft", "horizon -1", lambda: S.tuning.StationaryDraft(V, -1), "horizon")
+    add(kind, "ContextFreeDraft", "num_states '4'", lambda: S.tuning.ContextFreeDraft("4", T),
         "num_states")
     add(kind, "objective", "quantity 'foo'", lambda: S.objective(S.Speculative(), "foo"),
         "quantity")
-    add(kind, "make_objective", "name 'foo'", lambda: S.make_objective("foo"),
+    add(kind, "make_objective", "name 'foo'", lambda: S.tuning.make_objective("foo"),
         ("name", "objective"))
-    add(kind, "sd_rejections", "lookahead 0", lambda: S.sd_rejections(lookahead=0),
+    add(kind, "compat.sd_rejections", "lookahead 0",
+        lambda: S.compat.sd_rejections(lookahead=0),
         "lookahead")
-    add(kind, "batch_rejections", "num_drafts 0", lambda: S.batch_rejections(0), "num_drafts")
-    add(kind, "target_calls", "lookahead -1", lambda: S.target_calls(lookahead=-1),
+    add(kind, "compat.batch_rejections", "num_drafts 0",
+        lambda: S.compat.batch_rejections(0), "num_drafts")
+    add(kind, "compat.target_calls", "lookahead -1",
+        lambda: S.compat.target_calls(lookahead=-1),
         "lookahead")
-    fam = lambda: S.FullDraft(V, T)
+    fam = lambda: S.tuning.FullDraft(V, T)
+    sd = lambda: S.objective(S.Speculative())  # SD's expected rejections
     add(kind, "tune_draft", "num_steps 0",
-        lambda: S.tune_draft(fam(), fam().uniform(), t(), S.sd_rejections(), num_steps=0),
+        lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=0),
         "num_steps")
     add(kind, "tune_draft", "log_every 0",
-        lambda: S.tune_draft(fam(), fam().uniform(), t(), S.sd_rejections(), num_steps=2,
+        lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=2,
                              log_every=0), "log_every")
     add(kind, "tune_draft", "optimizer 'adam'",
-        lambda: S.tune_draft(fam(), fam().uniform(), t(), S.sd_rejections(), num_steps=2,
+        lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=2,
                              optimizer="adam"), "optimizer")
     add(kind, "tune_draft", "objective 'sd'",
         lambda: S.tune_draft(fam(), fam().uniform(), t(), "sd", num_steps=2), "objective")
     add(kind, "tune_draft", "5 steps of SD rejections (valid)",
-        lambda: S.tune_draft(fam(), fam().uniform(), t(), S.sd_rejections(), num_steps=5),
+        lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=5),
         check=lambda r: float(r.value) <= float(S.expected_rejections(
             fam().chain(fam().uniform()), t())) + 1e-6)
-    add(kind, "kl_fit", "num_steps 0", lambda: S.kl_fit(fam(), t(), num_steps=0), "num_steps")
-    add(kind, "kl_fit", "family a string", lambda: S.kl_fit("full", t()), "family")
+    add(kind, "kl_fit", "num_steps 0", lambda: S.tuning.kl_fit(fam(), t(), num_steps=0),
+        "num_steps")
+    add(kind, "kl_fit", "family a string", lambda: S.tuning.kl_fit("full", t()), "family")
     add(kind, "audit", "num_samples 0",
         lambda: S.audit(k(), specjax.auditing.rules.speculative_rule, p1(), q1(),
                         num_samples=0), "num_samples")
@@ -942,11 +951,11 @@ def _cases() -> list[Case]:
         "tokens")
     add(kind, "process_logits", "top_p 0", lambda: S.process_logits(jnp.zeros(V), top_p=0.0),
         "top_p")
-    add(kind, "process_chain", "chain a string", lambda: S.process_chain("bigram"), "chain")
-    add(kind, "process_model", "model a string", lambda: S.process_model("bigram"), "model")
-    add(kind, "with_prompt", "model a string", lambda: S.with_prompt("bigram", [1]), "model")
-    add(kind, "with_prompt", "prompt id V", lambda: S.with_prompt(t(), [0, V]), "prompt")
-    add(kind, "with_prompt", "empty prompt", lambda: S.with_prompt(t(), []), "prompt")
+    add(kind, "process_chain", "chain a string", lambda: S.models.process_chain("bigram"), "chain")
+    add(kind, "process_model", "model a string", lambda: S.models.process_model("bigram"), "model")
+    add(kind, "with_prompt", "model a string", lambda: S.models.with_prompt("bigram", [1]), "model")
+    add(kind, "with_prompt", "prompt id V", lambda: S.models.with_prompt(t(), [0, V]), "prompt")
+    add(kind, "with_prompt", "empty prompt", lambda: S.models.with_prompt(t(), []), "prompt")
     for name, make, arg in (("TypicalAcceptance", lambda: S.TypicalAcceptance(1.5), "threshold"),
                             ("LenientSpeculative", lambda: S.LenientSpeculative(0.0),
                              "lenience"),
@@ -955,9 +964,9 @@ def _cases() -> list[Case]:
                              "threshold_single")):
         add(kind, name, f"{arg} out of range", lambda make=make: S.exact(make(), d(), t()), arg)
     add(kind, "chain_sharding", "devices []", lambda: S.chain_sharding(devices=[]), "devices")
-    add(kind, "greedy_draft", "model a string", lambda: S.greedy_draft("bigram"), "model")
+    add(kind, "greedy_draft", "model a string", lambda: S.models.greedy_draft("bigram"), "model")
     add(kind, "GreedyModel", "model a MarkovChain... as a string",
-        lambda: S.GreedyModel("x"), "model")
+        lambda: S.models.GreedyModel("x"), "model")
     add(kind, "NGramModel", "order 0",
         lambda: S.NGramModel(jnp.full((1, V), 1 / V), 0), "order")
     add(kind, "NGramModel.fit", "order 0",
@@ -983,14 +992,14 @@ def _cases() -> list[Case]:
         lambda: S.biased_speculative_decoding(k(), d(), t(), C, epsilon=0.1),
         check=lambda r: hist_close(r.tokens, np_marginals(
             np_pair()[0], np_biased_output(np_pair()[1], np_pair()[2], 0.1))))
-    add(kind, "exact_biased_speculative_decoding", "epsilon -1",
-        lambda: S.exact_biased_speculative_decoding(d(), t(), epsilon=-1.0), "epsilon")
-    add(kind, "exact_biased_speculative_decoding", "epsilon 0.1 (valid)",
-        lambda: S.exact_biased_speculative_decoding(d(), t(), epsilon=0.1),
+    add(kind, "compat.exact_biased_speculative_decoding", "epsilon -1",
+        lambda: S.compat.exact_biased_speculative_decoding(d(), t(), epsilon=-1.0), "epsilon")
+    add(kind, "compat.exact_biased_speculative_decoding", "epsilon 0.1 (valid)",
+        lambda: S.compat.exact_biased_speculative_decoding(d(), t(), epsilon=0.1),
         check=exact_right("biased", marg=np_marginals(
             np_pair()[0], np_biased_output(np_pair()[1], np_pair()[2], 0.1))))
     add(kind, "biased_output_chain", "epsilon NaN",
-        lambda: S.biased_output_chain(d(), t(), epsilon=math.nan), "epsilon")
+        lambda: S.theory.biased_output_chain(d(), t(), epsilon=math.nan), "epsilon")
     add(kind, "acceptance_probability", "epsilon NaN",
         lambda: S.acceptance_probability(p1(), q1(), epsilon=math.nan), "epsilon")
     add(kind, "acceptance_probability", "epsilon -0.5",
@@ -1003,15 +1012,16 @@ def _cases() -> list[Case]:
         check=lambda c: is_law(c.trans))
     for what, eps in (("[NaN]", [math.nan]), ("[-0.1]", [-0.1]), ("2-D", [[0.1]])):
         add(kind, "pareto_front", f"epsilons {what}",
-            lambda e=eps: S.pareto_front(p1(), q1(), jnp.asarray(e)), "epsilons")
+            lambda e=eps: S.theory.pareto_front(p1(), q1(), jnp.asarray(e)), "epsilons")
     for what, w in (("NaN", math.nan), ("-1", -1.0)):
         add(kind, "objective", f"weight {what}",
             lambda w=w: S.objective(S.BiasedSpeculative(0.1), "tradeoff", weight=w), "weight")
-    add(kind, "biased_tradeoff", "epsilon NaN", lambda: S.biased_tradeoff(math.nan), "epsilon")
+    add(kind, "biased_tradeoff", "epsilon NaN", lambda: S.tuning.biased_tradeoff(math.nan),
+        "epsilon")
     add(kind, "make_objective", "biased, epsilon NaN",
-        lambda: S.make_objective("biased", epsilon=math.nan), "epsilon")
+        lambda: S.tuning.make_objective("biased", epsilon=math.nan), "epsilon")
     add(kind, "kl_divergence", "valid (a uniform draft)",
-        lambda: S.kl_divergence()(fam().chain(fam().uniform()), t()),
+        lambda: S.tuning.kl_divergence()(fam().chain(fam().uniform()), t()),
         check=lambda r: float(r) >= 0)
     for what, a in (("0", 0.0), ("1.5", 1.5), ("NaN", math.nan)):
         add(kind, "audit", f"alpha {what}",
@@ -1028,12 +1038,12 @@ def _cases() -> list[Case]:
     add(kind, "NGramModel.fit", "backoff 0",
         lambda: S.NGramModel.fit([np.arange(V)], order=2, num_states=V, backoff=0.0),
         "backoff")
-    add(kind, "FullDraft.init", "scale NaN", lambda: S.FullDraft(V, T).init(k(), math.nan),
+    add(kind, "FullDraft.init", "scale NaN", lambda: S.tuning.FullDraft(V, T).init(k(), math.nan),
         "scale")
     add(kind, "tune_draft", "params with a NaN",
         lambda: S.tune_draft(fam(), jax.tree_util.tree_map(
             lambda x: x.at[(0,) * x.ndim].set(jnp.nan), fam().uniform()), t(),
-            S.sd_rejections(), num_steps=2), "params")
+            sd(), num_steps=2), "params")
     add(kind, "tune_draft", "an objective that is NaN at the start",
         lambda: S.tune_draft(fam(), fam().uniform(), t(), _nan_objective, num_steps=2),
         "objective")
@@ -1043,7 +1053,7 @@ def _cases() -> list[Case]:
     rule_entries = {
         "rejection_decoding": lambda a, r: S.rejection_decoding(
             k(), d(), t(), C, accept_prob=a, residual=r),
-        "exact_rejection_decoding": lambda a, r: S.exact_rejection_decoding(
+        "compat.exact_rejection_decoding": lambda a, r: S.compat.exact_rejection_decoding(
             d(), t(), accept_prob=a, residual=r),
         "decode": lambda a, r: S.decode(k(), S.RejectionRule(a, r), d(), t(), C),
         "exact": lambda a, r: S.exact(S.RejectionRule(a, r), d(), t()),
@@ -1052,7 +1062,7 @@ def _cases() -> list[Case]:
     valid_checks = {
         "rejection_decoding": trace_right(),
         "decode": trace_right(),
-        "exact_rejection_decoding": exact_right("sd", marg=target_marginals(), rtol=1e-4),
+        "compat.exact_rejection_decoding": exact_right("sd", marg=target_marginals(), rtol=1e-4),
         "exact": exact_right("sd", marg=target_marginals(), rtol=1e-4),
         "output_chain": lambda c: close(c.trans, np_pair()[2], atol=1e-5),
     }
@@ -1171,7 +1181,7 @@ def _cases() -> list[Case]:
     add(kind, "NGramModel.fit", "float sequences",
         lambda: S.NGramModel.fit([np.array([0.0, 1.0])], order=2, num_states=V), "sequences")
     add(kind, "greedy_draft", "an n-gram (valid)",
-        lambda: S.greedy_draft(S.NGramModel.fit([np.arange(V)], order=2, num_states=V)),
+        lambda: S.models.greedy_draft(S.NGramModel.fit([np.arange(V)], order=2, num_states=V)),
         check=lambda g: is_law(g.table))
     add(kind, "accepted_length", "protocol models",
         lambda: S.accepted_length(S.Speculative(2), tm("draft"), tm("target")),
@@ -1189,8 +1199,8 @@ def _cases() -> list[Case]:
         isolate=True)
     add(kind, "speculative_decoding", "num_chains 2**31",
         lambda: S.speculative_decoding(k(), d(), t(), 2**31), "num_chains", isolate=True)
-    add(kind, "block_verification_decoding", "num_chains 2**29",
-        lambda: S.block_verification_decoding(k(), d(), t(), 2**29, lookahead=2),
+    add(kind, "compat.block_verification_decoding", "num_chains 2**29",
+        lambda: S.compat.block_verification_decoding(k(), d(), t(), 2**29, lookahead=2),
         "num_chains", isolate=True)
     add(kind, "decode", "protocol models, horizon 2**28",
         lambda: S.decode(k(), S.Speculative(), tm("draft"), tm("target"), 64, horizon=2**28),
@@ -1204,15 +1214,15 @@ def _cases() -> list[Case]:
         ("num_states", "draft", "target", "num_chains"),
         check=lambda r: r.tokens.shape == (1000, 3), isolate=True)
     add(kind, "FullDraft.init", "V = 50_000",
-        lambda: S.FullDraft(50_000, T).init(k()), "num_states", isolate=True)
+        lambda: S.tuning.FullDraft(50_000, T).init(k()), "num_states", isolate=True)
     add(kind, "tune_draft", "num_steps 2**31",
-        lambda: S.tune_draft(fam(), fam().uniform(), t(), S.sd_rejections(), num_steps=2**31),
+        lambda: S.tune_draft(fam(), fam().uniform(), t(), sd(), num_steps=2**31),
         "num_steps", isolate=True)
     add(kind, "audit", "num_samples 2**31",
         lambda: S.audit(k(), specjax.auditing.rules.speculative_rule, p1(), q1(),
                         num_samples=2**31), "num_samples", isolate=True)
     add(kind, "exact_joint_accepted_length", "V**K = 4**14 blocks",
-        lambda: S.exact_joint_accepted_length(*_uniform_pair(4, 14), lookahead=14),
+        lambda: S.theory.exact_joint_accepted_length(*_uniform_pair(4, 14), lookahead=14),
         "lookahead", isolate=True)
     add(kind, "NGramModel.fit", "order 14, V = 4",
         lambda: S.NGramModel.fit([np.arange(V)], order=14, num_states=V), "order",
@@ -1306,13 +1316,13 @@ def _cases() -> list[Case]:
         lambda: jax.jit(lambda kk: S.decoding_statistics(kk, S.Speculative(), d(), t(), C)
                         .num_rejections)(k()), ("jit", "key"))
     add(kind, "pareto_front", "jax.jit (valid)",
-        lambda: jax.jit(S.pareto_front)(p1(), q1(), jnp.asarray([0.0, 0.1])),
+        lambda: jax.jit(S.theory.pareto_front)(p1(), q1(), jnp.asarray([0.0, 0.1])),
         check=lambda r: close(r.loss_star[0], 0.0))
     add(kind, "acceptance_probability", "jax.jit with epsilon keyword (valid)",
         lambda: jax.jit(S.acceptance_probability)(p1(), q1(), epsilon=0.1),
         check=lambda r: close(r, np.minimum(1, (Q() + 0.1) / P())))
-    add(kind, "objective", "jax.grad of batch_rejections(3) in the draft (valid)",
-        lambda: jax.grad(S.batch_rejections(3))(d(), t()),
+    add(kind, "objective", "jax.grad of objective(BatchSpeculative(3)) in the draft (valid)",
+        lambda: jax.grad(S.objective(S.BatchSpeculative(3)))(d(), t()),
         check=lambda g: g.trans.shape == (T, V, V))
 
     # ----------------------------------------------------------------- CLI
@@ -1386,25 +1396,25 @@ def _cases() -> list[Case]:
         lambda: S.decode(k(), S.DynamicTree(4, max_depth=2), d(), t(), C),
         check=trace_right())
     add(kind, "positional_acceptance", "num_children 0",
-        lambda: S.positional_acceptance(d(), t(), num_children=0), "num_children")
+        lambda: S.theory.positional_acceptance(d(), t(), num_children=0), "num_children")
     add(kind, "positional_acceptance", "children 'foo'",
-        lambda: S.positional_acceptance(d(), t(), num_children=2, children="foo"),
+        lambda: S.theory.positional_acceptance(d(), t(), num_children=2, children="foo"),
         "children")
     add(kind, "best_token_tree", "budget 11",
-        lambda: S.best_token_tree(d(), t(), budget=11, max_depth=2), "budget")
+        lambda: S.theory.best_token_tree(d(), t(), budget=11, max_depth=2), "budget")
     add(kind, "best_token_tree", "max_depth beyond the horizon",
-        lambda: S.best_token_tree(d(), t(), budget=3, max_depth=T + 1), "max_depth")
+        lambda: S.theory.best_token_tree(d(), t(), budget=3, max_depth=T + 1), "max_depth")
     add(kind, "sequoia_tree", "budget 0",
         lambda: S.sequoia_tree(jnp.asarray([0.5, 0.3]), budget=0, max_depth=2), "budget")
     add(kind, "sequoia_tree", "acceptance summing to 1.5",
         lambda: S.sequoia_tree(jnp.asarray([0.9, 0.6]), budget=3, max_depth=2),
         "acceptance")
     add(kind, "sequoia_hardware_tree", "target_cost table too short",
-        lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=0.1,
+        lambda: S.theory.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=0.1,
                                         target_cost=jnp.ones(3), max_budget=8,
                                         max_depth=3), "target_cost")
     add(kind, "sequoia_hardware_tree", "draft_cost None",
-        lambda: S.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=None,
+        lambda: S.theory.sequoia_hardware_tree(jnp.asarray([0.5, 0.3]), draft_cost=None,
                                         target_cost=jnp.ones(9), max_budget=8,
                                         max_depth=3), "draft_cost")
     add(kind, "CostModel", "target_cost -1", lambda: S.CostModel(0.1, -1.0), "target_cost")
@@ -1417,23 +1427,25 @@ def _cases() -> list[Case]:
         lambda: S.expected_time(S.Speculative(lookahead=3), d(), t(),
                                 S.CostModel(0.1, [0.0, 1.0, 1.0])), "target_cost")
     add(kind, "decoding_time", "TokenTree((2, 1)) (valid)",
-        lambda: S.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
+        lambda: S.theory.decoding_time(S.TokenTree((2, 1)), d(), t(), S.CostModel(0.1, 1.0)),
         check=returned)
     add(kind, "engine_metrics", "target a dict",
-        lambda: S.engine_metrics(S.Speculative(lookahead=2), d(), {"trans": 1}), "MarkovChain")
+        lambda: S.theory.engine_metrics(S.Speculative(lookahead=2), d(),
+                                        {"trans": 1}), "MarkovChain")
     add(kind, "engine_metrics", "TokenTree((2, 1)) (valid)",
-        lambda: S.engine_metrics(S.TokenTree((2, 1)), d(), t()), check=returned)
+        lambda: S.theory.engine_metrics(S.TokenTree((2, 1)), d(), t()), check=returned)
     add(kind, "best_tree_budget", "max_budget 1",
-        lambda: S.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1, max_depth=2),
+        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=1,
+                                          max_depth=2),
         "max_budget")
     add(kind, "best_tree_budget", "children 'foo'",
-        lambda: S.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=3, max_depth=2,
-                                   children="foo"), "children")
+        lambda: S.theory.best_tree_budget(d(), t(), S.CostModel(0.1, 1.0), max_budget=3,
+                                          max_depth=2, children="foo"), "children")
     add(kind, "best_lookahead", "max_lookahead 0",
-        lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
+        lambda: S.theory.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
         "max_lookahead")
     add(kind, "best_lookahead", "max_lookahead 2.5",
-        lambda: S.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2.5),
+        lambda: S.theory.best_lookahead(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2.5),
         "max_lookahead")
 
     # Adaptive draft lengths: stopping policies and the optimal one.
@@ -1441,34 +1453,39 @@ def _cases() -> list[Case]:
     add(kind, "AdaptiveSpeculative", "policy a lambda",
         lambda: adaptive(lambda s: s.depth > 1, max_lookahead=2), "policy")
     add(kind, "AdaptiveSpeculative", "max_lookahead 0",
-        lambda: adaptive(S.FixedLength(2), max_lookahead=0), "max_lookahead")
-    add(kind, "FixedLength", "length 2.5", lambda: S.FixedLength(2.5), "length")
+        lambda: adaptive(S.decoders.FixedLength(2), max_lookahead=0), "max_lookahead")
+    add(kind, "FixedLength", "length 2.5", lambda: S.decoders.FixedLength(2.5), "length")
     add(kind, "RejectionThreshold", "threshold 1.5",
-        lambda: S.exact(adaptive(S.RejectionThreshold(1.5), max_lookahead=2), d(), t()),
+        lambda: S.exact(adaptive(S.decoders.RejectionThreshold(1.5), max_lookahead=2), d(), t()),
         "threshold")
     add(kind, "EntropyThreshold", "threshold -1",
-        lambda: S.decode(k(), adaptive(S.EntropyThreshold(-1.0), max_lookahead=2), d(), t(), C),
+        lambda: S.decode(k(), adaptive(S.decoders.EntropyThreshold(-1.0), max_lookahead=2), d(),
+                         t(), C),
         "threshold")
     add(kind, "ConfidenceThreshold", "threshold NaN",
-        lambda: S.exact(adaptive(S.ConfidenceThreshold(math.nan), max_lookahead=2), d(), t()),
+        lambda: S.exact(adaptive(S.decoders.ConfidenceThreshold(math.nan), max_lookahead=2), d(),
+                        t()),
         "threshold")
-    add(kind, "StoppingRule", "fn 3", lambda: S.StoppingRule(3), "fn")
+    add(kind, "StoppingRule", "fn 3", lambda: S.decoders.StoppingRule(3), "fn")
     add(kind, "StoppingRule", "fn returning floats",
-        lambda: S.exact(adaptive(S.StoppingRule(lambda s: 0.5 + 0 * s.depth), max_lookahead=2),
+        lambda: S.exact(adaptive(S.decoders.StoppingRule(lambda s: 0.5 + 0 * s.depth),
+                                 max_lookahead=2),
                         d(), t()), "fn")
     add(kind, "ThresholdTable", "table for another horizon",
-        lambda: S.exact(adaptive(S.ThresholdTable(jnp.zeros((T + 1, 3, V))), max_lookahead=2),
+        lambda: S.exact(adaptive(S.decoders.ThresholdTable(jnp.zeros((T + 1, 3, V))),
+                                 max_lookahead=2),
                         d(), t()), "thresholds")
     add(kind, "decode", "AdaptiveSpeculative(RejectionThreshold(0.3)) (valid)",
-        lambda: S.decode(k(), adaptive(S.RejectionThreshold(0.3), max_lookahead=2), d(), t(), C),
+        lambda: S.decode(k(), adaptive(S.decoders.RejectionThreshold(0.3), max_lookahead=2), d(),
+                         t(), C),
         check=trace_right())
     add(kind, "optimal_stopping", "max_lookahead 0",
-        lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
+        lambda: S.theory.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=0),
         "max_lookahead")
     add(kind, "optimal_stopping", "cost a tuple",
-        lambda: S.optimal_stopping(d(), t(), (0.1, 1.0), max_lookahead=2), "cost")
+        lambda: S.theory.optimal_stopping(d(), t(), (0.1, 1.0), max_lookahead=2), "cost")
     add(kind, "optimal_stopping", "(valid)",
-        lambda: S.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2),
+        lambda: S.theory.optimal_stopping(d(), t(), S.CostModel(0.1, 1.0), max_lookahead=2),
         check=returned)
     add(kind, "HeuristicSchedule", "initial above max_lookahead",
         lambda: S.HeuristicSchedule(5, max_lookahead=3), "initial")
@@ -1493,10 +1510,11 @@ def _cases() -> list[Case]:
         lambda: S.optimal_rate(*_stationary(), S.CostModel(0.1, 1.0), max_lookahead=2),
         check=returned)
     add(kind, "stationary_rate", "a token-wise decoder",
-        lambda: S.stationary_rate(S.Speculative(lookahead=2), *_stationary(),
+        lambda: S.theory.stationary_rate(S.Speculative(lookahead=2), *_stationary(),
                                   S.CostModel(0.1, 1.0)), "decoder")
     add(kind, "stationary_rate", "TokenTree((2, 1)) (valid)",
-        lambda: S.stationary_rate(S.TokenTree((2, 1)), *_stationary(), S.CostModel(0.1, 1.0)),
+        lambda: S.theory.stationary_rate(S.TokenTree((2, 1)), *_stationary(),
+                                         S.CostModel(0.1, 1.0)),
         check=returned)
 
     ids = [c.id for c in cases]

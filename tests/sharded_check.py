@@ -15,7 +15,10 @@ from jax.sharding import PartitionSpec as P
 
 import specjax
 from specjax.sampling import decoding as decode
-from sampler_cases import REPRODUCIBLE as CASES
+from sampler_cases import CASES
+from sampler_cases import MAX_DIFFERING
+from sampler_cases import REPRODUCIBLE
+from sampler_cases import differing_chains
 from sampler_cases import instance
 
 assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
@@ -50,7 +53,7 @@ def counts(trace, num_states):
 
 def same_counts(stats, trace, what):
     expected = counts(trace, len(stats.final_token_counts))
-    got = (stats.num_rejections, stats.num_calls, stats.rejections_at, stats.calls_at,
+    got = (stats.num_rejections, stats.num_calls, stats.rejected, stats.new_call,
            stats.final_token_counts)
     for i, (x, y) in enumerate(zip(got, expected)):
         if not np.array_equal(np.asarray(x), np.asarray(y)):
@@ -63,12 +66,17 @@ for name, decoder in CASES.items():
     chosen = layouts if name == "sd K=3" else {"chain_sharding()": layouts["chain_sharding()"]}
     for layout, (sharding, shards) in chosen.items():
         sharded = specjax.decode(key, decoder, draft, target, C, sharding=sharding)
-        same(plain, sharded, f"{name}, {layout}")
         pieces = {s.data.shape for s in sharded.tokens.addressable_shards}
         assert pieces == {(C // shards, target.horizon + 1)}, (name, layout, pieces)
         chunked = specjax.decoding_statistics(key, decoder, draft, target, C, sharding=sharding,
                                               chunk_size=1200)
-        same_counts(chunked, plain, f"{name}, statistics, {layout}")
+        if name in REPRODUCIBLE:
+            same(plain, sharded, f"{name}, {layout}")
+            same_counts(chunked, plain, f"{name}, statistics, {layout}")
+        else:  # the same chains but for a few whose uniform falls within an ulp of a threshold
+            for what, run in (("trace", sharded), ("statistics", chunked)):
+                share = differing_chains(run, plain)
+                assert share <= MAX_DIFFERING, (name, layout, what, share)
     print("ok", name)
 
 # Protocol models (XLA:CPU had no sharded reduce_or for their row checks) and stop tokens.

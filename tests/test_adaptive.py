@@ -51,14 +51,14 @@ def user_rule(state):
 
 # name -> (library policy, literal stop(position, depth, token, token_prob, all_accepted, row))
 POLICIES = {
-    "fixed 2": (specjax.FixedLength(2), lambda t, d, x, pr, a, row: d >= 2),
-    "SpecDec++ 0.3": (specjax.RejectionThreshold(0.3),
+    "fixed 2": (specjax.decoders.FixedLength(2), lambda t, d, x, pr, a, row: d >= 2),
+    "SpecDec++ 0.3": (specjax.decoders.RejectionThreshold(0.3),
                       lambda t, d, x, pr, a, row: d > 0 and 1 - a > 0.3),
-    "entropy 0.8": (specjax.EntropyThreshold(0.8),
+    "entropy 0.8": (specjax.decoders.EntropyThreshold(0.8),
                     lambda t, d, x, pr, a, row: d > 0 and entropy(row) > 0.8),
-    "confidence 0.4": (specjax.ConfidenceThreshold(0.4),
+    "confidence 0.4": (specjax.decoders.ConfidenceThreshold(0.4),
                        lambda t, d, x, pr, a, row: d > 0 and pr < 0.4),
-    "user rule": (specjax.StoppingRule(user_rule),
+    "user rule": (specjax.decoders.StoppingRule(user_rule),
                   lambda t, d, x, pr, a, row: (d == 0 and t % 2 == 0) or (d > 0 and x == 1)),
 }
 LOOKAHEAD = 3
@@ -79,7 +79,7 @@ def decoder_and_stop(name, draft, target):
     """``(decoder, literal stop rule, solved)`` for a name of ``POLICIES`` or ``"optimal"``
     (``solved``: the ``OptimalStopping``, else ``None``)."""
     if name == "optimal":
-        solved = specjax.optimal_stopping(draft, target, COST, max_lookahead=LOOKAHEAD)
+        solved = specjax.theory.optimal_stopping(draft, target, COST, max_lookahead=LOOKAHEAD)
         return solved.decoder, optimal_literal_stop(solved.thresholds), solved
     policy, stop = POLICIES[name]
     return specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD), stop, None
@@ -89,13 +89,13 @@ def decoder_and_stop(name, draft, target):
 @pytest.mark.parametrize("lookahead", [1, 2, 3])
 def test_fixed_length_is_speculative_decoding(lookahead, x64):
     draft, target = (chain(x) for x in random_pair(3, 3, 5, zero_fraction=0.2))
-    adaptive = specjax.AdaptiveSpeculative(specjax.FixedLength(lookahead), max_lookahead=4)
+    adaptive = specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(lookahead), max_lookahead=4)
     sd = specjax.Speculative(lookahead=lookahead)
     a, b = specjax.exact(adaptive, draft, target), specjax.exact(sd, draft, target)
     for field in ("marginals", "rejected", "new_call", "verified"):
         assert np.abs(np.asarray(getattr(a, field)) - np.asarray(getattr(b, field))).max() < 1e-12
-    ta = specjax.decoding_time(adaptive, draft, target, COST)
-    tb = specjax.decoding_time(sd, draft, target, COST)
+    ta = specjax.theory.decoding_time(adaptive, draft, target, COST)
+    tb = specjax.theory.decoding_time(sd, draft, target, COST)
     for field in ("expected_time", "expected_draft_passes", "expected_tokens_scored"):
         assert abs(float(getattr(ta, field)) - float(getattr(tb, field))) < 1e-12
 
@@ -117,10 +117,10 @@ def test_literal_is_sensitive(x64):
     """The literal comparison can fail: other policies give other times on this instance."""
     pair = random_pair(11, 3, 4, zero_fraction=0.2)
     _, _, means = literal_summary(pair, POLICIES["SpecDec++ 0.3"][1])
-    for policy in (specjax.RejectionThreshold(0.0), specjax.FixedLength(1),
-                   specjax.FixedLength(3)):
+    for policy in (specjax.decoders.RejectionThreshold(0.0), specjax.decoders.FixedLength(1),
+                   specjax.decoders.FixedLength(3)):
         other = specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD)
-        timed = specjax.decoding_time(other, *(chain(x) for x in pair), COST)
+        timed = specjax.theory.decoding_time(other, *(chain(x) for x in pair), COST)
         assert abs(float(timed.expected_time) - means["time"]) > 1e-3, policy
 
 
@@ -219,7 +219,7 @@ def test_optimal_equals_brute_force_over_policies(cost, x64):
     for choice in itertools.product((False, True), repeat=len(nodes)):
         decisions = dict(zip(nodes, choice))
         best = min(best, policy_value(pair, cost, 2, lambda n, path: decisions[(n, path)]))
-    solved = specjax.optimal_stopping(*(chain(x) for x in pair), cost, max_lookahead=2)
+    solved = specjax.theory.optimal_stopping(*(chain(x) for x in pair), cost, max_lookahead=2)
     assert abs(float(solved.expected_time) - best) < 1e-12
     assert abs(float(specjax.expected_time(solved.decoder, *(chain(x) for x in pair), cost))
                - best) < 1e-12
@@ -232,18 +232,18 @@ def test_optimal_is_never_beaten(seed, x64):
     pair = random_pair(100 + seed, 3, 6, zero_fraction=0.1 * (seed % 2))
     draft, target = (chain(x) for x in pair)
     cost = [COST, specjax.CostModel(0.4, 1.0), specjax.CostModel(0.02, 1.0)][seed % 3]
-    solved = specjax.optimal_stopping(draft, target, cost, max_lookahead=LOOKAHEAD)
+    solved = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=LOOKAHEAD)
     optimum = float(solved.expected_time)
     assert solved.threshold_form
     assert abs(float(specjax.expected_time(solved.decoder, draft, target, cost)) - optimum) < 1e-9
     assert abs(policy_value(pair, cost, LOOKAHEAD, lambda n, path: bool(
         ref_threshold_stop(solved, n, path, pair))) - optimum) < 1e-9
-    fixed = specjax.best_lookahead(draft, target, cost, max_lookahead=LOOKAHEAD)
+    fixed = specjax.theory.best_lookahead(draft, target, cost, max_lookahead=LOOKAHEAD)
     assert optimum <= fixed.times.min() + 1e-12
-    rivals = [specjax.RejectionThreshold(t) for t in (0.1, 0.3, 0.5, 0.7, 0.9)]
-    rivals += [specjax.EntropyThreshold(t) for t in (0.3, 0.6, 0.9)]
-    rivals += [specjax.ConfidenceThreshold(t) for t in (0.2, 0.4, 0.6)]
-    rivals += [specjax.StoppingRule(user_rule)]
+    rivals = [specjax.decoders.RejectionThreshold(t) for t in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    rivals += [specjax.decoders.EntropyThreshold(t) for t in (0.3, 0.6, 0.9)]
+    rivals += [specjax.decoders.ConfidenceThreshold(t) for t in (0.2, 0.4, 0.6)]
+    rivals += [specjax.decoders.StoppingRule(user_rule)]
     for policy in rivals:
         rival = specjax.AdaptiveSpeculative(policy, max_lookahead=LOOKAHEAD)
         assert optimum <= float(specjax.expected_time(rival, draft, target, cost)) + 1e-12, policy
@@ -266,8 +266,8 @@ def test_optimal_thresholds_depend_on_the_state(x64):
     draft, target = (specjax.MarkovChain(m.init.astype(jnp.float64), m.trans.astype(jnp.float64))
                      for m in (draft, target))
     cost = specjax.CostModel(0.1, 1.0)
-    solved = specjax.optimal_stopping(draft, target, cost, max_lookahead=3)
-    grid = [specjax.AdaptiveSpeculative(specjax.RejectionThreshold(t), max_lookahead=3)
+    solved = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=3)
+    grid = [specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(t), max_lookahead=3)
             for t in np.linspace(0.0, 1.0, 21)]
     best_constant = min(float(specjax.expected_time(d, draft, target, cost)) for d in grid)
     assert float(solved.expected_time) < best_constant - 1e-6
@@ -281,7 +281,7 @@ def test_threshold_is_a_leaf_under_vmap_and_jit():
     draft, target = specjax.paper_instance()
 
     def calls(threshold):
-        decoder = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(threshold),
+        decoder = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(threshold),
                                               max_lookahead=3)
         return specjax.exact(decoder, draft, target).expected_calls
 
@@ -296,8 +296,8 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
     draft, target = edge_pair(4, 4)
     d = specjax.MarkovChain(jnp.asarray(draft[0], dtype), jnp.asarray(draft[1], dtype))
     t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
-    for policy in (specjax.RejectionThreshold(0.3), specjax.EntropyThreshold(0.5),
-                   specjax.FixedLength(3)):
+    for policy in (specjax.decoders.RejectionThreshold(0.3), specjax.decoders.EntropyThreshold(0.5),
+                   specjax.decoders.FixedLength(3)):
         decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=2)
 
         def value(dd, tt, decoder=decoder):
@@ -307,10 +307,10 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
         assert np.isfinite(float(total))
         leaves = jax.tree_util.tree_leaves(grads)
         assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves), policy
-    same = specjax.exact(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3),
+    same = specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
                                                      max_lookahead=2), t, t)
     assert abs(float(same.expected_rejections)) < 1e-6  # p = q: nothing is rejected
-    solved = specjax.optimal_stopping(d, t, COST, max_lookahead=2)
+    solved = specjax.theory.optimal_stopping(d, t, COST, max_lookahead=2)
     assert np.isfinite(np.asarray(solved.values)).all()
     assert abs(float(specjax.expected_time(solved.decoder, d, t, COST))
                - float(solved.expected_time)) < (1e-9 if dtype == np.float64 else 1e-4)
@@ -319,7 +319,7 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
 def test_gradient_matches_finite_differences(x64):
     pair = random_pair(4, 3, 4)
     draft, target = (chain(x) for x in pair)
-    decoder = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.4), max_lookahead=3)
+    decoder = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.4), max_lookahead=3)
 
     def value(logits):
         moved = specjax.MarkovChain(draft.init, jax.nn.softmax(logits, axis=-1))
@@ -339,55 +339,56 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="policy must be a stopping policy"):
         specjax.AdaptiveSpeculative(0.3, max_lookahead=3)
     with pytest.raises(ValueError, match="max_lookahead"):
-        specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=0)
+        specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2), max_lookahead=0)
     with pytest.raises(ValueError, match="max_lookahead"):
-        specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=jnp.asarray(2))
+        specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2), max_lookahead=jnp.asarray(2))
     with pytest.raises(ValueError, match="length"):
-        specjax.FixedLength(2.5)
+        specjax.decoders.FixedLength(2.5)
     with pytest.raises(ValueError, match=r"threshold must be a finite number in \[0, 1\]"):
-        specjax.exact(specjax.AdaptiveSpeculative(specjax.RejectionThreshold(1.5),
+        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(1.5),
                                                   max_lookahead=2), draft, target)
     with pytest.raises(ValueError, match="threshold must be a number"):
-        specjax.exact(specjax.AdaptiveSpeculative(specjax.EntropyThreshold("high"),
+        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.EntropyThreshold("high"),
                                                   max_lookahead=2), draft, target)
     with pytest.raises(ValueError, match="fn must be a function"):
-        specjax.StoppingRule(3)
+        specjax.decoders.StoppingRule(3)
     with pytest.raises(ValueError, match="thresholds must have shape"):
-        specjax.exact(specjax.AdaptiveSpeculative(specjax.ThresholdTable(jnp.zeros(3)),
+        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.ThresholdTable(jnp.zeros(3)),
                                                   max_lookahead=2), draft, target)
     with pytest.raises(ValueError, match=r"threshold must be a finite number >= 0"):
         specjax.decode(jax.random.key(0), specjax.AdaptiveSpeculative(
-            specjax.EntropyThreshold(-1.0), max_lookahead=2), draft, target, 10)
+            specjax.decoders.EntropyThreshold(-1.0), max_lookahead=2), draft, target, 10)
     # A table that does not fit the models (here T = 2 rows for T = 50) is refused by every
     # entry point while tracing, instead of being clipped silently.
-    short = specjax.AdaptiveSpeculative(specjax.ThresholdTable(jnp.zeros((2, 3, 7))),
+    short = specjax.AdaptiveSpeculative(specjax.decoders.ThresholdTable(jnp.zeros((2, 3, 7))),
                                         max_lookahead=2)
     cost = specjax.CostModel(0.1, 1.0)
     for run in (lambda: specjax.exact(short, draft, target),
                 lambda: specjax.decode(jax.random.key(0), short, draft, target, 10),
                 lambda: specjax.expected_time(short, draft, target, cost),
-                lambda: specjax.engine_metrics(short, draft, target)):
+                lambda: specjax.theory.engine_metrics(short, draft, target)):
         with pytest.raises(ValueError, match=r"thresholds must have shape .* \(50, 3, 7\)"):
             run()
     # A user rule must return boolean flags (0.5 would be cast to True silently).
-    half = specjax.AdaptiveSpeculative(specjax.StoppingRule(lambda s: 0.5 + 0 * s.depth),
+    half = specjax.AdaptiveSpeculative(specjax.decoders.StoppingRule(lambda s: 0.5 + 0 * s.depth),
                                        max_lookahead=2)
     for run in (lambda: specjax.exact(half, draft, target),
                 lambda: specjax.decode(jax.random.key(0), half, draft, target, 10)):
         with pytest.raises(ValueError, match="must return boolean stop flags"):
             run()
     with pytest.raises(ValueError, match=r"max_lookahead: the exact law .*2\*\*22"):
-        specjax.exact(specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=20),
+        specjax.exact(specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2),
+                                                  max_lookahead=20),
                       draft, target)
     cost = specjax.CostModel(0.1, 1.0)
     with pytest.raises(ValueError, match="cost must be a specjax.CostModel"):
-        specjax.optimal_stopping(draft, target, 1.0, max_lookahead=2)
+        specjax.theory.optimal_stopping(draft, target, 1.0, max_lookahead=2)
     with pytest.raises(ValueError, match="max_lookahead must be a positive int"):
-        specjax.optimal_stopping(draft, target, cost, max_lookahead=0)
+        specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=0)
     with pytest.raises(ValueError, match="target_cost is a table of length 3"):
-        specjax.optimal_stopping(draft, target, specjax.CostModel(0.1, [0, 1, 1]),
+        specjax.theory.optimal_stopping(draft, target, specjax.CostModel(0.1, [0, 1, 1]),
                                  max_lookahead=4)
     with pytest.raises(ValueError, match="draft must be a MarkovChain"):
-        specjax.optimal_stopping(None, target, cost, max_lookahead=2)
+        specjax.theory.optimal_stopping(None, target, cost, max_lookahead=2)
     with pytest.raises(ValueError, match=r"2\*\*24"):
-        specjax.optimal_stopping(draft, target, cost, max_lookahead=30)
+        specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=30)

@@ -1,4 +1,9 @@
-"""Public API: models, validation errors, determinism, jit/vmap safety, dtypes, trace fields."""
+"""Public API: models, validation errors, determinism, jit/vmap safety, dtypes, trace fields,
+and the tiers of names (moved names, specjax.compat, renamed result fields)."""
+
+import importlib
+import inspect
+import re
 
 import chex
 import jax
@@ -7,6 +12,7 @@ import numpy as np
 import pytest
 
 import specjax
+import specjax.compat
 
 KEY = jax.random.key(0)
 
@@ -206,11 +212,14 @@ def test_values_of_different_classes_never_share_a_structure():
     to the other. (jaxlib 0.10.2's register_dataclass nodes compare equal across classes; a
     threshold sweep of ConfidenceThreshold once ran RejectionThreshold's program.)"""
     same_layout = [
-        (specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=3),
-         specjax.AdaptiveSpeculative(specjax.ConfidenceThreshold(0.3), max_lookahead=3),
-         specjax.AdaptiveSpeculative(specjax.EntropyThreshold(0.3), max_lookahead=3)),
+        (specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
+                                     max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.decoders.ConfidenceThreshold(0.3),
+                                     max_lookahead=3),
+         specjax.AdaptiveSpeculative(specjax.decoders.EntropyThreshold(0.3),
+                                     max_lookahead=3)),
         (specjax.KSequential(2), specjax.ImportanceWeighted(2), specjax.GumbelList(2)),
-        (specjax.RejectionThreshold(0.3), specjax.ConfidenceThreshold(0.3)),
+        (specjax.decoders.RejectionThreshold(0.3), specjax.decoders.ConfidenceThreshold(0.3)),
     ]
     for group in same_layout:
         for i, a in enumerate(group):
@@ -297,3 +306,109 @@ def test_tiny_probabilities_and_zero_tokens_in_float32():
     t = specjax.MarkovChain(jnp.array([1.0, 0, 0]), jnp.broadcast_to(q_row, (horizon, v, v)))
     trace = specjax.speculative_decoding(KEY, d, t, 20000)
     assert (trace.tokens != 2).all()
+
+
+# ----------------------------------------------------------------------------- tiers of names
+@pytest.mark.parametrize("name", sorted(specjax._MOVED))
+def test_a_moved_name_still_resolves_with_a_warning_naming_its_home(name):
+    """``specjax.<name>`` of a name that left the top level is the object of its new home, with
+    a ``DeprecationWarning`` that names the home; it is in neither ``__all__`` nor ``dir``."""
+    home = importlib.import_module(specjax._MOVED[name])
+    with pytest.warns(DeprecationWarning, match=rf"specjax\.{name} moved to "
+                                                rf"{re.escape(home.__name__)}\.{name}"):
+        old = getattr(specjax, name)
+    assert old is getattr(home, name)
+    assert name in home.__all__
+    assert name not in specjax.__all__ and name not in dir(specjax)
+
+
+def test_an_unknown_name_is_still_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'speculative'"):
+        specjax.speculative  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        specjax.theory.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("package, name", [
+    ("theory", "exact_speculative_decoding"), ("theory", "exact_block_expected_calls"),
+    ("sampling", "block_verification_decoding"), ("tuning", "sd_rejections")])
+def test_a_subpackage_wrapper_resolves_to_compat_with_a_warning(package, name):
+    module = importlib.import_module(f"specjax.{package}")
+    with pytest.warns(DeprecationWarning, match=f"specjax.compat.{name}"):
+        assert getattr(module, name) is getattr(specjax.compat, name)
+    assert name not in module.__all__
+
+
+def test_compat_functions_warn_what_to_call_and_return_the_same():
+    d, t = small_pair()
+    compat = specjax.compat
+    cases = [
+        (lambda: compat.exact_speculative_decoding(d, t, lookahead=2),
+         lambda: specjax.exact(specjax.Speculative(2), d, t), r"specjax\.exact\(specjax\.Spec"),
+        (lambda: compat.exact_batch_speculative_decoding(d, t, num_drafts=2, replacement=False),
+         lambda: specjax.exact(specjax.BatchSpeculative(2, replacement=False), d, t),
+         r"BatchSpeculative"),
+        (lambda: compat.exact_biased_speculative_decoding(d, t, epsilon=0.1, residual="target"),
+         lambda: specjax.exact(specjax.BiasedSpeculative(0.1, residual="target"), d, t),
+         r"BiasedSpeculative"),
+        (lambda: compat.exact_rejection_decoding(d, t, accept_prob=_accept, residual=_residual),
+         lambda: specjax.exact(specjax.RejectionRule(_accept, _residual), d, t),
+         r"RejectionRule"),
+        (lambda: compat.exact_block_expected_calls(d, t, lookahead=2),
+         lambda: specjax.exact(specjax.BlockVerification(2), d, t).expected_calls,
+         r"expected_calls"),
+        (lambda: compat.exact_block_accepted_length(d, t, lookahead=2, position=2),
+         lambda: specjax.accepted_length(specjax.BlockVerification(2), d, t, position=2),
+         r"specjax\.accepted_length"),
+        (lambda: compat.block_verification_decoding(KEY, d, t, 16, lookahead=2),
+         lambda: specjax.decode(KEY, specjax.BlockVerification(2), d, t, 16), r"specjax\.decode"),
+        (lambda: compat.sd_rejections(lookahead=2)(d, t),
+         lambda: specjax.objective(specjax.Speculative(2), "rejections")(d, t),
+         r"specjax\.objective"),
+        (lambda: compat.batch_rejections(3)(d, t),
+         lambda: specjax.objective(specjax.BatchSpeculative(3))(d, t), r"BatchSpeculative"),
+        (lambda: compat.target_calls(lookahead=2)(d, t),
+         lambda: specjax.objective(specjax.Speculative(2), "calls")(d, t), r'"calls"'),
+    ]
+    assert len(cases) == len(compat.__all__)
+    for old, new, advice in cases:
+        with pytest.warns(DeprecationWarning, match=advice):
+            got = old()
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(new())):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_decoding_statistics_old_field_names_warn_and_read_the_same_counts():
+    d, t = small_pair()
+    counts = specjax.decoding_statistics(KEY, specjax.Speculative(2), d, t, 64)
+    trace = specjax.decode(KEY, specjax.Speculative(2), d, t, 64)
+    np.testing.assert_array_equal(counts.rejected, np.asarray(trace.rejected).sum(0))
+    np.testing.assert_array_equal(counts.new_call, np.asarray(trace.new_call).sum(0))
+    for old, new in (("rejections_at", "rejected"), ("verified_at", "verified"),
+                     ("calls_at", "new_call"), ("emitted_at", "emitted")):
+        with pytest.warns(DeprecationWarning, match=rf"\.{old} is deprecated: read \.{new}"):
+            value = getattr(counts, old)
+        assert value is getattr(counts, new)
+        assert old not in counts._fields
+    with pytest.raises(AttributeError):
+        counts.rejections_at = None  # read-only
+
+
+def test_the_result_types_share_field_names():
+    """The same quantity has the same name in the trace, the exact values and the counts."""
+    shared = {"rejected", "new_call"}
+    assert shared <= set(specjax.DecodingTrace._fields)
+    assert shared | {"verified", "emitted"} <= set(specjax.ExactDecoding._fields)
+    assert shared | {"verified", "emitted"} <= set(specjax.DecodingStatistics._fields)
+
+
+def test_audit_rules_are_served_from_auditing():
+    """Issue 31: ``specjax.auditing.speculative_rule``, ``accept_all``, ... resolve again."""
+    from specjax.auditing import rules
+    public = [n for n, v in vars(rules).items() if not n.startswith("_")
+              and not inspect.ismodule(v)
+              and getattr(v, "__module__", rules.__name__) == rules.__name__]
+    assert {"speculative_rule", "accept_all", "greedy_rule_u", "from_uniform"} <= set(public)
+    for name in public:
+        assert getattr(specjax.auditing, name) is getattr(rules, name), name
+        assert name in specjax.auditing.__all__

@@ -63,9 +63,9 @@ def test_monte_carlo_fits_the_exact_values_per_position(decoder):
     assert_mean(stats.num_calls, calls, "calls")
     assert_mean(stats.num_rejections, rejections, "rejections")
     for name, counts, probs in (
-            ("rejections at", stats.rejections_at, np.asarray(exact.rejected).sum(-1)),
-            ("calls at", stats.calls_at, np.asarray(exact.new_call)),
-            ("verified at", stats.verified_at, np.asarray(exact.verified))):
+            ("rejections at", stats.rejected, np.asarray(exact.rejected).sum(-1)),
+            ("calls at", stats.new_call, np.asarray(exact.new_call)),
+            ("verified at", stats.verified, np.asarray(exact.verified))):
         for pos in range(T):  # a Bernoulli mean per position
             flags = np.zeros(n)
             flags[:counts[pos]] = 1
@@ -211,14 +211,14 @@ jax.tree_util.register_pytree_node(_LogitsOnly, lambda m: ((m.model,), None),
 
 def test_a_logits_model_scores_its_block_through_its_softmax():
     draft, target = _lifted_pair(6)
-    wrapped = specjax.ProcessedModel(model=_LogitsOnly(target))
+    wrapped = specjax.models.ProcessedModel(model=_LogitsOnly(target))
     state = target.update(target.init_state(), 1)
     drafts = jnp.array([0, 2, 2], jnp.int32)
     np.testing.assert_allclose(wrapped.probs_block(state, drafts),
                                models.autoregressive.probs_block(target, state, drafts),
                                atol=1e-6)
     # temperature: the block's rows are the processed rows, position by position
-    hot = specjax.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
+    hot = specjax.models.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
     rows = hot.probs_block(state, drafts)
     s = state
     for j in range(3):
@@ -238,7 +238,7 @@ def test_chunks_and_stop_tokens_keep_the_tokens():
                                         chunk_size=1000, batched_scoring=True)
     np.testing.assert_array_equal(stats.num_calls, trace.num_calls)
     np.testing.assert_array_equal(stats.num_rejections, trace.num_rejections)
-    np.testing.assert_array_equal(stats.calls_at, np.asarray(trace.new_call).sum(0))
+    np.testing.assert_array_equal(stats.new_call, np.asarray(trace.new_call).sum(0))
     cut = specjax.decode(key, decoder, draft, target, 3000, horizon=T, batched_scoring=True,
                          stop_tokens=1)
     tokens = np.asarray(trace.tokens)

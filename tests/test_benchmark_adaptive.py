@@ -1,5 +1,5 @@
 """Smoke test: the optimal-stopping benchmark runs end to end at a tiny size, and its independent
-NumPy backward induction agrees with specjax.optimal_stopping."""
+NumPy backward induction agrees with specjax.theory.optimal_stopping."""
 
 import pytest
 

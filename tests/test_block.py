@@ -22,7 +22,7 @@ import pytest
 
 import specjax
 from test_scripts import import_script
-import specjax as block  # the block functions are public names
+from specjax.theory import block  # the exact block functions' own module
 import reference as ref
 import stats
 from conftest import edge_pair
@@ -186,8 +186,8 @@ NUM_CHAINS = 40_000
 @functools.lru_cache(maxsize=None)
 def sampled(name, lookahead):
     draft, target = INSTANCES[name]()
-    trace = block.block_verification_decoding(jax.random.key(2024), to_chain(draft),
-                                              to_chain(target), NUM_CHAINS, lookahead=lookahead)
+    trace = block_decoding(jax.random.key(2024), to_chain(draft), to_chain(target), NUM_CHAINS,
+                           lookahead=lookahead)
     return jax.tree_util.tree_map(np.asarray, trace)
 
 
@@ -243,11 +243,16 @@ def test_mean_accepted_length_per_call(lookahead, seed, zero_fraction):
             block.exact_tokenwise_accepted_length(d64, t64, lookahead=lookahead)))
     d, t = to_chain(draft, np.float32), to_chain(target, np.float32)
     key = jax.random.key(11)
-    trace = block.block_verification_decoding(key, d, t, NUM_CHAINS, lookahead=lookahead)
+    trace = block_decoding(key, d, t, NUM_CHAINS, lookahead=lookahead)
     stats.assert_mean(first_call_accepted(trace, lookahead), exact_block, "block accepted")
     sd = specjax.speculative_decoding(key, d, t, NUM_CHAINS, lookahead=lookahead)
     stats.assert_mean(first_call_accepted(sd, lookahead), exact_token, "token-wise accepted")
     assert exact_block >= exact_token
+
+
+def block_decoding(key, draft, target, num_chains, *, lookahead):
+    """``decode`` with ``BlockVerification(lookahead)``: the old ``block_verification_decoding``."""
+    return specjax.decode(key, specjax.BlockVerification(lookahead), draft, target, num_chains)
 
 
 # ----------------------------------------------------------------------------- exact theory
@@ -322,7 +327,7 @@ def test_validation_errors():
     pair = random_pair(1, 7, 4)
     draft, target = to_chain(pair[0], np.float32), to_chain(pair[1], np.float32)
     key = jax.random.key(0)
-    run = block.block_verification_decoding
+    run = block_decoding
     with pytest.raises(ValueError, match="num_chains"):
         run(key, draft, target, 0, lookahead=2)
     with pytest.raises(ValueError, match="lookahead"):
@@ -357,7 +362,7 @@ def test_validation_errors():
 
 def test_deterministic_and_no_recompilation():
     draft, target = (to_chain(m, np.float32) for m in random_pair(4, 7, 6))
-    run = functools.partial(block.block_verification_decoding, num_chains=64, lookahead=3)
+    run = functools.partial(block_decoding, num_chains=64, lookahead=3)
     a = run(jax.random.key(3), draft, target)
     b = run(jax.random.key(3), draft, target)
     c = run(jax.random.key(4), draft, target)
@@ -371,7 +376,7 @@ def test_deterministic_and_no_recompilation():
     run(jax.random.key(3), draft2, target2)
     assert specjax.sampling.calls.simulate_calls._cache_size() == size
     # The first chains of a larger run are a smaller run with the same key.
-    more = block.block_verification_decoding(jax.random.key(3), draft, target, 96, lookahead=3)
+    more = block_decoding(jax.random.key(3), draft, target, 96, lookahead=3)
     np.testing.assert_array_equal(more.tokens[:64], a.tokens)
 
 

@@ -50,7 +50,7 @@ def test_expected_time_matches_literal_sd(lookahead, cost_name, x64):
     draft, target = random_pair(5, 3, 4, zero_fraction=0.2)
     law = ref.enumerate_law(lambda c: ref.sd_rounds_literal(c, draft, target, lookahead))
     literal = sum(literal_time(rounds, cost) * prob for rounds, prob in law.items())
-    got = specjax.decoding_time(specjax.Speculative(lookahead=lookahead), chain(draft),
+    got = specjax.theory.decoding_time(specjax.Speculative(lookahead=lookahead), chain(draft),
                                 chain(target), cost)
     assert abs(float(got.expected_time) - literal) < 1e-12
     assert abs(float(got.speedup) - float(got.autoregressive_time) / literal) < 1e-12
@@ -89,7 +89,7 @@ def test_leviathan_closed_form(acceptance, lookahead, x64):
     cost = specjax.CostModel(c, 1.0)
     draft, target = (chain(m) for m in constant_acceptance_pair(acceptance, horizon))
     sd = specjax.Speculative(lookahead=lookahead)
-    got = specjax.decoding_time(sd, draft, target, cost)
+    got = specjax.theory.decoding_time(sd, draft, target, cost)
     assert abs(float(got.expected_time) - renewal_time(acceptance, lookahead, horizon, cost)) \
         < 1e-10
     # Per call away from the horizon: tokens per call over time per call is Leviathan's speed-up.
@@ -108,7 +108,7 @@ def test_best_lookahead_matches_leviathan_on_long_constant_chains(x64):
     horizon = 400
     for acceptance, c in [(0.8, 0.05), (0.6, 0.2), (0.9, 0.02), (0.2, 0.9)]:
         draft, target = (chain(m) for m in constant_acceptance_pair(acceptance, horizon))
-        choice = specjax.best_lookahead(draft, target, specjax.CostModel(c, 1.0),
+        choice = specjax.theory.best_lookahead(draft, target, specjax.CostModel(c, 1.0),
                                         max_lookahead=10)
         speedups = [1.0] + [(1 - acceptance**(k + 1)) / ((1 - acceptance) * (k * c + 1))
                             for k in range(1, 11)]
@@ -131,7 +131,7 @@ def test_expected_time_matches_monte_carlo(name):
     decoder = MC_DECODERS[name]
     draft, target = (chain(m) for m in random_pair(17, 4, 8))
     cost = COSTS["table"]
-    got = specjax.decoding_time(decoder, draft, target, cost)
+    got = specjax.theory.decoding_time(decoder, draft, target, cost)
     trace = specjax.decode(jax.random.key(3), decoder, draft, target, 20_000)
     times = np.asarray(trace.new_call, np.float64) @ np.asarray(got.call_time, np.float64)
     stats.assert_mean(times, float(got.expected_time), f"{name}: time")
@@ -145,7 +145,7 @@ def test_best_tree_budget_of_stars_is_batch_sd(x64):
     times agree with that decoder's, and the choice is their argmin."""
     draft, target = (chain(m) for m in random_pair(23, 4, 6))
     cost = specjax.CostModel(0.2, [0.0] + [1.0 + 0.15 * n for n in range(1, 8)])
-    choice = specjax.best_tree_budget(draft, target, cost, max_budget=5, max_depth=1)
+    choice = specjax.theory.best_tree_budget(draft, target, cost, max_budget=5, max_depth=1)
     assert choice.trees[3] == (-1, 0, 0, 0)
     assert choice.times[0] == pytest.approx(6 * 1.15)
     for n in range(2, 6):
@@ -160,7 +160,7 @@ def test_best_tree_budget_of_stars_is_batch_sd(x64):
 def test_best_tree_budget_times_are_the_trees_exact_times(x64):
     draft, target = specjax.paper_instance()
     cost = specjax.CostModel(0.1, 1.0)
-    choice = specjax.best_tree_budget(draft, target, cost, max_budget=4, max_depth=3,
+    choice = specjax.theory.best_tree_budget(draft, target, cost, max_budget=4, max_depth=3,
                                       children="without_replacement", num_children=3)
     for n in range(2, 5):
         tree = specjax.TokenTree.from_parents(choice.trees[n - 1], children="without_replacement")
@@ -188,13 +188,13 @@ def test_autoregressive_and_free_drafts(x64):
     draft, target = specjax.paper_instance()
     horizon = target.horizon
     cost = specjax.CostModel(0.3, 2.0, call_overhead=0.5)
-    ar = specjax.decoding_time(specjax.Autoregressive(), None, target, cost)
+    ar = specjax.theory.decoding_time(specjax.Autoregressive(), None, target, cost)
     assert float(ar.expected_time) == pytest.approx(horizon * 2.5)
     assert float(ar.speedup) == pytest.approx(1.0)
     assert float(ar.expected_draft_passes) == 0
     free = specjax.CostModel(0.0, 1.0)
     for decoder in [specjax.Speculative(lookahead=3), specjax.TokenTree((2, 1))]:
-        got = specjax.decoding_time(decoder, draft, target, free)
+        got = specjax.theory.decoding_time(decoder, draft, target, free)
         calls = specjax.exact(decoder, draft, target).expected_calls
         assert float(got.expected_time) == pytest.approx(float(calls), abs=1e-10)
         assert float(got.tokens_per_time) == pytest.approx(horizon / float(calls))
@@ -208,10 +208,10 @@ def test_finite_state_models_with_a_horizon(x64):
     draft = NGramModel(jnp.asarray(rng.dirichlet(np.ones(3), size=3)), 2).as_finite_state(3)
     target = NGramModel(jnp.asarray(rng.dirichlet(np.ones(3), size=9)), 3).as_finite_state(3)
     sd = specjax.Speculative(lookahead=2)
-    got = specjax.decoding_time(sd, draft, target, specjax.CostModel(0.0, 1.0), horizon=6)
+    got = specjax.theory.decoding_time(sd, draft, target, specjax.CostModel(0.0, 1.0), horizon=6)
     calls = specjax.exact(sd, draft, target, horizon=6).expected_calls
     assert float(got.expected_time) == pytest.approx(float(calls), abs=1e-12)
-    timed = specjax.decoding_time(sd, draft, target, specjax.CostModel(0.5, 1.0), horizon=6)
+    timed = specjax.theory.decoding_time(sd, draft, target, specjax.CostModel(0.5, 1.0), horizon=6)
     np.testing.assert_allclose(np.asarray(timed.call_time), [2, 2, 2, 2, 2, 1.5])
 
 
@@ -278,18 +278,18 @@ def test_entry_point_validation():
         specjax.expected_time(specjax.BatchSpeculative(math.inf, lookahead=2), draft, target,
                               COSTS["flat"])
     with pytest.raises(ValueError, match="max_lookahead"):
-        specjax.best_lookahead(draft, target, COSTS["flat"], max_lookahead=0)
+        specjax.theory.best_lookahead(draft, target, COSTS["flat"], max_lookahead=0)
     with pytest.raises(ValueError, match="lookahead field"):
-        specjax.best_lookahead(draft, target, COSTS["flat"], max_lookahead=2,
+        specjax.theory.best_lookahead(draft, target, COSTS["flat"], max_lookahead=2,
                                decoder=specjax.TokenTree((2,)))
     with pytest.raises(ValueError, match="static setting"):
         jax.jit(lambda c: specjax.CostModel(c, 1.0))(0.1)
     with pytest.raises(ValueError, match="max_budget"):
-        specjax.best_tree_budget(draft, target, COSTS["flat"], max_budget=1, max_depth=2)
+        specjax.theory.best_tree_budget(draft, target, COSTS["flat"], max_budget=1, max_depth=2)
     with pytest.raises(ValueError, match="max_depth"):
-        specjax.best_tree_budget(draft, target, COSTS["flat"], max_budget=4, max_depth=0)
+        specjax.theory.best_tree_budget(draft, target, COSTS["flat"], max_budget=4, max_depth=0)
     with pytest.raises(ValueError, match="target_cost is a table of length 3"):
-        specjax.best_tree_budget(draft, target, short, max_budget=4, max_depth=2)
+        specjax.theory.best_tree_budget(draft, target, short, max_budget=4, max_depth=2)
 
 
 def test_cost_model_is_hashable_and_tables_are_stored_as_tuples():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import specjax
+import specjax.compat
 import stats
 from sampler_cases import CASES
 from sampler_cases import instance
@@ -98,7 +99,8 @@ class CallSpeculative(specjax.CallDecoder):
             kept.append(reach)
         zeros = jnp.zeros_like(reach)
         bonus = [zeros] * len(kept) + [reach @ bonus_row if with_bonus else zeros]
-        return specjax.CallLaw(jnp.stack(kept), jnp.stack(rejected + [zeros]), jnp.stack(bonus))
+        return specjax.decoders.CallLaw(jnp.stack(kept), jnp.stack(rejected + [zeros]),
+                                        jnp.stack(bonus))
 
 
 def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64):
@@ -126,7 +128,7 @@ def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64)
     grad_cap = jax.grad(lambda c: specjax.exact(CappedSpeculative(c), draft,
                                                 target).expected_rejections)(0.7)
     assert np.isfinite(grad_cap) and grad_cap < 0  # accepting more rejects less
-    family = specjax.StationaryDraft(num_states=4, horizon=6)
+    family = specjax.tuning.StationaryDraft(num_states=4, horizon=6)
     result = specjax.tune_draft(family, family.init(jax.random.key(1), 0.5), target,
                                 specjax.objective(decoder), num_steps=20)
     assert result.value <= result.history[0]
@@ -158,9 +160,9 @@ def test_a_call_level_decoder_defined_outside_equals_tokenwise_sd(x64):
     stats.assert_law(dict(enumerate(final)), dict(enumerate(np.asarray(want.marginals[-1]))),
                      20_000, "x_T")
     counts = specjax.decoding_statistics(KEY, decoder, draft, target, 20_000, chunk_size=6000)
-    np.testing.assert_array_equal(counts.rejections_at, np.asarray(trace.rejected).sum(0))
+    np.testing.assert_array_equal(counts.rejected, np.asarray(trace.rejected).sum(0))
     # Verified drafts per position: binomial, |z| <= 4.5 with the largest possible SE.
-    verified = counts.verified_at / 20_000
+    verified = counts.verified / 20_000
     assert np.all(np.abs(verified - np.asarray(want.verified)) < stats.Z * np.sqrt(0.25 / 20_000))
 
 
@@ -183,26 +185,32 @@ def _old_sampler(name, key, draft, target, num_chains):
     if isinstance(decoder, specjax.RejectionRule):
         return specjax.rejection_decoding(key, draft, target, num_chains,
                                           accept_prob=sd_accept, residual=sd_residual)
-    return specjax.block_verification_decoding(key, draft, target, num_chains,
-                                               lookahead=decoder.lookahead)
+    with pytest.warns(DeprecationWarning, match="specjax.decode"):
+        return specjax.compat.block_verification_decoding(key, draft, target, num_chains,
+                                                          lookahead=decoder.lookahead)
 
 
 def _old_exact(name, draft, target):
-    decoder = CASES[name]
+    """The deprecated ``specjax.compat`` convenience of the case, which must warn."""
+    decoder, compat = CASES[name], specjax.compat
     if isinstance(decoder, specjax.Speculative):
-        return specjax.exact_speculative_decoding(draft, target, lookahead=decoder.lookahead)
-    if isinstance(decoder, specjax.BatchSpeculative):
-        return specjax.exact_batch_speculative_decoding(
+        old = lambda: compat.exact_speculative_decoding(draft, target,
+                                                        lookahead=decoder.lookahead)
+    elif isinstance(decoder, specjax.BatchSpeculative):
+        old = lambda: compat.exact_batch_speculative_decoding(
             draft, target, num_drafts=decoder.num_drafts, replacement=decoder.replacement,
             lookahead=decoder.lookahead)
-    if isinstance(decoder, specjax.BiasedSpeculative):
-        return specjax.exact_biased_speculative_decoding(
+    elif isinstance(decoder, specjax.BiasedSpeculative):
+        old = lambda: compat.exact_biased_speculative_decoding(
             draft, target, epsilon=decoder.epsilon, residual=decoder.residual,
             lookahead=decoder.lookahead)
-    if isinstance(decoder, specjax.RejectionRule):
-        return specjax.exact_rejection_decoding(draft, target, accept_prob=sd_accept,
-                                                residual=sd_residual)
-    return None
+    elif isinstance(decoder, specjax.RejectionRule):
+        old = lambda: compat.exact_rejection_decoding(draft, target, accept_prob=sd_accept,
+                                                      residual=sd_residual)
+    else:
+        return None
+    with pytest.warns(DeprecationWarning, match="specjax.exact"):
+        return old()
 
 
 @pytest.mark.parametrize("name", list(LEGACY_CASES))
@@ -222,12 +230,14 @@ def test_new_entry_points_equal_the_old_conveniences(name):
 def test_block_conveniences_equal_the_entry_points():
     draft, target = instance(num_states=3, horizon=6)
     block = specjax.BlockVerification(2)
-    np.testing.assert_array_equal(
-        specjax.exact_block_expected_calls(draft, target, lookahead=2),
-        specjax.exact(block, draft, target).expected_calls)
-    np.testing.assert_array_equal(
-        specjax.exact_block_accepted_length(draft, target, lookahead=2, position=3),
-        specjax.accepted_length(block, draft, target, position=3))
+    with pytest.warns(DeprecationWarning, match="specjax.exact"):
+        calls = specjax.compat.exact_block_expected_calls(draft, target, lookahead=2)
+    np.testing.assert_array_equal(calls, specjax.exact(block, draft, target).expected_calls)
+    with pytest.warns(DeprecationWarning, match="specjax.accepted_length"):
+        length = specjax.compat.exact_block_accepted_length(draft, target, lookahead=2,
+                                                             position=3)
+    np.testing.assert_array_equal(length, specjax.accepted_length(block, draft, target,
+                                                                  position=3))
 
 
 # ----------------------------------------------------------------------- the support table
@@ -270,7 +280,7 @@ def test_every_decoder_entry_point_and_model_kind_works_or_is_refused(name, kind
     calls = {
         "decode": lambda: specjax.decode(KEY, decoder, draft, target, 8, **kw).tokens,
         "decoding_statistics": lambda: specjax.decoding_statistics(
-            KEY, decoder, draft, target, 8, chunk_size=4, **kw).rejections_at,
+            KEY, decoder, draft, target, 8, chunk_size=4, **kw).rejected,
         "exact": lambda: specjax.exact(decoder, draft, target, **kw).expected_calls,
         "accepted_length": lambda: specjax.accepted_length(decoder, draft, target),
         "objective": lambda: specjax.objective(decoder, "calls")(draft, target),
@@ -290,17 +300,18 @@ def test_accepted_length_against_closed_forms(x64):
     for k in (1, 2, 6):
         np.testing.assert_allclose(
             specjax.accepted_length(specjax.Speculative(k), draft, target, position=2),
-            specjax.exact_tokenwise_accepted_length(draft, target, lookahead=k, position=2),
+            specjax.theory.exact_tokenwise_accepted_length(draft, target, lookahead=k, position=2),
             atol=1e-12)
     # One draft per call: the probability that the root accepts, 1 - sum [q - S_M p]_+.
     one = specjax.accepted_length(specjax.BatchSpeculative(3, lookahead=1), draft, target)
-    rejected = specjax.batch_residual_mass(draft.trans[0], target.trans[0], num_drafts=3).sum(-1)
+    rejected = specjax.decoders.batch_residual_mass(draft.trans[0], target.trans[0],
+                                                    num_drafts=3).sum(-1)
     np.testing.assert_allclose(one, 1 - rejected, atol=1e-12)
     np.testing.assert_array_equal(specjax.accepted_length(specjax.Autoregressive(), None,
                                                           target), np.zeros(4))
     # K = T: the call may run to the end of the horizon.
     full = specjax.accepted_length(specjax.Speculative(), draft, target, position=1)
-    np.testing.assert_allclose(full, specjax.exact_tokenwise_accepted_length(
+    np.testing.assert_allclose(full, specjax.theory.exact_tokenwise_accepted_length(
         draft, target, lookahead=6), atol=1e-12)
     for position in (0, 7, 1.5, True):
         with pytest.raises(ValueError, match="position must be an integer in"):
@@ -373,10 +384,11 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
                                           err_msg=f"{name} {field}")
     counts = specjax.decoding_statistics(key, specjax.Speculative(3), draft, target, 1000,
                                          chunk_size=300)
-    for field in ("num_rejections", "rejections_at", "verified_at", "calls_at",
-                  "final_token_counts"):
-        np.testing.assert_array_equal(getattr(counts, field),
-                                      GOLDEN[f"statistics sd K=3|{field}"])
+    archived = {"rejected": "rejections_at", "verified": "verified_at",  # the archive's names
+                "new_call": "calls_at"}
+    for field in ("num_rejections", "rejected", "verified", "new_call", "final_token_counts"):
+        np.testing.assert_array_equal(
+            getattr(counts, field), GOLDEN[f"statistics sd K=3|{archived.get(field, field)}"])
     with jax.enable_x64(True):
         d64, t64 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
         decoders = dict(LEGACY_CASES, **{"batch M=inf": specjax.BatchSpeculative(math.inf)})

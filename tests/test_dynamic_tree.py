@@ -256,14 +256,14 @@ def test_positional_acceptance_sums_to_batch_acceptance(x64):
     ``1 - sum [q - S_M p]_+``, averaged over the target's context law."""
     draft, target = map(to_chain, INSTANCES["random"]())
     for m in (1, 2, 4):
-        acc = specjax.positional_acceptance(draft, target, num_children=m, position=2)
-        rejected = specjax.batch_residual_mass(draft.trans[1], target.trans[1],
+        acc = specjax.theory.positional_acceptance(draft, target, num_children=m, position=2)
+        rejected = specjax.decoders.batch_residual_mass(draft.trans[1], target.trans[1],
                                                num_drafts=m).sum(-1)
         context = target.init @ target.trans[0]
         np.testing.assert_allclose(float(acc.sum()), float(context @ (1 - rejected)),
                                    atol=1e-12)
         assert np.all(np.diff(np.asarray(acc)) <= 1e-12)  # i.i.d.: later children accept less
-    top = specjax.positional_acceptance(draft, target, num_children=3, children="top_k")
+    top = specjax.theory.positional_acceptance(draft, target, num_children=3, children="top_k")
     q = np.asarray(target.trans[0])
     order = np.argsort(-np.asarray(draft.trans[0]), axis=-1, kind="stable")
     want = [np.asarray(target.init) @ q[np.arange(3), order[:, j]] for j in range(3)]
@@ -284,7 +284,7 @@ def test_ordered_trees_are_all_the_plane_trees():
 @pytest.mark.parametrize("children", ["iid", "without_replacement", "top_k"])
 def test_best_token_tree_value_is_its_exact_value_and_the_best(children, x64):
     draft, target = map(to_chain, INSTANCES["dense"]())
-    value, parents = specjax.best_token_tree(draft, target, budget=6, max_depth=3,
+    value, parents = specjax.theory.best_token_tree(draft, target, budget=6, max_depth=3,
                                              children=children, position=2)
     context = np.asarray(target.init @ target.trans[0])
 

@@ -308,8 +308,9 @@ def test_exact_acceptance_under_processing_equals_brute_force(x64):
                                    (dict(top_k=2), dict(top_p=0.8)),
                                    (dict(temperature=1.3, min_p=0.1), dict(top_k=3, top_p=0.9)),
                                    (dict(temperature=0.0), dict())]:
-        result = specjax.exact(specjax.Speculative(2), specjax.process_chain(draft, **d_settings),
-                               specjax.process_chain(target, **t_settings))
+        result = specjax.exact(specjax.Speculative(2),
+                               specjax.models.process_chain(draft, **d_settings),
+                               specjax.models.process_chain(target, **t_settings))
         d, t = literal_chain(draft, d_settings), literal_chain(target, t_settings)
         rejections, calls = exact_counts(d, (t[0], t[1]), lookahead=2)
         np.testing.assert_allclose(result.expected_rejections, rejections, atol=1e-12)
@@ -326,7 +327,7 @@ def test_processing_refuses_bad_settings():
     with pytest.raises(ValueError, match="no finite logit"):
         specjax.process_logits(jnp.full(3, -jnp.inf))
     with pytest.raises(ValueError, match="chain"):
-        specjax.process_chain(logits)
+        specjax.models.process_chain(logits)
     with pytest.raises(ValueError, match="temperature"):
         specjax.process_logits(logits, temperature="1")
     tiny = specjax.process_logits(jnp.log(jnp.array([0.5, 0.3, 0.2])), temperature=1e-45)
@@ -342,14 +343,15 @@ def test_processing_every_model_kind(x64):
     draft, target = (specjax.MarkovChain(jnp.full(4, 0.25), jnp.broadcast_to(r, (3, 4, 4)))
                      for r in (rows, jnp.asarray(rng.dirichlet(np.ones(4), size=4))))
     settings = dict(temperature=0.7, top_k=3, top_p=0.9)
-    want = specjax.exact(specjax.Speculative(2), specjax.process_chain(draft, **settings),
-                         specjax.process_chain(target, **settings)).expected_calls
-    lifted = [specjax.process_model(specjax.FiniteStateModel.from_markov_chain(m), **settings)
+    want = specjax.exact(specjax.Speculative(2), specjax.models.process_chain(draft, **settings),
+                         specjax.models.process_chain(target, **settings)).expected_calls
+    lifted = [specjax.models.process_model(specjax.FiniteStateModel.from_markov_chain(m),
+                                           **settings)
               for m in (draft, target)]
     assert isinstance(lifted[0], specjax.FiniteStateModel)
     got = specjax.exact(specjax.Speculative(2), *lifted, horizon=3).expected_calls
     np.testing.assert_allclose(got, want, atol=1e-12)
-    ngram = specjax.process_model(specjax.NGramModel(rows, 2), **settings)
+    ngram = specjax.models.process_model(specjax.NGramModel(rows, 2), **settings)
     np.testing.assert_allclose(ngram.table, specjax.process_logits(jnp.log(rows), **settings),
                                atol=1e-15)
 
@@ -372,14 +374,14 @@ def test_processing_every_model_kind(x64):
             return token.astype(jnp.int32)
 
     model = LogitsBigram(jnp.asarray(rng.normal(size=(4, 4))))
-    wrapped = specjax.process_model(model, temperature=0.5, min_p=0.2)
+    wrapped = specjax.models.process_model(model, temperature=0.5, min_p=0.2)
     for state in range(4):
         np.testing.assert_allclose(
             wrapped.probs(jnp.int32(state)),
             literal_process(np.asarray(model.weights[state]), temperature=0.5, min_p=0.2),
             atol=1e-12)
     trace = specjax.decode(jax.random.key(0), specjax.Speculative(2), wrapped,
-                           specjax.process_model(model), 16, horizon=5)
+                           specjax.models.process_model(model), 16, horizon=5)
     assert trace.tokens.shape == (16, 6)
     traced = jax.jit(lambda t, p: specjax.process_logits(model.weights, temperature=t, top_p=p))
     np.testing.assert_allclose(traced(0.5, 0.8), specjax.process_logits(

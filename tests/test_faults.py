@@ -171,7 +171,7 @@ _ROW_FUNCTIONS = {
     "tv_loss_star": lambda p, q: specjax.tv_loss_star(p, q, jnp.ones_like(p) * 0.5),
     "rejection_probability": lambda p, q: specjax.rejection_probability(p, q),
     "batch_improvement": lambda p, q: specjax.batch_improvement(p, q, num_drafts=2),
-    "batch_residual_mass": lambda p, q: specjax.batch_residual_mass(p, q, num_drafts=2),
+    "batch_residual_mass": lambda p, q: specjax.decoders.batch_residual_mass(p, q, num_drafts=2),
 }
 
 

@@ -91,7 +91,7 @@ def _library_values(p, q):
         law = importance_weighted_root_law(p, q, m)
         out.append((law.accepted, law.rejected, importance_selection_law(p, q, m),
                     specjax.optimal_acceptance(p, q, num_drafts=m),
-                    1 - jnp.sum(specjax.batch_residual_mass(p, q, num_drafts=m), axis=-1)))
+                    1 - jnp.sum(specjax.decoders.batch_residual_mass(p, q, num_drafts=m), axis=-1)))
     return out
 
 

@@ -76,7 +76,7 @@ def _library_values(p, q):
         law = k_sequential_root_law(p, q, m)
         out.append((law.accepted, law.rejected, k_sequential_rho(p, q, m)[..., 0],
                     specjax.optimal_acceptance(p, q, num_drafts=m),
-                    1 - jnp.sum(specjax.batch_residual_mass(p, q, num_drafts=m), axis=-1)))
+                    1 - jnp.sum(specjax.decoders.batch_residual_mass(p, q, num_drafts=m), axis=-1)))
     return out
 
 

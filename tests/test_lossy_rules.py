@@ -128,8 +128,8 @@ def test_default_threshold_verification_is_lossless_and_the_others_are_not(x64):
                                                                  True),
                            (specjax.LenientSpeculative(0.5), False),
                            (specjax.TopKAcceptance(0), True), (specjax.TopKAcceptance(2), False)]:
-        kl = float(specjax.sequence_kl(specjax.output_chain(rule, chain(draft), chain(target)),
-                                       chain(target)))
+        kl = float(specjax.theory.sequence_kl(
+            specjax.output_chain(rule, chain(draft), chain(target)), chain(target)))
         assert (kl < 1e-12) == lossless, (rule.label, kl)
 
 
@@ -243,4 +243,4 @@ def test_every_entry_point_and_model_kind_runs():
                            (ngram, dict(horizon=4))):
             assert specjax.decode(key, rule, *models, 8, **kw).tokens.shape[0] == 8
             stats_ = specjax.decoding_statistics(key, rule, *models, 8, chunk_size=4, **kw)
-            assert np.isfinite(np.asarray(stats_.rejections_at)).all()
+            assert np.isfinite(np.asarray(stats_.rejected)).all()

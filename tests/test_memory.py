@@ -190,7 +190,7 @@ def test_tables_built_inside_the_scan_give_the_same_tokens(monkeypatch, constant
                                           err_msg=f"{name} {field}")
     stats = specjax.decoding_statistics(key, specjax.Speculative(3), draft, target, 1000,
                                         chunk_size=300)
-    np.testing.assert_array_equal(stats.rejections_at, GOLDEN["statistics sd K=3|rejections_at"])
+    np.testing.assert_array_equal(stats.rejected, GOLDEN["statistics sd K=3|rejections_at"])
 
 
 def test_tables_by_position_equal_the_whole_table_for_larger_models():

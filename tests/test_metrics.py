@@ -1,4 +1,4 @@
-"""Engines' acceptance metrics (``specjax.engine_metrics``), checked three ways.
+"""Engines' acceptance metrics (``specjax.theory.engine_metrics``), checked three ways.
 
 * against a literal SD that records, per call, how many drafts it drafted and kept
   (``reference.sd_rounds_literal``), enumerated exactly over every execution path;
@@ -31,7 +31,7 @@ def test_metrics_match_literal_sd(lookahead, x64):
     drafted = sum(prob * sum(d for d, _ in rec) for rec, prob in law.items())
     accepted_at = [sum(prob * sum(kept >= i for _, kept in rec) for rec, prob in law.items())
                    for i in range(1, k + 1)]
-    got = specjax.engine_metrics(specjax.Speculative(lookahead=lookahead), chain(draft),
+    got = specjax.theory.engine_metrics(specjax.Speculative(lookahead=lookahead), chain(draft),
                                  chain(target))
     np.testing.assert_allclose(np.asarray(got.accepted_at), accepted_at, rtol=0, atol=1e-12)
     assert abs(float(got.expected_calls) - calls) < 1e-12
@@ -89,7 +89,7 @@ MC_DECODERS = {
 def test_metrics_match_engine_counts_from_traces(name):
     decoder, k, drafted_of = MC_DECODERS[name]
     draft, target = (chain(m) for m in random_pair(31, 4, 9))
-    got = specjax.engine_metrics(decoder, draft, target)
+    got = specjax.theory.engine_metrics(decoder, draft, target)
     trace = specjax.decode(jax.random.key(5), decoder, draft, target, 4000)
     calls, kept, drafted = trace_counts(trace, k, drafted_of)
     assert (calls == np.asarray(trace.num_calls)).all()
@@ -110,9 +110,9 @@ def test_metrics_match_engine_counts_from_traces(name):
 # ----------------------------------------------------------------------------- across decoders
 def test_chain_tree_has_sds_metrics(x64):
     draft, target = (chain(m) for m in random_pair(3, 4, 7, zero_fraction=0.2))
-    sd = specjax.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
-    tree = specjax.engine_metrics(specjax.TokenTree((1, 1, 1)), draft, target)
-    block_free = specjax.engine_metrics(specjax.BlockVerification(3), draft, target)
+    sd = specjax.theory.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
+    tree = specjax.theory.engine_metrics(specjax.TokenTree((1, 1, 1)), draft, target)
+    block_free = specjax.theory.engine_metrics(specjax.BlockVerification(3), draft, target)
     for a, b in zip(sd, tree):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-12)
     # Block verification keeps at least as many drafts per call (Sun et al.'s optimality).
@@ -121,7 +121,7 @@ def test_chain_tree_has_sds_metrics(x64):
 
 def test_autoregressive_has_no_draft_positions():
     draft, target = specjax.paper_instance()
-    got = specjax.engine_metrics(specjax.Autoregressive(), None, target)
+    got = specjax.theory.engine_metrics(specjax.Autoregressive(), None, target)
     assert got.accepted_at.shape == (0,) and got.acceptance_per_position.shape == (0,)
     assert float(got.mean_acceptance_length) == 1.0
     assert float(got.draft_acceptance_rate) == 0.0
@@ -136,12 +136,12 @@ def test_finite_values_and_gradients_at_edge_pairs(decoder, x64):
     draft, target = (chain(m) for m in edge_pair())
 
     def f(trans):
-        m = specjax.engine_metrics(decoder, specjax.MarkovChain(draft.init, trans), target)
+        m = specjax.theory.engine_metrics(decoder, specjax.MarkovChain(draft.init, trans), target)
         return m.mean_acceptance_length + jnp.sum(m.conditional_acceptance)
 
     value, grad = jax.value_and_grad(f)(draft.trans)
     assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
-    same = specjax.engine_metrics(decoder, target, target)
+    same = specjax.theory.engine_metrics(decoder, target, target)
     assert float(same.conditional_acceptance[0]) == pytest.approx(1.0)
 
 
@@ -151,9 +151,9 @@ def test_validation():
     model = NGramModel(jnp.asarray(rng.dirichlet(np.ones(3), size=3), jnp.float32),
                        2).as_finite_state(2)
     with pytest.raises(ValueError, match="MarkovChain"):
-        specjax.engine_metrics(specjax.Speculative(lookahead=2), model, model)
+        specjax.theory.engine_metrics(specjax.Speculative(lookahead=2), model, model)
     with pytest.raises(ValueError, match="decoder"):
-        specjax.engine_metrics("sd", *specjax.paper_instance())
+        specjax.theory.engine_metrics("sd", *specjax.paper_instance())
 
 
 def test_docstring_examples_run():

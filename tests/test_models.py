@@ -76,7 +76,7 @@ def test_protocol_membership():
 def all_model_kinds():
     """One model of each kind: Markov chain, n-gram, finite-state, greedy wrapper."""
     ngram = random_ngram(0, 2, 3)
-    return [markov_pair()[0], ngram, ngram.as_finite_state(2), specjax.GreedyModel(ngram)]
+    return [markov_pair()[0], ngram, ngram.as_finite_state(2), specjax.models.GreedyModel(ngram)]
 
 
 @pytest.mark.parametrize("model", all_model_kinds(), ids=lambda m: type(m).__name__)
@@ -125,8 +125,8 @@ def test_gradients_jit_and_vmap_over_every_model_kind():
     fs = ngram.as_finite_state(2)
     grad = jax.grad(lambda m: m.probs(m.init_state())[0], allow_int=True)(fs)
     assert isinstance(grad, FiniteStateModel) and grad.start == fs.start
-    greedy = jax.jit(lambda m: m)(specjax.GreedyModel(ngram))
-    assert isinstance(greedy, specjax.GreedyModel) and greedy.model == ngram
+    greedy = jax.jit(lambda m: m)(specjax.models.GreedyModel(ngram))
+    assert isinstance(greedy, specjax.models.GreedyModel) and greedy.model == ngram
     tables = jnp.stack([ngram.table, random_ngram(1, 2, 3).table])
     batch = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(ngram), [tables])
     rows = jax.vmap(lambda m: m.probs(m.init_state()))(batch)
@@ -331,22 +331,23 @@ MARKOV_CASES = {  # name: (Markov sampler's keyword arguments, lookahead)
 
 
 def _markov_case(name, draft, target):
-    """(rule, lookahead, extra, Markov sampler, Markov exact theory) of one case."""
+    """(rule, lookahead, extra, Markov sampler, Markov exact theory) of one case (``exact``
+    holds the decoder's type until the last line)."""
     kwargs, lookahead = MARKOV_CASES[name]
     if "num_drafts" in kwargs:
         rule, extra = ("batch", kwargs["num_drafts"]), ()
         sampler = specjax.batch_speculative_decoding
-        exact = specjax.exact_batch_speculative_decoding
+        exact = specjax.BatchSpeculative
     elif "epsilon" in kwargs:
         rule, extra = ("biased", kwargs["epsilon"]), ()
         sampler = specjax.biased_speculative_decoding
-        exact = specjax.exact_biased_speculative_decoding
+        exact = specjax.BiasedSpeculative
     else:
         rule, extra = SD, ()
-        sampler, exact = specjax.speculative_decoding, specjax.exact_speculative_decoding
+        sampler, exact = specjax.speculative_decoding, specjax.Speculative
     return (rule, lookahead, extra,
             lambda c: sampler(KEY, draft, target, c, lookahead=lookahead, **kwargs),
-            lambda: exact(draft, target, lookahead=lookahead, **kwargs))
+            lambda: specjax.exact(exact(lookahead=lookahead, **kwargs), draft, target))
 
 
 @pytest.mark.parametrize("name", ["sd", "sd_k2", "batch3", "biased"])
@@ -383,8 +384,8 @@ def test_exact_models_edge_cases_are_finite_with_gradients(x64):
     (init, p), (_, q) = edge_pair()
     draft = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, p))
     target = FiniteStateModel.from_markov_chain(specjax.MarkovChain(init, q))
-    markov = specjax.exact_batch_speculative_decoding(
-        specjax.MarkovChain(init, p), specjax.MarkovChain(init, q), num_drafts=3, lookahead=2)
+    markov = specjax.exact(specjax.BatchSpeculative(3, lookahead=2), specjax.MarkovChain(init, p),
+                           specjax.MarkovChain(init, q))
     for rule, lookahead in [(SD, None), (("batch", 3), 2)]:
         def cost(table_p, table_q, rule=rule, lookahead=lookahead):
             d = FiniteStateModel(draft.start, draft.next_state, table_p)
@@ -556,8 +557,8 @@ def test_public_samplers_take_protocol_models(name):
 def test_public_exact_functions_take_finite_state_models(x64):
     draft = random_ngram(1, 2, 3).as_finite_state(2)
     target = random_ngram(2, 3, 3).as_finite_state(2)
-    exact = specjax.exact_batch_speculative_decoding(draft, target, num_drafts=2, lookahead=3,
-                                                     replacement=False, horizon=6)
+    exact = specjax.exact(specjax.BatchSpeculative(2, replacement=False, lookahead=3), draft,
+                          target, horizon=6)
     want = specjax.exact(make(("batch_wor", 2), 3), draft, target, horizon=6)
     for field in exact._fields:
         np.testing.assert_allclose(getattr(exact, field), getattr(want, field), atol=1e-14)
@@ -582,7 +583,7 @@ def test_public_entry_points_validate_models_and_horizon():
     counts = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 10,
                                          horizon=3, chunk_size=4)
     np.testing.assert_array_equal(counts.num_rejections, plain.num_rejections)
-    np.testing.assert_array_equal(counts.rejections_at, np.asarray(plain.rejected).sum(0))
+    np.testing.assert_array_equal(counts.rejected, np.asarray(plain.rejected).sum(0))
     with pytest.raises(ValueError, match="BlockVerification does not support Monte Carlo"):
         specjax.decode(KEY, specjax.BlockVerification(2), draft, target, 10, horizon=3)
     with pytest.raises(ValueError, match="BlockVerification has no exact values"):
@@ -613,19 +614,19 @@ def test_public_entry_points_validate_models_and_horizon():
 
 def test_greedy_draft_of_every_model_kind():
     ngram = random_ngram(4, 3, 3)
-    greedy = specjax.greedy_draft(ngram)
+    greedy = specjax.models.greedy_draft(ngram)
     assert isinstance(greedy, NGramModel) and greedy.order == 3
     np.testing.assert_array_equal(greedy.table, np.eye(3)[np.argmax(ngram.table, -1)])
-    lifted = specjax.greedy_draft(ngram.as_finite_state())
+    lifted = specjax.models.greedy_draft(ngram.as_finite_state())
     assert isinstance(lifted, FiniteStateModel)
     np.testing.assert_array_equal(lifted.table, greedy.as_finite_state().table)
-    wrapped = specjax.greedy_draft(Wrapped(ngram))
-    assert isinstance(wrapped, specjax.GreedyModel)
+    wrapped = specjax.models.greedy_draft(Wrapped(ngram))
+    assert isinstance(wrapped, specjax.models.GreedyModel)
     state = wrapped.update(wrapped.init_state(), 2)
     np.testing.assert_array_equal(wrapped.probs(state), greedy.probs(greedy.update(
         greedy.init_state(), 2)))
     with pytest.raises(ValueError, match="model must be a specjax.MarkovChain or an"):
-        specjax.greedy_draft("ngram")
+        specjax.models.greedy_draft("ngram")
 
 
 @jax.tree_util.register_pytree_node_class
@@ -658,9 +659,9 @@ def test_greedy_ngram_draft_sampler_matches_exact():
     """n-gram lookup drafting: a greedy bigram draft for a trigram target, exact E[N_rej] and
     E[calls] (lifted to the trigram's contexts) against the public sampler (4.5 SE)."""
     draft, target = random_ngram(5, 2, 4, zero_fraction=0.0), random_ngram(6, 3, 4)
-    greedy = specjax.greedy_draft(draft)
-    exact = specjax.exact_speculative_decoding(
-        greedy.as_finite_state(2), target.as_finite_state(2), lookahead=3, horizon=12)
+    greedy = specjax.models.greedy_draft(draft)
+    exact = specjax.exact(specjax.Speculative(3), greedy.as_finite_state(2),
+                          target.as_finite_state(2), horizon=12)
     trace = specjax.speculative_decoding(jax.random.key(8), greedy, target, 40_000, horizon=12,
                                          lookahead=3)
     assert_mean(trace.num_rejections, float(exact.expected_rejections), "greedy rejections")
@@ -698,7 +699,7 @@ def test_protocol_models_are_validated_before_any_work():
         specjax.speculative_decoding(KEY, unnormalised, ngram.as_finite_state(1), 10, horizon=3)
     with pytest.raises(ValueError, match="draft must be a specjax.MarkovChain or an "
                                          "autoregressive model"):
-        specjax.exact_biased_speculative_decoding(None, None, epsilon=0.1)
+        specjax.exact(specjax.BiasedSpeculative(0.1), None, None)
     with pytest.raises(ValueError, match="both be MarkovChains, or both FiniteStateModels"):
         specjax.expected_rejections(ngram, ngram, horizon=3)
 

@@ -30,11 +30,11 @@ TIGHT = 1e-10
 def test_greedy_draft_is_one_hot_argmax_with_lowest_index_ties():
     trans = jnp.asarray([[[0.2, 0.5, 0.3], [0.4, 0.4, 0.2], [0.0, 0.0, 1.0]]])
     model = specjax.MarkovChain(jnp.full(3, 1 / 3), trans)
-    greedy = specjax.greedy_draft(model)
+    greedy = specjax.models.greedy_draft(model)
     np.testing.assert_array_equal(greedy.trans[0], np.eye(3)[[1, 0, 2]])
     np.testing.assert_array_equal(greedy.init, model.init)
     with pytest.raises(ValueError, match="model must be a specjax.MarkovChain"):
-        specjax.greedy_draft(trans)
+        specjax.models.greedy_draft(trans)
 
 
 def test_verifying_a_one_hot_draft_accepts_with_q_and_resamples_q_without_x(x64):
@@ -54,19 +54,19 @@ def test_greedy_rejections_closed_form(x64):
     """``E[N_rej] = sum_n E_{x_{n-1} ~ q}[1 - q_n(g_n(x_{n-1}))]``, and the enumerated literal
     SD with the greedy draft agrees, for ``K = T`` and lookahead 2."""
     draft, target = random_pair(7, 3, 3, zero_fraction=0.3)
-    greedy = specjax.greedy_draft(chain(draft))
+    greedy = specjax.models.greedy_draft(chain(draft))
     g = np.asarray(greedy.trans)
     q = target[1]
     marg = ref.forward_marginals(*target)
     closed = sum(marg[n] @ (1 - (g[n] * q[n]).sum(-1)) for n in range(3))
-    exact = specjax.exact_speculative_decoding(greedy, chain(target))
+    exact = specjax.exact(specjax.Speculative(), greedy, chain(target))
     assert abs(float(exact.expected_rejections) - closed) < TIGHT
     greedy_pair = (draft[0], g)
     for lookahead in (None, 2):
         law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, greedy_pair, target, lookahead))
         assert_laws_equal(ref.marginalise_tokens(law), ref.target_sequence_law(target))
         rej, calls = ref.expected_counts_from_law(law)
-        exact = specjax.exact_speculative_decoding(greedy, chain(target), lookahead=lookahead)
+        exact = specjax.exact(specjax.Speculative(lookahead), greedy, chain(target))
         assert abs(float(exact.expected_rejections) - rej) < TIGHT
         assert abs(float(exact.expected_calls) - calls) < TIGHT
 
@@ -75,7 +75,7 @@ def test_greedy_sampler_fits_the_literal_law():
     """Monte Carlo of ``speculative_decoding`` with a greedy draft (lookahead 2) against the exact
     law of (tokens, rejected, calls) of the literal algorithm (chi-square, alpha = 1e-5)."""
     draft, target = random_pair(8, 3, 3, zero_fraction=0.3)
-    greedy = specjax.greedy_draft(chain(draft))
+    greedy = specjax.models.greedy_draft(chain(draft))
     greedy_pair = (draft[0], np.asarray(greedy.trans, np.float64))
     law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, greedy_pair, target, 2))
     n = 100_000
@@ -158,8 +158,8 @@ def test_without_replacement_equals_enumerated_literal_algorithm(x64, num_drafts
     root, verify = specjax.BatchSpeculative(num_drafts, replacement=False).laws(p, q)
     assert_laws_equal(kernel_law(target[0], root, verify, _verify.bonus_law(q), horizon), law)
     rej, calls = ref.expected_counts_from_law(law)
-    exact = specjax.exact_batch_speculative_decoding(chain(draft), chain(target),
-                                                     num_drafts=num_drafts, replacement=False)
+    exact = specjax.exact(specjax.BatchSpeculative(num_drafts, replacement=False), chain(draft),
+                          chain(target))
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     np.testing.assert_allclose(np.asarray(exact.rejected), ref.rejected_measure(law, 3, horizon),
@@ -181,8 +181,8 @@ def test_without_replacement_sampler_means_match_exact(lookahead):
     trace = specjax.batch_speculative_decoding(jax.random.key(9), draft, target, 50_000,
                                                num_drafts=3, lookahead=lookahead,
                                                replacement=False)
-    exact = specjax.exact_batch_speculative_decoding(draft, target, num_drafts=3,
-                                                     lookahead=lookahead, replacement=False)
+    exact = specjax.exact(specjax.BatchSpeculative(3, replacement=False, lookahead=lookahead),
+                          draft, target)
     stats.assert_mean(trace.num_rejections, float(exact.expected_rejections), "rejections")
     stats.assert_mean(trace.num_calls, float(exact.expected_calls), "calls")
 
@@ -209,7 +209,7 @@ def test_without_replacement_validation():
         specjax.batch_speculative_decoding(key, draft, target, 10, num_drafts=2,
                                            replacement="no")
     with pytest.raises(ValueError, match="num_drafts"):
-        specjax.exact_batch_speculative_decoding(draft, target, num_drafts=0, replacement=False)
+        specjax.exact(specjax.BatchSpeculative(0, replacement=False), draft, target)
     big = specjax.random_markov_chain(jax.random.key(1), 64, 2)
     with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):
         specjax.batch_expected_rejections(big, big, num_drafts=4, replacement=False)

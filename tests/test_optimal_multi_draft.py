@@ -202,7 +202,7 @@ def _library_values(p, q, settings):
     for m, r in settings:
         law = multi_draft.optimal_root_law(p, q, m, r)
         if r:
-            batch = 1 - jnp.sum(specjax.batch_residual_mass(p, q, num_drafts=m), axis=-1)
+            batch = 1 - jnp.sum(specjax.decoders.batch_residual_mass(p, q, num_drafts=m), axis=-1)
         else:
             batch = jnp.sum(multi_draft.batch_without_replacement_root_law(p, q, m).accepted, -1)
         out.append((specjax.optimal_acceptance(p, q, num_drafts=m, replacement=r),
@@ -499,7 +499,7 @@ def test_per_token_optimum_can_reject_more_than_batch_sd_over_a_sequence(x64):
     assert best - batch > 6e-4, (best, batch)
     assert sequence <= batch + 1e-12, (sequence, batch)
     alpha = specjax.optimal_acceptance(draft_trans, target_trans, num_drafts=2)
-    batch_alpha = 1 - specjax.batch_residual_mass(draft_trans, target_trans,
+    batch_alpha = 1 - specjax.decoders.batch_residual_mass(draft_trans, target_trans,
                                                   num_drafts=2).sum(-1)
     assert (np.asarray(alpha) >= np.asarray(batch_alpha) - 1e-15).all()
 

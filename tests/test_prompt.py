@@ -30,10 +30,10 @@ def test_prompted_finite_state_model_equals_the_prompted_markov_chain(x64):
              ((draft, target), [2], lift)]
     for decoder, ((draft, target), prompt, lifted) in zip(
             (specjax.Speculative(2), specjax.BatchSpeculative(2)), cases):
-        want = specjax.exact(decoder, specjax.with_prompt(draft, prompt),
-                             specjax.with_prompt(target, prompt))
-        got = specjax.exact(decoder, specjax.with_prompt(lifted(draft), prompt),
-                            specjax.with_prompt(lifted(target), prompt), horizon=T)
+        want = specjax.exact(decoder, specjax.models.with_prompt(draft, prompt),
+                             specjax.models.with_prompt(target, prompt))
+        got = specjax.exact(decoder, specjax.models.with_prompt(lifted(draft), prompt),
+                            specjax.models.with_prompt(lifted(target), prompt), horizon=T)
         np.testing.assert_array_equal(np.asarray(want.marginals[0]), np.eye(V)[2])
         np.testing.assert_allclose(np.asarray(want.marginals[1]), np.asarray(target.trans[0, 2]),
                                    atol=1e-15)
@@ -53,8 +53,8 @@ def test_prompted_ngrams_sample_the_exact_values_of_their_finite_state_lift():
     draft, target = _trigrams()
     prompt = [2, 0]
     decoder = specjax.Speculative(2)
-    d, t = specjax.with_prompt(draft, prompt), specjax.with_prompt(target, prompt)
-    assert isinstance(t, specjax.PromptedModel)
+    d, t = specjax.models.with_prompt(draft, prompt), specjax.models.with_prompt(target, prompt)
+    assert isinstance(t, specjax.models.PromptedModel)
     trace = specjax.decode(jax.random.key(1), decoder, d, t, 40_000, horizon=T)
     assert np.all(np.asarray(trace.tokens[:, 0]) == 0)
     # x_1 follows the trigram's row in the context (2, 0): index 2 V + 0 (newest last).
@@ -63,7 +63,7 @@ def test_prompted_ngrams_sample_the_exact_values_of_their_finite_state_lift():
     assert_law(dict(enumerate(counts.tolist())), dict(enumerate(row / row.sum())),
                trace.tokens.shape[0], "x_1 after the prompt")
     with jax.enable_x64(True):  # the same n-grams fitted in float64
-        lifted = [specjax.with_prompt(m.as_finite_state(2), prompt) for m in _trigrams()]
+        lifted = [specjax.models.with_prompt(m.as_finite_state(2), prompt) for m in _trigrams()]
         exact = specjax.exact(decoder, *lifted, horizon=T)
         calls, rejections = float(exact.expected_calls), float(exact.expected_rejections)
     assert_mean(np.asarray(trace.num_calls, np.float64), calls, "calls")
@@ -121,19 +121,19 @@ def test_prompts_under_jit_in_batches_and_checked_by_name():
     lift = models.FiniteStateModel.from_markov_chain
 
     def calls(d, t):
-        return specjax.exact(specjax.Speculative(2), specjax.with_prompt(d, [1, 2]),
-                             specjax.with_prompt(t, [1, 2]), horizon=T).expected_calls
+        return specjax.exact(specjax.Speculative(2), specjax.models.with_prompt(d, [1, 2]),
+                             specjax.models.with_prompt(t, [1, 2]), horizon=T).expected_calls
 
     lifted = (lift(draft), lift(target))
     np.testing.assert_allclose(jax.jit(calls)(*lifted), calls(*lifted), rtol=1e-6)
     batch = jax.tree.map(lambda *x: jnp.stack(x), target, target)
-    prompted = specjax.with_prompt(batch, [0])
+    prompted = specjax.models.with_prompt(batch, [0])
     np.testing.assert_array_equal(prompted.init, np.tile(np.eye(V)[0], (2, 1)))
     for bad, match in (([V], "prompt must hold ids"), ([], "non-empty")):
         with pytest.raises(ValueError, match=match):
-            specjax.PromptedModel(model=_trigrams()[1], prompt=jnp.asarray(bad, jnp.int32))
-    d, t = (specjax.with_prompt(m, p) for m, p in zip(_trigrams(), ([0, 1], [0, 2])))
+            specjax.models.PromptedModel(model=_trigrams()[1], prompt=jnp.asarray(bad, jnp.int32))
+    d, t = (specjax.models.with_prompt(m, p) for m, p in zip(_trigrams(), ([0, 1], [0, 2])))
     with pytest.raises(ValueError, match="prompts that end in different tokens"):
         specjax.decode(jax.random.key(0), specjax.Speculative(2), d, t, 10, horizon=T)
     with pytest.raises(ValueError, match="prompt must be concrete"):
-        jax.jit(lambda p: specjax.with_prompt(target, p).init)([1, 2])
+        jax.jit(lambda p: specjax.models.with_prompt(target, p).init)([1, 2])

@@ -85,7 +85,7 @@ def test_literal_is_sensitive(x64):
     others = [specjax.Speculative(lookahead=k) for k in (1, 2, 3)] + [
         SCHEDULES[name][0] for name in SCHEDULES if name != "HF +2/-1 from 1"]
     for other in others:
-        timed = specjax.decoding_time(other, *(chain(x) for x in pair), COST)
+        timed = specjax.theory.decoding_time(other, *(chain(x) for x in pair), COST)
         assert abs(float(timed.expected_time) - means["time"]) > 1e-3, other
 
 
@@ -151,11 +151,11 @@ def stationary(seed, num_states, horizon):
 
 def test_stationary_rate_is_the_growth_of_the_finite_horizon_time(x64):
     decoder = specjax.HeuristicSchedule(2, max_lookahead=5)
-    rate = specjax.stationary_rate(decoder, *stationary(4, 3, 8), COST)
+    rate = specjax.theory.stationary_rate(decoder, *stationary(4, 3, 8), COST)
     assert rate.start_law.shape == (5, 3)
     # The start and end effects cancel in the difference up to terms that decay geometrically
     # in the horizon (relative 7e-6 at 40 / 80, 3e-9 at 80 / 160, 2e-12 at 120 / 240).
-    times = [float(specjax.decoding_time(decoder, *stationary(4, 3, t), COST).expected_time)
+    times = [float(specjax.theory.decoding_time(decoder, *stationary(4, 3, t), COST).expected_time)
              for t in (120, 240)]
     np.testing.assert_allclose((times[1] - times[0]) / 120, float(rate.time_per_token),
                                rtol=1e-10)
@@ -167,7 +167,7 @@ def test_optimal_rate_beats_the_schedule(x64):
         best = specjax.optimal_rate(draft, target, COST, max_lookahead=5)
         for initial in (1, 3, 5):
             hf = specjax.HeuristicSchedule(initial, max_lookahead=5)
-            rate = specjax.stationary_rate(hf, draft, target, COST)
+            rate = specjax.theory.stationary_rate(hf, draft, target, COST)
             assert float(rate.time_per_token) >= float(best.time_per_token) * (1 - 1e-12)
 
 
@@ -182,7 +182,7 @@ def test_edge_pairs_values_and_gradients_stay_finite(use_x64):
 
         def calls(trans):
             draft = specjax.MarkovChain(jnp.asarray(init, dtype), trans)
-            return specjax.decoding_time(decoder, draft, target, COST).expected_time
+            return specjax.theory.decoding_time(decoder, draft, target, COST).expected_time
 
         trans = jnp.asarray(p, dtype)
         value, grad = jax.value_and_grad(calls)(trans)

@@ -105,13 +105,13 @@ def call_time(a, p, q, max_lookahead, stop, cost):
 
 
 def fixed(k):
-    return specjax.AdaptiveSpeculative(specjax.FixedLength(k), max_lookahead=k)
+    return specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(k), max_lookahead=k)
 
 
 @pytest.mark.parametrize("seed,num_states,k", [(0, 3, 3), (1, 4, 2), (2, 2, 5)])
 def test_stationary_rate_of_sd_is_the_literal_renewal_ratio(x64, seed, num_states, k):
     p, q, draft, target = stationary_pair(seed, num_states)
-    rate = specjax.stationary_rate(fixed(k), draft, target, COST)
+    rate = specjax.theory.stationary_rate(fixed(k), draft, target, COST)
     expected = renewal_rate(p, q, k, lambda a, path: False, COST)
     np.testing.assert_allclose(float(rate.time_per_token), expected, rtol=1e-12)
     np.testing.assert_allclose(float(rate.tokens_per_time), 1 / expected, rtol=1e-12)
@@ -129,22 +129,24 @@ def test_stationary_rate_of_a_heuristic_is_the_literal_renewal_ratio(x64):
             prev = x
         return acc
 
-    spec = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.4), max_lookahead=4)
-    rate = specjax.stationary_rate(spec, draft, target, COST)
+    spec = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.4), max_lookahead=4)
+    rate = specjax.theory.stationary_rate(spec, draft, target, COST)
     expected = renewal_rate(p, q, 4, lambda a, path: bool(path) and
                             1 - all_accepted(a, path) > 0.4, COST)
     np.testing.assert_allclose(float(rate.time_per_token), expected, rtol=1e-12)
 
 
 @pytest.mark.parametrize("decoder", [fixed(3), specjax.TokenTree((2, 1)),
-                                     specjax.AdaptiveSpeculative(specjax.EntropyThreshold(0.9),
-                                                                 max_lookahead=3)])
+                                     specjax.AdaptiveSpeculative(
+                                         specjax.decoders.EntropyThreshold(0.9),
+                                         max_lookahead=3)])
 def test_stationary_rate_is_the_growth_of_the_finite_horizon_time(x64, decoder):
     """``decoding_time`` (forward recursion over positions) on horizons 60 and 120: the difference
     is ``60 lambda`` (the start and end effects cancel, the chain mixes fast)."""
     p, q, _, _ = stationary_pair(4, 3)
-    rate = specjax.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
-    times = [float(specjax.decoding_time(decoder, lift(p, t), lift(q, t), COST).expected_time)
+    rate = specjax.theory.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
+    times = [float(specjax.theory.decoding_time(decoder, lift(p, t), lift(q, t),
+                                                COST).expected_time)
              for t in (60, 120)]
     np.testing.assert_allclose((times[1] - times[0]) / 60, float(rate.time_per_token),
                                rtol=1e-9)
@@ -163,7 +165,7 @@ def test_optimal_rate_is_the_growth_of_the_finite_horizon_optimum(x64, seed, num
     its value grows by the optimal ``lambda`` per token."""
     _, _, draft, target = stationary_pair(seed, num_states, horizon=160)
     best = specjax.optimal_rate(draft, target, cost, max_lookahead=k)
-    finite = specjax.optimal_stopping(draft, target, cost, max_lookahead=k)
+    finite = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=k)
     growth = np.asarray(finite.values[10] - finite.values[11])
     np.testing.assert_allclose(growth, float(best.time_per_token), rtol=1e-9)
     assert float(best.bellman_residual) < 1e-12
@@ -204,16 +206,16 @@ def test_optimal_rate_is_never_beaten(x64):
         best = specjax.optimal_rate(draft, target, cost, max_lookahead=4)
         rivals = [fixed(k) for k in range(1, 5)] + [
             specjax.AdaptiveSpeculative(policy(t), max_lookahead=4)
-            for policy, grid in ((specjax.RejectionThreshold, (0.1, 0.3, 0.5, 0.7)),
-                                 (specjax.EntropyThreshold, (0.3, 0.6, 1.0)),
-                                 (specjax.ConfidenceThreshold, (0.2, 0.4, 0.6)))
+            for policy, grid in ((specjax.decoders.RejectionThreshold, (0.1, 0.3, 0.5, 0.7)),
+                                 (specjax.decoders.EntropyThreshold, (0.3, 0.6, 1.0)),
+                                 (specjax.decoders.ConfidenceThreshold, (0.2, 0.4, 0.6)))
             for t in grid]
         for rival in rivals:
-            rate = specjax.stationary_rate(rival, draft, target, cost)
+            rate = specjax.theory.stationary_rate(rival, draft, target, cost)
             assert float(rate.time_per_token) >= float(best.time_per_token) * (1 - 1e-12), (
                 seed, rival.label)
         # The decoder runs the optimum: its own stationary rate is the optimal one.
-        again = specjax.stationary_rate(best.decoder, draft, target, cost)
+        again = specjax.theory.stationary_rate(best.decoder, draft, target, cost)
         np.testing.assert_allclose(float(again.time_per_token), float(best.time_per_token),
                                    rtol=1e-12)
 
@@ -253,7 +255,7 @@ def test_literal_simulation_of_the_optimal_policy_fits_its_rate(x64):
     best = specjax.optimal_rate(draft, target, cost, max_lookahead=3)
     stop = threshold_stop(np.asarray(best.thresholds), p, q)
     rng = np.random.default_rng(7)
-    a = int(rng.choice(4, p=np.asarray(specjax.stationary_rate(best.decoder, draft, target,
+    a = int(rng.choice(4, p=np.asarray(specjax.theory.stationary_rate(best.decoder, draft, target,
                                                                cost).start_law)))
     ratios = []
     for _ in range(40):
@@ -279,7 +281,7 @@ def test_edge_pairs_stay_finite(dtype_x64):
         for value in (best.time_per_token, best.relative_values, best.thresholds,
                       best.bellman_residual):
             assert np.all(np.isfinite(np.asarray(value)))
-        disjoint = specjax.stationary_rate(fixed(2), lift(p[0], 8), target, cost)
+        disjoint = specjax.theory.stationary_rate(fixed(2), lift(p[0], 8), target, cost)
         assert np.all(np.isfinite(np.asarray(disjoint.relative_values)))
         # p = q: every draft is kept, so drafting K = 3 is best: 4 tokens per 1.3.
         same = specjax.optimal_rate(target, target, cost, max_lookahead=3)
@@ -293,9 +295,9 @@ def test_validation():
     with pytest.raises(ValueError, match="target must be a stationary MarkovChain"):
         specjax.optimal_rate(draft, moving, cost, max_lookahead=2)
     with pytest.raises(ValueError, match="draft must be a stationary MarkovChain"):
-        specjax.stationary_rate(fixed(2), moving, target, cost)
+        specjax.theory.stationary_rate(fixed(2), moving, target, cost)
     with pytest.raises(ValueError, match="call-level decoder"):
-        specjax.stationary_rate(specjax.Speculative(lookahead=2), draft, target, cost)
+        specjax.theory.stationary_rate(specjax.Speculative(lookahead=2), draft, target, cost)
     with pytest.raises(ValueError, match="max_lookahead"):
         specjax.optimal_rate(draft, target, cost, max_lookahead=0)
     with pytest.raises(ValueError, match="max_iterations"):
@@ -311,39 +313,39 @@ def test_validation():
         specjax.optimal_rate(lift(np.asarray(draft.trans[0]), 3),
                              lift(np.asarray(target.trans[0]), 3), cost, max_lookahead=4)
     with pytest.raises(ValueError, match="decoder: the long-run rate"):
-        specjax.stationary_rate(fixed(5), lift(np.asarray(draft.trans[0]), 3),
+        specjax.theory.stationary_rate(fixed(5), lift(np.asarray(draft.trans[0]), 3),
                                 lift(np.asarray(target.trans[0]), 3), cost)
     big = lift(np.full((16, 16), 1 / 16), 8)
     with pytest.raises(ValueError, match="V\\*\\*\\(K \\+ 1\\)"):
         specjax.optimal_rate(big, big, cost, max_lookahead=6)
     with pytest.raises(ValueError, match="threshold must be a finite number"):
-        specjax.stationary_rate(
-            specjax.AdaptiveSpeculative(specjax.RejectionThreshold(1.7), max_lookahead=2),
+        specjax.theory.stationary_rate(
+            specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(1.7), max_lookahead=2),
             draft, target, cost)
     moving_table = np.full((40, 3, 3), -1.0)
     moving_table[:, 2] = 1.0
     moving_table[0, 1] = 1.0  # a call at position 1 drafts one token, elsewhere two
     with pytest.raises(ValueError, match="decoder: its ThresholdTable's rows differ"):
-        specjax.stationary_rate(specjax.AdaptiveSpeculative(
-            specjax.ThresholdTable(moving_table), max_lookahead=2), draft, target, cost)
+        specjax.theory.stationary_rate(specjax.AdaptiveSpeculative(
+            specjax.decoders.ThresholdTable(moving_table), max_lookahead=2), draft, target, cost)
     eye = lift(np.eye(3), 8)  # every call ends where it started: three recurrent classes
     with pytest.raises(ValueError, match="target: the chain of call starts has 3 closed"):
-        specjax.stationary_rate(fixed(2), eye, eye, cost)
+        specjax.theory.stationary_rate(fixed(2), eye, eye, cost)
 
 
 def test_relative_values_are_the_finite_horizon_offsets(x64):
     """``h(a) - h(b)``: how much longer decoding takes from a first call after ``a`` than after
     ``b``, far from the end (horizon 120; the end's effect cancels in the difference)."""
     p, q, _, _ = stationary_pair(4, 3)
-    for decoder in (fixed(3), specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.4),
+    for decoder in (fixed(3), specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.4),
                                                           max_lookahead=3)):
-        rate = specjax.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
+        rate = specjax.theory.stationary_rate(decoder, lift(p, 8), lift(q, 8), COST)
         times = []
         for a in range(3):
             start = jnp.zeros(3).at[a].set(1.0)
             chains = [specjax.MarkovChain(start, jnp.broadcast_to(jnp.asarray(r), (120, 3, 3)))
                       for r in (p, q)]
-            times.append(float(specjax.decoding_time(decoder, *chains, COST).expected_time))
+            times.append(float(specjax.theory.decoding_time(decoder, *chains, COST).expected_time))
         h = np.asarray(rate.relative_values)
         np.testing.assert_allclose(np.asarray(times) - times[0], h - h[0], atol=1e-9)
 
@@ -381,8 +383,8 @@ def test_constant_schedule_rate_is_that_of_its_length(x64):
     _, _, draft, target = stationary_pair(4, 3)
     for initial in (2, 3):
         steady = specjax.HeuristicSchedule(initial, max_lookahead=4, increase=0, decrease=0)
-        got = specjax.stationary_rate(steady, draft, target, COST)
-        want = specjax.stationary_rate(fixed(initial), draft, target, COST)
+        got = specjax.theory.stationary_rate(steady, draft, target, COST)
+        want = specjax.theory.stationary_rate(fixed(initial), draft, target, COST)
         np.testing.assert_allclose(float(got.time_per_token), float(want.time_per_token),
                                    rtol=1e-12)
         assert float(jnp.sum(got.start_law[initial - 1])) == pytest.approx(1.0)

@@ -171,10 +171,10 @@ def test_monte_carlo_of_each_engine_fits_the_exact_values():
     stats = specjax.decoding_statistics(key, decoder, draft, target, 100_000, stop_tokens=[2],
                                         chunk_size=30_000)
     np.testing.assert_array_equal(stats.num_calls, trace.num_calls)
-    np.testing.assert_array_equal(stats.calls_at, np.asarray(trace.new_call).sum(0))
-    np.testing.assert_array_equal(stats.rejections_at, np.asarray(trace.rejected).sum(0))
+    np.testing.assert_array_equal(stats.new_call, np.asarray(trace.new_call).sum(0))
+    np.testing.assert_array_equal(stats.rejected, np.asarray(trace.rejected).sum(0))
     emitted = np.arange(1, T + 1) <= np.asarray(trace.num_emitted)[:, None]
-    np.testing.assert_array_equal(stats.emitted_at, emitted.sum(0))
+    np.testing.assert_array_equal(stats.emitted, emitted.sum(0))
 
 
 @pytest.mark.parametrize("kind", ["markov", "protocol", "calls"])
@@ -266,4 +266,4 @@ def test_stop_tokens_as_a_set_traced_or_through_the_deprecated_form():
         old = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 500,
                                           stop_tokens=[1])
     np.testing.assert_array_equal(old.num_calls, new.num_calls)
-    np.testing.assert_array_equal(old.emitted_at, new.emitted_at)
+    np.testing.assert_array_equal(old.emitted, new.emitted)

@@ -26,7 +26,7 @@ def test_sd_counts_equal_enumerated_literal_algorithm(x64, lookahead):
     draft, target = random_pair(10, 3, 4, zero_fraction=0.3)
     law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, draft, target, lookahead))
     rej, calls = ref.expected_counts_from_law(law)
-    exact = specjax.exact_speculative_decoding(*chains(draft, target), lookahead=lookahead)
+    exact = specjax.exact(specjax.Speculative(lookahead), *chains(draft, target))
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     # Per position: E[R_n] and the law of x_n.
@@ -43,8 +43,7 @@ def test_batch_counts_equal_enumerated_literal_algorithm(x64, num_drafts, horizo
     draft, target = random_pair(11, 3, horizon, zero_fraction=0.2)
     law = ref.enumerate_law(lambda ch: ref.batch_literal(ch, draft, target, num_drafts))
     rej, calls = ref.expected_counts_from_law(law)
-    exact = specjax.exact_batch_speculative_decoding(*chains(draft, target),
-                                                     num_drafts=num_drafts)
+    exact = specjax.exact(specjax.BatchSpeculative(num_drafts), *chains(draft, target))
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     # f of Theorem 3 (marginalised): P(x_n = x, rejected at n).
@@ -63,8 +62,8 @@ def test_biased_counts_and_output_law_equal_enumeration(x64, residual, lookahead
         ch, draft, target, lambda p, q: ref.biased_accept(p, q, eps), residual_fn, lookahead))
     rej, calls = ref.expected_counts_from_law(law)
     d, t = chains(draft, target)
-    exact = specjax.exact_biased_speculative_decoding(d, t, epsilon=eps, residual=residual,
-                                                      lookahead=lookahead)
+    exact = specjax.exact(specjax.BiasedSpeculative(eps, residual=residual, lookahead=lookahead),
+                          d, t)
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
     tokens_law = ref.marginalise_tokens(law)
@@ -74,12 +73,12 @@ def test_biased_counts_and_output_law_equal_enumeration(x64, residual, lookahead
             marg[seq[n]] += pr
         np.testing.assert_allclose(np.asarray(exact.marginals[n]), marg, atol=TIGHT)
     if lookahead is None:  # the output is a Markov chain: compare whole-sequence laws and KL
-        out = specjax.biased_output_chain(d, t, epsilon=eps, residual=residual)
+        out = specjax.theory.biased_output_chain(d, t, epsilon=eps, residual=residual)
         seq_law = ref.target_sequence_law((np.asarray(out.init), np.asarray(out.trans)))
         keys = set(seq_law) | set(tokens_law)
         assert max(abs(seq_law.get(k, 0) - tokens_law.get(k, 0)) for k in keys) < TIGHT
         kl = ref.sequence_kl(tokens_law, ref.target_sequence_law(target))
-        assert abs(float(specjax.sequence_kl(out, t)) - kl) < 1e-9
+        assert abs(float(specjax.theory.sequence_kl(out, t)) - kl) < 1e-9
 
 
 # --- the paper's printed formulas on larger instances ------------------------------------------
@@ -109,9 +108,9 @@ def test_forward_recursion_matches_reference_recursion(x64, kind, lookahead, num
     draft, target = random_pair(4, 7, 40, zero_fraction=0.3)
     d, t = chains(draft, target)
     if kind == "sd":
-        exact = specjax.exact_speculative_decoding(d, t, lookahead=lookahead)
+        exact = specjax.exact(specjax.Speculative(lookahead), d, t)
     else:
-        exact = specjax.exact_batch_speculative_decoding(d, t, num_drafts=num_drafts)
+        exact = specjax.exact(specjax.BatchSpeculative(num_drafts), d, t)
     rej, calls = ref.exact_counts(draft, target, kind=kind, lookahead=lookahead,
                                   num_drafts=num_drafts)
     assert abs(float(exact.expected_rejections) - rej) < 1e-9
@@ -126,8 +125,7 @@ def test_batch_lookahead_counts_match_enumerated_kernel_law(x64):
     draft, target = random_pair(13, 3, 4, zero_fraction=0.2)
     law = kernel_law(target[0], *specjax_laws(draft, target, "batch", num_drafts=2), 2)
     rej, calls = ref.expected_counts_from_law(law)
-    exact = specjax.exact_batch_speculative_decoding(*chains(draft, target), num_drafts=2,
-                                                     lookahead=2)
+    exact = specjax.exact(specjax.BatchSpeculative(2, lookahead=2), *chains(draft, target))
     assert abs(float(exact.expected_rejections) - rej) < TIGHT
     assert abs(float(exact.expected_calls) - calls) < TIGHT
 
@@ -153,7 +151,7 @@ def constant_acceptance_pair(rng, num_states, horizon, alpha):
 def test_tokens_per_call_is_leviathan_closed_form(x64, lookahead):
     alpha, horizon = 0.85, 400
     draft, target = constant_acceptance_pair(np.random.default_rng(5), 5, horizon, alpha)
-    exact = specjax.exact_speculative_decoding(*chains(draft, target), lookahead=lookahead)
+    exact = specjax.exact(specjax.Speculative(lookahead), *chains(draft, target))
     # Every verified draft is rejected with probability 1 - alpha; bonus tokens never are.
     # Renewal: the long-run call rate is 1 / E[tokens per call].
     per_call = (1 - alpha ** (lookahead + 1)) / (1 - alpha)
@@ -182,9 +180,9 @@ def test_constant_acceptance_rejections_are_t_times_tv(x64):
 
 def test_lookahead_at_least_horizon_is_the_paper_setting(x64):
     d, t = chains(*random_pair(7, 5, 10, zero_fraction=0.2))
-    a = specjax.exact_speculative_decoding(d, t)
+    a = specjax.exact(specjax.Speculative(), d, t)
     for k in (10, 11, 1000):
-        b = specjax.exact_speculative_decoding(d, t, lookahead=k)
+        b = specjax.exact(specjax.Speculative(k), d, t)
         np.testing.assert_allclose(np.asarray(b.rejected), np.asarray(a.rejected), atol=1e-12)
         np.testing.assert_allclose(np.asarray(b.new_call), np.asarray(a.new_call), atol=1e-12)
 
@@ -234,11 +232,11 @@ def test_batch_limit_with_tokens_the_draft_never_proposes(x64):
     p[0] = 0.0
     p /= p.sum()
     for m in (1, 3, 10, 100):
-        w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
+        w = specjax.decoders.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
         assert float(jnp.sum(w)) >= q[0] - 1e-15
-    w = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=200)
+    w = specjax.decoders.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=200)
     np.testing.assert_allclose(np.asarray(w), np.where(p > 0, 0.0, q), atol=1e-15)
-    lim = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=math.inf)
+    lim = specjax.decoders.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=math.inf)
     np.testing.assert_allclose(np.asarray(lim), np.where(p > 0, 0.0, q), atol=0)
 
 
@@ -248,7 +246,7 @@ def test_batch_residual_mass_equals_normalised_chain(x64):
     q = random_rows(rng, (50, 6), zero_fraction=0.3)
     for m in (1, 2, 4, 7):
         want = np.stack([ref.batch_root_masses(pr, qr, m)[1] for pr, qr in zip(p, q)])
-        got = specjax.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
+        got = specjax.decoders.batch_residual_mass(jnp.asarray(p), jnp.asarray(q), num_drafts=m)
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-13)
 
 
@@ -267,8 +265,7 @@ def test_no_unbiased_rule_beats_sd(x64):
         def accept(p, q, lam=lam):
             return lam * specjax.acceptance_probability(p, q, epsilon=0.0)
 
-        exact = specjax.exact_rejection_decoding(d, t, accept_prob=accept,
-                                                 residual=specjax.optimal_residual)
+        exact = specjax.exact(specjax.RejectionRule(accept, specjax.optimal_residual), d, t)
         out = specjax.output_chain(specjax.RejectionRule(accept, specjax.optimal_residual), d, t)
         np.testing.assert_allclose(np.asarray(out.trans), np.asarray(t.trans), atol=1e-12)
         np.testing.assert_allclose(np.asarray(exact.marginals),
@@ -283,12 +280,13 @@ def test_biased_rules_trade_rejections_for_bias(x64):
     sd = float(specjax.expected_rejections(d, t))
     previous = sd
     for eps in (0.05, 0.1, 0.3):
-        opt = specjax.exact_biased_speculative_decoding(d, t, epsilon=eps)
+        opt = specjax.exact(specjax.BiasedSpeculative(eps), d, t)
         assert float(opt.expected_rejections) < previous
         previous = float(opt.expected_rejections)
-        kl_opt = float(specjax.sequence_kl(specjax.biased_output_chain(d, t, epsilon=eps), t))
-        kl_uno = float(specjax.sequence_kl(
-            specjax.biased_output_chain(d, t, epsilon=eps, residual="target"), t))
+        kl_opt = float(specjax.theory.sequence_kl(
+            specjax.theory.biased_output_chain(d, t, epsilon=eps), t))
+        kl_uno = float(specjax.theory.sequence_kl(
+            specjax.theory.biased_output_chain(d, t, epsilon=eps, residual="target"), t))
         assert 0 < kl_opt < kl_uno
 
 
@@ -299,7 +297,7 @@ def test_pareto_front_identity_and_loss_star_is_attained(x64):
     p = jnp.asarray(random_rows(rng, (20, 6), zero_fraction=0.3))
     q = jnp.asarray(random_rows(rng, (20, 6), zero_fraction=0.3))
     eps = jnp.linspace(0.0, 1.0, 11)
-    front = specjax.pareto_front(p, q, eps)
+    front = specjax.theory.pareto_front(p, q, eps)
     assert front.rejection_probability.shape == front.loss_star.shape == (11, 20)
     np.testing.assert_allclose(np.asarray(front.rejection_probability + front.loss_star),
                                np.broadcast_to(np.asarray(front.tv), (11, 20)), atol=1e-12)
@@ -351,21 +349,20 @@ def test_exact_values_match_sampler_means(case):
     c = 100_000
     if case == "sd K=4":
         trace = specjax.speculative_decoding(key, d, t, c, lookahead=4)
-        exact = specjax.exact_speculative_decoding(d, t, lookahead=4)
+        exact = specjax.exact(specjax.Speculative(4), d, t)
     elif case == "batch M=4":
         trace = specjax.batch_speculative_decoding(key, d, t, c, num_drafts=4)
-        exact = specjax.exact_batch_speculative_decoding(d, t, num_drafts=4)
+        exact = specjax.exact(specjax.BatchSpeculative(4), d, t)
     elif case == "batch M=3 K=3":
         trace = specjax.batch_speculative_decoding(key, d, t, c, num_drafts=3, lookahead=3)
-        exact = specjax.exact_batch_speculative_decoding(d, t, num_drafts=3, lookahead=3)
+        exact = specjax.exact(specjax.BatchSpeculative(3, lookahead=3), d, t)
     elif case == "biased opt K=T":
         trace = specjax.biased_speculative_decoding(key, d, t, c, epsilon=0.1)
-        exact = specjax.exact_biased_speculative_decoding(d, t, epsilon=0.1)
+        exact = specjax.exact(specjax.BiasedSpeculative(0.1), d, t)
     else:
         trace = specjax.biased_speculative_decoding(key, d, t, c, epsilon=0.1, residual="target",
                                                     lookahead=4)
-        exact = specjax.exact_biased_speculative_decoding(d, t, epsilon=0.1, residual="target",
-                                                          lookahead=4)
+        exact = specjax.exact(specjax.BiasedSpeculative(0.1, residual="target", lookahead=4), d, t)
     assert_mean(np.asarray(trace.num_rejections), float(exact.expected_rejections),
                 f"{case} rejections")
     assert_mean(np.asarray(trace.num_calls), float(exact.expected_calls), f"{case} calls")

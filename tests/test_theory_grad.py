@@ -26,15 +26,16 @@ OBJECTIVES = {
     "batch M=inf": lambda d, t: specjax.batch_expected_rejections(d, t, num_drafts=math.inf),
     "batch M=3 K=2": lambda d, t: specjax.batch_expected_rejections(d, t, num_drafts=3,
                                                                     lookahead=2),
-    "biased opt": lambda d, t: specjax.exact_biased_speculative_decoding(
-        d, t, epsilon=0.1).expected_rejections,
-    "biased uno K=2": lambda d, t: specjax.exact_biased_speculative_decoding(
-        d, t, epsilon=0.1, residual="target", lookahead=2).expected_rejections,
-    "biased standard": lambda d, t: specjax.exact_biased_speculative_decoding(
-        d, t, epsilon=0.1, residual="standard").expected_rejections,
-    "opt marginals": lambda d, t: jnp.sum(jnp.sin(specjax.exact_biased_speculative_decoding(
-        d, t, epsilon=0.2).marginals)),
-    "kl opt": lambda d, t: specjax.sequence_kl(specjax.biased_output_chain(d, t, epsilon=0.2), t),
+    "biased opt": lambda d, t: specjax.exact(specjax.BiasedSpeculative(0.1), d,
+                                             t).expected_rejections,
+    "biased uno K=2": lambda d, t: specjax.exact(
+        specjax.BiasedSpeculative(0.1, residual="target", lookahead=2), d, t).expected_rejections,
+    "biased standard": lambda d, t: specjax.exact(
+        specjax.BiasedSpeculative(0.1, residual="standard"), d, t).expected_rejections,
+    "opt marginals": lambda d, t: jnp.sum(jnp.sin(
+        specjax.exact(specjax.BiasedSpeculative(0.2), d, t).marginals)),
+    "kl opt": lambda d, t: specjax.theory.sequence_kl(
+        specjax.theory.biased_output_chain(d, t, epsilon=0.2), t),
 }
 
 
@@ -82,14 +83,15 @@ SINGLE_TOKEN = {
     "tv": lambda p, q: specjax.tv_distance(p, q),
     "residual": lambda p, q: jnp.sum(jnp.sin(specjax.speculative_residual(p, q))),
     "batch improvement M=4": lambda p, q: specjax.batch_improvement(p, q, num_drafts=4),
-    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(specjax.batch_residual_mass(p, q, num_drafts=30))),
+    "batch residual M=30": lambda p, q: jnp.sum(jnp.cos(
+        specjax.decoders.batch_residual_mass(p, q, num_drafts=30))),
     "loss star": lambda p, q: specjax.tv_loss_star(
         p, q, specjax.acceptance_probability(p, q, epsilon=0.1)),
     "rejection probability": lambda p, q: specjax.rejection_probability(
         p, specjax.acceptance_probability(p, q, epsilon=0.1)),
     "optimal residual": lambda p, q: jnp.sum(jnp.sin(specjax.optimal_residual(
         p, q, specjax.acceptance_probability(p, q, epsilon=0.1)))),
-    "pareto": lambda p, q: jnp.sum(specjax.pareto_front(p, q, jnp.array([0.0, 0.1, 0.5]))
+    "pareto": lambda p, q: jnp.sum(specjax.theory.pareto_front(p, q, jnp.array([0.0, 0.1, 0.5]))
                                    .loss_star),
 }
 
@@ -182,7 +184,7 @@ def test_epsilon_gradient_matches_central_differences(x64):
     d, t = chain(random_pair(4, 5, 6)[0]), chain(random_pair(4, 5, 6)[1])
 
     def fn(eps):
-        return specjax.exact_biased_speculative_decoding(d, t, epsilon=eps).expected_rejections
+        return specjax.exact(specjax.BiasedSpeculative(eps), d, t).expected_rejections
 
     h = 1e-6
     fd = (float(fn(0.1 + h)) - float(fn(0.1 - h))) / (2 * h)
@@ -212,7 +214,7 @@ def test_vmap_over_instances_equals_loop():
     grads = jax.vmap(jax.grad(OBJECTIVES["batch M=3"]))(drafts, targets)
     assert grads.trans.shape == drafts.trans.shape
     assert bool(jnp.all(jnp.isfinite(grads.trans)))
-    exact = jax.vmap(lambda d, t: specjax.exact_batch_speculative_decoding(d, t, num_drafts=2))(
+    exact = jax.vmap(lambda d, t: specjax.exact(specjax.BatchSpeculative(2), d, t))(
         drafts, targets)
     assert exact.expected_rejections.shape == (6,) and exact.rejection_rate.shape == (6, 5)
 
@@ -237,9 +239,9 @@ def test_new_values_do_not_recompile():
     for i in (1, 2):
         specjax.batch_expected_rejections(*pick(i), num_drafts=2)
     assert theory._forward._cache_size() == before
-    specjax.exact_biased_speculative_decoding(*pick(0), epsilon=0.1)
+    specjax.exact(specjax.BiasedSpeculative(0.1), *pick(0))
     after_first = theory._forward._cache_size()
-    specjax.exact_biased_speculative_decoding(*pick(1), epsilon=0.3)
+    specjax.exact(specjax.BiasedSpeculative(0.3), *pick(1))
     assert theory._forward._cache_size() == after_first
 
 
@@ -260,22 +262,22 @@ def test_validation_messages():
     with pytest.raises(ValueError, match="lookahead"):
         specjax.expected_calls(d, t, lookahead=0)
     with pytest.raises(ValueError, match="epsilon"):
-        specjax.exact_biased_speculative_decoding(d, t, epsilon=-0.1)
+        specjax.exact(specjax.BiasedSpeculative(-0.1), d, t)
     with pytest.raises(ValueError, match="residual"):
-        specjax.exact_biased_speculative_decoding(d, t, epsilon=0.1, residual="best")
+        specjax.exact(specjax.BiasedSpeculative(0.1, residual="best"), d, t)
     with pytest.raises(ValueError, match="accept_prob"):
-        specjax.exact_rejection_decoding(d, t, accept_prob=None, residual=lambda p, q, b: q)
+        specjax.exact(specjax.RejectionRule(None, lambda p, q, b: q), d, t)
     with pytest.raises(ValueError, match="target must be a specjax.MarkovChain"):
         specjax.expected_rejections(d, t.trans)
     drafts, targets = stacked_instances(2)
     with pytest.raises(ValueError, match="single chain"):
         specjax.expected_rejections(drafts, targets)
     with pytest.raises(ValueError, match="same shape"):
-        specjax.pareto_front(jnp.ones(3) / 3, jnp.ones(4) / 4, [0.1])
+        specjax.theory.pareto_front(jnp.ones(3) / 3, jnp.ones(4) / 4, [0.1])
     with pytest.raises(ValueError, match="non-negative"):
-        specjax.pareto_front(jnp.ones(3) / 3, jnp.ones(3) / 3, [-0.1])
+        specjax.theory.pareto_front(jnp.ones(3) / 3, jnp.ones(3) / 3, [-0.1])
     with pytest.raises(ValueError, match="rows must sum to one"):
-        specjax.pareto_front(jnp.array([0.5, 0.6]), jnp.array([0.5, 0.5]), [0.1])
+        specjax.theory.pareto_front(jnp.array([0.5, 0.6]), jnp.array([0.5, 0.5]), [0.1])
     with pytest.raises(ValueError, match="residual"):  # a residual with no mass where needed
         specjax.output_chain(specjax.RejectionRule(lambda p, q: 0.5 * jnp.ones_like(p),
                                                    lambda p, q, b: jnp.zeros_like(q)), d, t)
@@ -286,13 +288,13 @@ def test_sequence_kl_infinite_not_nan():
     init = jnp.array([0.5, 0.5])
     t = specjax.MarkovChain(init, jnp.array([[[1.0, 0.0], [0.5, 0.5]]]))
     d = specjax.MarkovChain(init, jnp.array([[[0.5, 0.5], [0.5, 0.5]]]))
-    out = specjax.biased_output_chain(d, t, epsilon=0.2, residual="target")
-    assert float(specjax.sequence_kl(out, t)) == math.inf
-    assert float(specjax.sequence_kl(t, t)) == 0.0
+    out = specjax.theory.biased_output_chain(d, t, epsilon=0.2, residual="target")
+    assert float(specjax.theory.sequence_kl(out, t)) == math.inf
+    assert float(specjax.theory.sequence_kl(t, t)) == 0.0
     # An unreachable row with an infinite row-KL does not count (0 * inf is not NaN).
     a = specjax.MarkovChain(jnp.array([1.0, 0.0]), jnp.array([[[1.0, 0.0], [0.5, 0.5]]]))
     b = specjax.MarkovChain(jnp.array([1.0, 0.0]), jnp.array([[[1.0, 0.0], [1.0, 0.0]]]))
-    assert float(specjax.sequence_kl(a, b)) == 0.0
+    assert float(specjax.theory.sequence_kl(a, b)) == 0.0
 
 
 def test_docstring_examples_run():

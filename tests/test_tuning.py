@@ -19,16 +19,17 @@ V, T = 5, 12
 
 
 def families(num_states=V, horizon=T):
-    return [specjax.FullDraft(num_states, horizon), specjax.StationaryDraft(num_states, horizon),
-            specjax.LowRankDraft(num_states, horizon, 2),
-            specjax.ContextFreeDraft(num_states, horizon)]
+    return [specjax.tuning.FullDraft(num_states, horizon),
+            specjax.tuning.StationaryDraft(num_states, horizon),
+            specjax.tuning.LowRankDraft(num_states, horizon, 2),
+            specjax.tuning.ContextFreeDraft(num_states, horizon)]
 
 
 def objectives():
-    return [specjax.sd_rejections(), specjax.sd_rejections(lookahead=3),
-            specjax.batch_rejections(3), specjax.batch_rejections(math.inf),
-            specjax.target_calls(lookahead=3), specjax.biased_tradeoff(0.05, weight=2.0),
-            specjax.kl_divergence()]
+    named = specjax.tuning.make_objective
+    return [named("sd"), named("sd", lookahead=3), named("batch", num_drafts=3),
+            named("batch", num_drafts=math.inf), named("calls", lookahead=3),
+            specjax.tuning.biased_tradeoff(0.05, weight=2.0), specjax.tuning.kl_divergence()]
 
 
 def target_chain(seed, num_states=V, horizon=T, zero_fraction=0.0):
@@ -61,53 +62,60 @@ def test_family_chain_is_valid_and_has_its_structure(family):
 
 def test_family_validation():
     with pytest.raises(ValueError, match="family must be one of"):
-        specjax.draft_family("nope", V, T)
+        specjax.tuning.draft_family("nope", V, T)
     with pytest.raises(ValueError, match="rank"):
-        specjax.LowRankDraft(V, T, 0)
+        specjax.tuning.LowRankDraft(V, T, 0)
     with pytest.raises(ValueError, match="rank must be at most num_states = 20"):
-        specjax.LowRankDraft(20, 64, rank=50)
+        specjax.tuning.LowRankDraft(20, 64, rank=50)
     with pytest.raises(ValueError, match="rank"):
-        specjax.draft_family("lowrank", V, T, rank=V + 1)
-    assert specjax.LowRankDraft(V, T, V).rank == V  # full rank: the stationary family
+        specjax.tuning.draft_family("lowrank", V, T, rank=V + 1)
+    assert specjax.tuning.LowRankDraft(V, T, V).rank == V  # full rank: the stationary family
     with pytest.raises(ValueError, match="num_states"):
-        specjax.StationaryDraft(0, T)
-    family = specjax.StationaryDraft(V, T)
+        specjax.tuning.StationaryDraft(0, T)
+    family = specjax.tuning.StationaryDraft(V, T)
     with pytest.raises(ValueError, match="V = 4, T = 12"):
-        specjax.kl_fit(family, target_chain(0, num_states=4))
+        specjax.tuning.kl_fit(family, target_chain(0, num_states=4))
     with pytest.raises(ValueError, match="target must be a specjax.MarkovChain"):
-        specjax.kl_fit(family, np.eye(V))
+        specjax.tuning.kl_fit(family, np.eye(V))
     target = target_chain(0)
     with pytest.raises(ValueError, match=r"params must have shapes \(5, 5\)"):
-        specjax.tune_draft(family, jnp.zeros((T, V, V)), target, specjax.sd_rejections())
+        specjax.tune_draft(family, jnp.zeros((T, V, V)), target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="NaN or infinite"):
-        specjax.tune_draft(family, jnp.full((V, V), jnp.nan), target, specjax.sd_rejections())
+        specjax.tune_draft(family, jnp.full((V, V), jnp.nan), target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="num_steps"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(), num_steps=0)
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()), num_steps=0)
     with pytest.raises(ValueError, match="objective must be callable"):
         specjax.tune_draft(family, family.uniform(), target, "sd")
     with pytest.raises(ValueError, match="optimizer must be an optax"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(),
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()),
                            optimizer=0.1)
     with pytest.raises(ValueError, match="num_drafts"):
-        specjax.batch_rejections(0)
+        specjax.objective(specjax.BatchSpeculative(0))
     with pytest.raises(ValueError, match="epsilon"):
-        specjax.biased_tradeoff(-0.1)
+        specjax.tuning.biased_tradeoff(-0.1)
     with pytest.raises(ValueError, match="weight"):
-        specjax.biased_tradeoff(0.1, weight=float("nan"))
+        specjax.tuning.biased_tradeoff(0.1, weight=float("nan"))
     with pytest.raises(ValueError, match="lookahead"):
-        specjax.target_calls(lookahead=0)
+        specjax.objective(specjax.Speculative(0), "calls")
     with pytest.raises(ValueError, match="objective must be one of"):
-        specjax.make_objective("tv")
+        specjax.tuning.make_objective("tv")
     with pytest.raises(ValueError, match="scale"):
         family.init(jax.random.key(0), scale=float("nan"))
     with pytest.raises(ValueError, match="params must be a pytree of arrays"):
-        specjax.tune_draft(family, [[0.0] * V] * V, target, specjax.sd_rejections())
+        specjax.tune_draft(family, [[0.0] * V] * V, target,
+                           specjax.objective(specjax.Speculative()))
     with pytest.raises(ValueError, match="callback must be callable"):
-        specjax.tune_draft(family, family.uniform(), target, specjax.sd_rejections(),
+        specjax.tune_draft(family, family.uniform(), target,
+                           specjax.objective(specjax.Speculative()),
                            callback=3)
     # NumPy numbers and 0-d arrays are numbers too.
-    assert specjax.biased_tradeoff(np.float32(0.25), weight=jnp.array(2.0)).epsilon == 0.25
-    assert specjax.make_objective("sd", lookahead=3) == specjax.sd_rejections(lookahead=3)
+    assert specjax.tuning.biased_tradeoff(np.float32(0.25), weight=jnp.array(2.0)).epsilon == 0.25
+    sd = specjax.tuning.make_objective("sd", lookahead=3)
+    assert (sd.decoder, sd.quantity) == (specjax.Speculative(3), "rejections")
 
 
 def test_objective_labels_and_names():
@@ -115,7 +123,7 @@ def test_objective_labels_and_names():
         "sd", "sd(K=3)", "batch(M=3)", "batch(M=inf)", "calls(K=3)",
         "biased(eps=0.05, lambda=2)", "kl"]
     for name in specjax.tuning.objectives.OBJECTIVES:
-        assert specjax.make_objective(name).kind == name
+        assert specjax.tuning.make_objective(name).kind == name
 
 
 # --- the KL-fit baseline -------------------------------------------------------------------------
@@ -126,9 +134,9 @@ def test_kl_fit_closed_form_is_stationary_point(x64, name):
     """The closed form is the forward-KL optimum: the KL gradient in the logits vanishes there,
     zeros of the target included (their logits are log(tiny))."""
     target = target_chain(1, zero_fraction=0.3)
-    family = specjax.draft_family(name, V, T)
-    fit = specjax.kl_fit(family, target)
-    objective = specjax.kl_divergence()
+    family = specjax.tuning.draft_family(name, V, T)
+    fit = specjax.tuning.kl_fit(family, target)
+    objective = specjax.tuning.kl_divergence()
     grad = jax.grad(lambda prm: objective(family.chain(prm), target))(fit)
     assert np.isfinite(np.asarray(grad)).all()
     np.testing.assert_allclose(np.asarray(grad), 0.0, atol=1e-12)
@@ -148,21 +156,22 @@ def test_stationary_kl_fit_formula(x64):
     mu = np.asarray(specjax.marginals(target))[:-1]
     q = np.asarray(target.trans)
     want = np.einsum("na,nab->ab", mu, q) / mu.sum(0)[:, None]
-    fit = specjax.StationaryDraft(V, T).chain(specjax.kl_fit(specjax.StationaryDraft(V, T), target))
+    family = specjax.tuning.StationaryDraft(V, T)
+    fit = family.chain(specjax.tuning.kl_fit(family, target))
     np.testing.assert_allclose(np.asarray(fit.trans[0]), want, rtol=1e-12)
 
 
 def test_lowrank_kl_fit_of_full_rank_matches_stationary_closed_form(x64):
     """Cross-check of the numerical fit: with rank V the low-rank family is the stationary one."""
     target = target_chain(3)
-    kl = specjax.kl_divergence()
-    stationary = specjax.StationaryDraft(V, T)
-    best = float(kl(stationary.chain(specjax.kl_fit(stationary, target)), target))
-    lowrank = specjax.LowRankDraft(V, T, V)
-    got = float(kl(lowrank.chain(specjax.kl_fit(lowrank, target, num_steps=1500)), target))
+    kl = specjax.tuning.kl_divergence()
+    stationary = specjax.tuning.StationaryDraft(V, T)
+    best = float(kl(stationary.chain(specjax.tuning.kl_fit(stationary, target)), target))
+    lowrank = specjax.tuning.LowRankDraft(V, T, V)
+    got = float(kl(lowrank.chain(specjax.tuning.kl_fit(lowrank, target, num_steps=1500)), target))
     assert best - 1e-12 <= got <= best * (1 + 1e-4)
-    small = specjax.LowRankDraft(V, T, 1)
-    assert float(kl(small.chain(specjax.kl_fit(small, target)), target)) >= best
+    small = specjax.tuning.LowRankDraft(V, T, 1)
+    assert float(kl(small.chain(specjax.tuning.kl_fit(small, target)), target)) >= best
 
 
 # --- the tuner -----------------------------------------------------------------------------------
@@ -193,15 +202,16 @@ def test_tuning_never_increases_its_objective(family, objective):
 def test_bad_step_size_still_never_increases_and_stays_finite():
     """SGD with a huge step overshoots: the best iterate is kept. With an infinite step the new
     parameters are not finite: every update is skipped, with a warning, and nothing moves."""
-    family = specjax.StationaryDraft(V, T)
+    family = specjax.tuning.StationaryDraft(V, T)
     target = target_chain(5)
     start = family.init(jax.random.key(2))
-    result = specjax.tune_draft(family, start, target, specjax.sd_rejections(), num_steps=30,
+    result = specjax.tune_draft(family, start, target, specjax.objective(specjax.Speculative()),
+                                num_steps=30,
                                 optimizer=optax.sgd(1e4))
     assert float(result.value) <= float(result.history[0])
     assert np.isfinite(np.asarray(result.final_params)).all()
     with pytest.warns(RuntimeWarning, match="skipped 30 of 30 updates"):
-        result = specjax.tune_draft(family, start, target, specjax.sd_rejections(),
+        result = specjax.tune_draft(family, start, target, specjax.objective(specjax.Speculative()),
                                     num_steps=30, optimizer=optax.sgd(float("inf")))
     assert int(result.skipped) == 30
     np.testing.assert_array_equal(np.asarray(result.final_params), np.asarray(start))
@@ -224,7 +234,7 @@ def _infinite_once_moved(draft, target):
 
 
 def test_non_finite_gradient_updates_are_skipped():
-    family = specjax.ContextFreeDraft(V, T)
+    family = specjax.tuning.ContextFreeDraft(V, T)
     start = family.init(jax.random.key(3))
     with pytest.warns(RuntimeWarning, match="skipped 5 of 5"):
         result = specjax.tune_draft(family, start, target_chain(6), _nan_gradient_objective,
@@ -235,7 +245,7 @@ def test_non_finite_gradient_updates_are_skipped():
 
 
 def test_non_finite_value_after_a_step_is_skipped_and_never_best():
-    family = specjax.ContextFreeDraft(V, T)
+    family = specjax.tuning.ContextFreeDraft(V, T)
     start = family.uniform()
     with pytest.warns(RuntimeWarning, match="skipped 4 of 5"):
         result = specjax.tune_draft(family, start, target_chain(6), _infinite_once_moved,
@@ -248,21 +258,21 @@ def test_non_finite_value_after_a_step_is_skipped_and_never_best():
 
 
 def test_non_finite_start_is_refused():
-    family = specjax.ContextFreeDraft(V, T)
+    family = specjax.tuning.ContextFreeDraft(V, T)
     target = target_chain(6)
     with pytest.raises(ValueError, match="objective at the starting params is nan"):
         specjax.tune_draft(family, family.uniform(), target, _nan_value_objective)
     wild = family.init(jax.random.key(0), scale=60.0)  # the softmax underflows to exact zeros
     with pytest.raises(ValueError, match="objective at the starting params is inf"):
-        specjax.tune_draft(family, wild, target, specjax.kl_divergence())
+        specjax.tune_draft(family, wild, target, specjax.tuning.kl_divergence())
 
 
 def test_lowrank_uniform_is_a_saddle_and_init_is_not():
     """At ``uniform()`` both factors are zero, so their gradients are exactly zero (only the
     bias learns, and tuning from there stays context-free); at ``init(key)`` they are not."""
-    family = specjax.LowRankDraft(V, T, 2)
+    family = specjax.tuning.LowRankDraft(V, T, 2)
     target = target_chain(3)
-    objective = specjax.sd_rejections()
+    objective = specjax.objective(specjax.Speculative())
 
     def grads(params):
         return jax.grad(lambda prm: objective(family.chain(prm), target))(params)
@@ -276,11 +286,12 @@ def test_lowrank_uniform_is_a_saddle_and_init_is_not():
 
 
 def test_result_does_not_depend_on_log_every():
-    family = specjax.LowRankDraft(V, T, 2)
+    family = specjax.tuning.LowRankDraft(V, T, 2)
     target = target_chain(7)
     start = family.init(jax.random.key(4))
     optimizer = optax.adam(0.05)
-    runs = [specjax.tune_draft(family, start, target, specjax.batch_rejections(2),
+    runs = [specjax.tune_draft(family, start, target,
+                               specjax.objective(specjax.BatchSpeculative(2)),
                                num_steps=12, optimizer=optimizer, log_every=k)
             for k in (None, 1, 5, 12)]
     for other in runs[1:]:
@@ -299,12 +310,13 @@ def test_tuned_stationary_draft_beats_kl_fit_on_sd(x64, seed):
     from scipy.optimize import linprog
     num_states, horizon = 4 + seed, 10 + 5 * seed
     target = target_chain(10 + seed, num_states, horizon)
-    family = specjax.StationaryDraft(num_states, horizon)
-    kl_value = float(specjax.expected_rejections(family.chain(specjax.kl_fit(family, target)),
-                                                 target))
+    family = specjax.tuning.StationaryDraft(num_states, horizon)
+    kl_value = float(specjax.expected_rejections(
+        family.chain(specjax.tuning.kl_fit(family, target)), target))
     optimizer = optax.adam(optax.cosine_decay_schedule(0.05, 1500))
     result = specjax.tune_draft(family, family.init(jax.random.key(seed)), target,
-                                specjax.sd_rejections(), num_steps=1500, optimizer=optimizer)
+                                specjax.objective(specjax.Speculative()), num_steps=1500,
+                                optimizer=optimizer)
     tuned = float(result.value)
     assert tuned < kl_value - 1e-3
 
@@ -334,13 +346,12 @@ def test_biased_tradeoff_with_unit_weight_is_tv_under_biased_contexts(x64):
     the TV summed over the biased decoder's own context law."""
     draft, target = (chain(x) for x in random_pair(7, V, T, zero_fraction=0.2))
     eps = 0.07
-    value = float(specjax.biased_tradeoff(eps, weight=1.0)(draft, target))
-    context = specjax.exact_biased_speculative_decoding(draft, target,
-                                                        epsilon=eps).marginals[:-1]
+    value = float(specjax.tuning.biased_tradeoff(eps, weight=1.0)(draft, target))
+    context = specjax.exact(specjax.BiasedSpeculative(eps), draft, target).marginals[:-1]
     tv = specjax.tv_distance(draft.trans, target.trans)
     assert value == pytest.approx(float(jnp.sum(context * tv)), rel=1e-12)
     # eps = 0 is unbiased SD: Loss* = 0 and the contexts follow the target.
-    assert float(specjax.biased_tradeoff(0.0, weight=3.0)(draft, target)) == pytest.approx(
+    assert float(specjax.tuning.biased_tradeoff(0.0, weight=3.0)(draft, target)) == pytest.approx(
         float(specjax.expected_rejections(draft, target)), rel=1e-12)
 
 
@@ -354,8 +365,8 @@ def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
         target = specjax.MarkovChain(target.init.astype(dtype), target.trans.astype(dtype))
         v, t = target.num_states, target.horizon
         for family in families(v, t):
-            starts = [specjax.kl_fit(family, target), family.init(jax.random.key(0), scale=50.0),
-                      family.uniform()]
+            starts = [specjax.tuning.kl_fit(family, target),
+                      family.init(jax.random.key(0), scale=50.0), family.uniform()]
             for objective in objectives():
                 for params in starts:
                     value, grad = jax.value_and_grad(
@@ -372,8 +383,8 @@ def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
 
 
 def test_new_target_does_not_recompile_and_callbacks_report(capsys):
-    family = specjax.StationaryDraft(V, T)
-    objective = specjax.sd_rejections()
+    family = specjax.tuning.StationaryDraft(V, T)
+    objective = specjax.objective(specjax.Speculative())
     # The optimiser (a static argument) is traced once per compiled program: 10 steps logged
     # every 4 run chunks of 4, 4 and 2 steps, two programs, reused by the second target.
     chex.clear_trace_counter()

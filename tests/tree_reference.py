@@ -239,7 +239,7 @@ class LiteralTree:
 
     def call_law(self, n):
         """``(kept (K', V, V), rejected (K'+1, V, V), bonus (K'+1, V, V))`` with the meaning of
-        ``specjax.CallLaw``, for a call at position ``n``."""
+        ``specjax.decoders.CallLaw``, for a call at position ``n``."""
         horizon, num_states, _ = self.q_trans.shape
         k = min(max(tree_depths(self.parents)), horizon - n + 1)
         kept = np.zeros((k, num_states, num_states))

@@ -1,5 +1,12 @@
 """Audits of verification code: single-step rules (Monte Carlo and exact, with example rules),
-and engines' rejection samplers on given drafts (verification, its exact law, comparison)."""
+and engines' rejection samplers on given drafts (verification, its exact law, comparison).
+
+The example rules of ``specjax.auditing.rules`` (``speculative_rule``, ``greedy_rule``, the broken
+``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``, ``accepts_at_zero_uniform``,
+each also in uniform form ``*_u``; ``from_uniform``, ``Rule``, ``CORRECT_RULES``,
+``BROKEN_RULES``) are first-class names here too: ``specjax.auditing.speculative_rule`` is
+``specjax.auditing.rules.speculative_rule``.
+"""
 
 from specjax.auditing.audit import AuditReport
 from specjax.auditing.audit import audit
@@ -14,6 +21,22 @@ from specjax.auditing.given_tree import TreeLaw
 from specjax.auditing.given_tree import VerifiedTree
 from specjax.auditing.given_tree import verify_tree
 from specjax.auditing.given_tree import verify_tree_law
+from specjax.auditing.rules import BROKEN_RULES
+from specjax.auditing.rules import CORRECT_RULES
+from specjax.auditing.rules import Rule
+from specjax.auditing.rules import accept_all
+from specjax.auditing.rules import accept_all_u
+from specjax.auditing.rules import accepts_at_zero_uniform
+from specjax.auditing.rules import accepts_at_zero_uniform_u
+from specjax.auditing.rules import from_uniform
+from specjax.auditing.rules import greedy_rule
+from specjax.auditing.rules import greedy_rule_u
+from specjax.auditing.rules import greedy_scored_with_softmax
+from specjax.auditing.rules import greedy_scored_with_softmax_u
+from specjax.auditing.rules import speculative_rule
+from specjax.auditing.rules import speculative_rule_u
+from specjax.auditing.rules import wrong_residual
+from specjax.auditing.rules import wrong_residual_u
 
 __all__ = [
     "AuditReport",
@@ -29,4 +52,21 @@ __all__ = [
     "VerifiedTree",
     "verify_tree",
     "verify_tree_law",
+    # the example rules
+    "BROKEN_RULES",
+    "CORRECT_RULES",
+    "Rule",
+    "accept_all",
+    "accept_all_u",
+    "accepts_at_zero_uniform",
+    "accepts_at_zero_uniform_u",
+    "from_uniform",
+    "greedy_rule",
+    "greedy_rule_u",
+    "greedy_scored_with_softmax",
+    "greedy_scored_with_softmax_u",
+    "speculative_rule",
+    "speculative_rule_u",
+    "wrong_residual",
+    "wrong_residual_u",
 ]

@@ -34,6 +34,8 @@ from specjax.decoders.lenient import LenientSpeculative
 from specjax.decoders.threshold import ThresholdVerification
 from specjax.decoders.top_k import TopKAcceptance
 from specjax.decoders.typical import TypicalAcceptance
+from specjax.decoders.multi_draft import batch_residual_mass
+from specjax.decoders.verification import VerificationLaw
 
 __all__ = [
     "AdaptiveSpeculative",
@@ -69,4 +71,6 @@ __all__ = [
     "TokenwiseDecoder",
     "array_field",
     "decoder_dataclass",
+    "VerificationLaw",
+    "batch_residual_mass",
 ]

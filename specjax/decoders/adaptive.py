@@ -281,9 +281,9 @@ POLICIES = (FixedLength, RejectionThreshold, EntropyThreshold, ConfidenceThresho
 
 
 def _refuse_policy(policy):
-    hint = " (wrap a function in specjax.StoppingRule(fn))" if callable(policy) else ""
-    raise ValueError(f"policy must be a stopping policy such as specjax.RejectionThreshold(0.3)"
-                     f"{hint}, got {policy!r}")
+    hint = " (wrap a function in specjax.decoders.StoppingRule(fn))" if callable(policy) else ""
+    raise ValueError(f"policy must be a stopping policy such as "
+                     f"specjax.decoders.RejectionThreshold(0.3){hint}, got {policy!r}")
 
 
 def _lift(row: jax.Array, rank: int) -> jax.Array:
@@ -306,7 +306,8 @@ class AdaptiveSpeculative(CallDecoder):
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> spec = specjax.AdaptiveSpeculative(specjax.RejectionThreshold(0.3), max_lookahead=4)
+      >>> policy = specjax.decoders.RejectionThreshold(0.3)
+      >>> spec = specjax.AdaptiveSpeculative(policy, max_lookahead=4)
       >>> round(float(specjax.exact(spec, draft, target).expected_calls), 3)
       30.141
 

@@ -191,8 +191,8 @@ def greedy_chain(model: MarkovChain) -> MarkovChain:
     ``sum_n E_{x_{n-1} ~ q}[1 - q_n(g_n(x_{n-1}) | x_{n-1})]`` with ``g_n`` the argmax.
 
     Ties go to the lowest token index. ``init`` is kept (decoding never uses the draft's prompt
-    law). The result is not differentiable in ``model`` (an argmax). ``specjax.greedy_draft``
-    (``specjax.models.greedy_draft``) also takes n-gram and other autoregressive models.
+    law). The result is not differentiable in ``model`` (an argmax).
+    ``specjax.models.greedy_draft`` also takes n-gram and other autoregressive models.
 
     Args:
       model: a ``MarkovChain`` (the draft model ``p`` whose argmax is drafted).

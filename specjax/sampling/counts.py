@@ -44,29 +44,62 @@ TRACE_CHUNK_ELEMENTS = 1 << 24  # tokens per device in a chunk of the engines th
 class DecodingStatistics(NamedTuple):
     """Counts of a decoding run of ``C`` chains of horizon ``T`` over ``V`` tokens (no tokens).
 
+    The per-position fields have the names of the same quantities in ``DecodingTrace`` and
+    ``ExactDecoding``, summed over the chains: ``rejected`` here is
+    ``DecodingTrace.rejected.sum(0)`` (a count per position, where the trace has one bool per
+    chain and position), and its expectation is ``C * ExactDecoding.rejected.sum(-1)`` (the
+    exact field also splits it by token); likewise ``new_call``, ``verified`` and ``emitted``.
+
     Attributes:
       num_rejections: the paper's ``N_rej`` of each chain (equal to ``DecodingTrace``'s).
       num_calls: target calls of each chain.
-      rejections_at: how many chains drew ``x_n`` after a rejection, ``n = 1..T``.
-      verified_at: how many chains verified a draft at position ``n`` (every position but the
+      rejected: how many chains drew ``x_n`` after a rejection, ``n = 1..T``.
+      verified: how many chains verified a draft at position ``n`` (every position but the
         target's bonus token after ``K`` accepted drafts).
-      calls_at: how many chains started a target call at position ``n``.
+      new_call: how many chains started a target call at position ``n``.
       final_token_counts: how many chains ended in each token ``x_T``.
-      emitted_at: how many chains emitted ``x_n`` (all of them, or with stop tokens those that
+      emitted: how many chains emitted ``x_n`` (all of them, or with stop tokens those that
         had not stopped before ``n``); its sum over the chains' number is the mean length.
         ``None`` in counts built by hand before it existed.
 
     The per-chain fields are JAX arrays (laid out like the run's ``sharding``); the counts are
-    NumPy int64, exact whatever the number of chains.
+    NumPy int64, exact whatever the number of chains. The names before the fields were shared
+    with the other results (``rejections_at``, ``verified_at``, ``calls_at``, ``emitted_at``)
+    still read the same arrays, with a ``DeprecationWarning``.
     """
 
     num_rejections: jax.Array  # shape=(C,), dtype=int32
     num_calls: jax.Array  # shape=(C,), dtype=int32
-    rejections_at: np.ndarray  # shape=(T,), dtype=int64
-    verified_at: np.ndarray  # shape=(T,), dtype=int64
-    calls_at: np.ndarray  # shape=(T,), dtype=int64
+    rejected: np.ndarray  # shape=(T,), dtype=int64
+    verified: np.ndarray  # shape=(T,), dtype=int64
+    new_call: np.ndarray  # shape=(T,), dtype=int64
     final_token_counts: np.ndarray  # shape=(V,), dtype=int64
-    emitted_at: np.ndarray | None = None  # shape=(T,), dtype=int64
+    emitted: np.ndarray | None = None  # shape=(T,), dtype=int64
+
+    def _renamed(self, old: str, new: str):
+        warnings.warn(f"DecodingStatistics.{old} is deprecated: read .{new} (the name the "
+                      f"trace and the exact values use)", DeprecationWarning, stacklevel=3)
+        return getattr(self, new)
+
+    @property
+    def rejections_at(self) -> np.ndarray:
+        """Deprecated name of ``rejected``."""
+        return self._renamed("rejections_at", "rejected")
+
+    @property
+    def verified_at(self) -> np.ndarray:
+        """Deprecated name of ``verified``."""
+        return self._renamed("verified_at", "verified")
+
+    @property
+    def calls_at(self) -> np.ndarray:
+        """Deprecated name of ``new_call``."""
+        return self._renamed("calls_at", "new_call")
+
+    @property
+    def emitted_at(self) -> np.ndarray | None:
+        """Deprecated name of ``emitted``."""
+        return self._renamed("emitted_at", "emitted")
 
     @property
     def num_chains(self) -> int:
@@ -76,20 +109,20 @@ class DecodingStatistics(NamedTuple):
     @property
     def rejection_rate(self) -> np.ndarray:
         """Fraction of chains rejecting at position ``n``; estimates ``ExactDecoding.rejection_rate``."""
-        return self.rejections_at / self.num_chains
+        return self.rejected / self.num_chains
 
     @property
     def acceptance_rate(self) -> np.ndarray:
         """Accepted / verified drafts at position ``n`` (1 where none was verified); estimates
         ``ExactDecoding.acceptance_rate``, the acceptance rate given a draft was verified."""
-        verified = np.maximum(self.verified_at, 1)
-        return 1.0 - self.rejections_at / verified
+        verified = np.maximum(self.verified, 1)
+        return 1.0 - self.rejected / verified
 
     @property
     def acceptance_rate_se(self) -> np.ndarray:
         """Binomial standard error of ``acceptance_rate`` (0 where nothing was verified)."""
         rate = self.acceptance_rate
-        return np.sqrt(rate * (1 - rate) / np.maximum(self.verified_at, 1))
+        return np.sqrt(rate * (1 - rate) / np.maximum(self.verified, 1))
 
     @property
     def final_token_law(self) -> np.ndarray:
@@ -275,11 +308,11 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     return DecodingStatistics(
         num_rejections=join(rejections),
         num_calls=join(calls),
-        rejections_at=per_position[:, 0],
-        verified_at=per_position[:, 1],
-        calls_at=per_position[:, 2],
+        rejected=per_position[:, 0],
+        verified=per_position[:, 1],
+        new_call=per_position[:, 2],
         final_token_counts=final,
-        emitted_at=per_position[:, 3],
+        emitted=per_position[:, 3],
     )
 
 

@@ -77,6 +77,10 @@ class DecodingTrace(NamedTuple):
       new_call: whether a target call starts at position ``n`` (the first position of a block).
       num_emitted: how many of ``x_1..x_T`` were emitted: ``T``, or with stop tokens the position
         of the first one (the chain stopped there; see ``stop_trace``).
+
+    ``rejected`` and ``new_call`` are named as in ``ExactDecoding`` (their probabilities, the
+    former also split by token) and ``DecodingStatistics`` (their counts over the chains,
+    ``rejected.sum(0)`` and ``new_call.sum(0)``).
     """
 
     tokens: jax.Array  # shape=(C, T + 1), dtype=int32

@@ -1,13 +1,13 @@
 """Exact quantities: ``exact`` and ``accepted_length`` for any decoder (the forward recursions
 over a decoder's state), closed forms, output laws, sequence KL and the Pareto front."""
 
+from specjax import _moved
 from specjax.theory.adaptive import OptimalStopping
 from specjax.theory.adaptive import optimal_stopping
 from specjax.theory.stationary import OptimalRate
 from specjax.theory.stationary import StationaryRate
 from specjax.theory.stationary import optimal_rate
 from specjax.theory.stationary import stationary_rate
-from specjax.theory.block import exact_block_accepted_length
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import DecodingTime
 from specjax.theory.cost import LookaheadChoice
@@ -16,16 +16,11 @@ from specjax.theory.cost import best_lookahead
 from specjax.theory.cost import best_tree_budget
 from specjax.theory.cost import decoding_time
 from specjax.theory.cost import expected_time
-from specjax.theory.block import exact_block_expected_calls
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
 from specjax.theory.values import accepted_length
 from specjax.theory.values import batch_expected_rejections
 from specjax.theory.values import exact
-from specjax.theory.values import exact_batch_speculative_decoding
-from specjax.theory.values import exact_biased_speculative_decoding
-from specjax.theory.values import exact_rejection_decoding
-from specjax.theory.values import exact_speculative_decoding
 from specjax.theory.values import expected_calls
 from specjax.theory.values import expected_rejections
 from specjax.theory.laws import ParetoFront
@@ -46,6 +41,10 @@ from specjax.theory.tree_shapes import sequoia_tree
 __all__ = [
     "OptimalStopping",
     "optimal_stopping",
+    "OptimalRate",
+    "StationaryRate",
+    "optimal_rate",
+    "stationary_rate",
     "CostModel",
     "DecodingTime",
     "LookaheadChoice",
@@ -67,13 +66,7 @@ __all__ = [
     "batch_expected_rejections",
     "biased_output_chain",
     "exact",
-    "exact_batch_speculative_decoding",
-    "exact_biased_speculative_decoding",
-    "exact_block_accepted_length",
-    "exact_block_expected_calls",
     "exact_joint_accepted_length",
-    "exact_rejection_decoding",
-    "exact_speculative_decoding",
     "exact_tokenwise_accepted_length",
     "expected_calls",
     "expected_rejections",
@@ -82,3 +75,13 @@ __all__ = [
     "pareto_front",
     "sequence_kl",
 ]
+
+# Conveniences that only repeat an entry point: deprecated, served by specjax.compat.
+__getattr__ = _moved.moved(__name__, dict.fromkeys((
+    "exact_batch_speculative_decoding",
+    "exact_biased_speculative_decoding",
+    "exact_rejection_decoding",
+    "exact_speculative_decoding",
+    "exact_block_accepted_length",
+    "exact_block_expected_calls",
+), _moved.COMPAT))

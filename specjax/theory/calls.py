@@ -177,7 +177,7 @@ def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: i
         raise ValueError(f"decoder: accepted_length gives one value per previous token, but a "
                          f"call of {type(decoder).__name__} also depends on the earlier calls "
                          f"(a state carried from call to call); use specjax.exact or "
-                         f"specjax.engine_metrics")
+                         f"specjax.theory.engine_metrics")
     horizon = target.horizon
     k = min(lookahead, horizon - position + 1)
     with_bonus = position + k <= horizon

@@ -60,7 +60,7 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> chain = specjax.output_chain(specjax.BiasedSpeculative(0.1), draft, target)
-      >>> float(specjax.sequence_kl(chain, target)) > 0
+      >>> float(specjax.theory.sequence_kl(chain, target)) > 0
       True
 
     References:

@@ -48,6 +48,11 @@ class ExactDecoding(NamedTuple):
         not stopped before ``n`` (the other fields then count only the emitted positions, and
         ``marginals`` is the law of the stopped output, whose tokens repeat the stop token).
 
+    The fields have the names of the same quantities in ``DecodingTrace`` (one value per chain)
+    and ``DecodingStatistics`` (counts over ``C`` chains): ``rejected.sum(-1)`` is the mean of
+    ``DecodingTrace.rejected`` over the chains and of ``DecodingStatistics.rejected / C``; the
+    same holds for ``new_call``, ``verified`` and ``emitted``.
+
     ``expected_rejections`` (the paper's ``E[N_rej]``), ``expected_calls``, ``expected_length``,
     ``rejection_rate`` (``E[R_n]``, shape ``(T,)``) and ``acceptance_rate`` (per position, given
     a draft was verified there) are derived properties; they reduce the trailing axes only, so

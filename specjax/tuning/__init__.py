@@ -1,6 +1,7 @@
 """Draft tuning: draft families, exact differentiable objectives (a decoder and a quantity) and
 an optax tuner."""
 
+from specjax import _moved
 from specjax.tuning.families import ContextFreeDraft
 from specjax.tuning.families import DraftFamily
 from specjax.tuning.families import FullDraft
@@ -8,13 +9,10 @@ from specjax.tuning.families import LowRankDraft
 from specjax.tuning.families import StationaryDraft
 from specjax.tuning.families import draft_family
 from specjax.tuning.objectives import Objective
-from specjax.tuning.objectives import batch_rejections
 from specjax.tuning.objectives import biased_tradeoff
 from specjax.tuning.objectives import kl_divergence
 from specjax.tuning.objectives import make_objective
 from specjax.tuning.objectives import objective
-from specjax.tuning.objectives import sd_rejections
-from specjax.tuning.objectives import target_calls
 from specjax.tuning.tuner import TuneResult
 from specjax.tuning.tuner import kl_fit
 from specjax.tuning.tuner import tune_draft
@@ -27,14 +25,18 @@ __all__ = [
     "Objective",
     "StationaryDraft",
     "TuneResult",
-    "batch_rejections",
     "biased_tradeoff",
     "draft_family",
     "kl_divergence",
     "kl_fit",
     "make_objective",
     "objective",
-    "sd_rejections",
-    "target_calls",
     "tune_draft",
 ]
+
+# Conveniences that only repeat an entry point: deprecated, served by specjax.compat.
+__getattr__ = _moved.moved(__name__, dict.fromkeys((
+    "batch_rejections",
+    "sd_rejections",
+    "target_calls",
+), _moved.COMPAT))

@@ -15,9 +15,9 @@ can update freely; ``family.chain(params)`` maps them through a softmax to a dra
 The draft's prompt law ``init`` is uniform in every family: decoding never uses it (the prompt
 ``x_0`` is the target's), so it is not a parameter.
 
-``specjax.kl_fit(family, target)`` is the baseline users would otherwise use: the maximum-likelihood
-(forward-KL) fit ``argmin_p E_{x ~ q}[-log p(x_{1:T})]``, in closed form for the full, stationary
-and context-free families and by optax for the low-rank family.
+``specjax.tuning.kl_fit(family, target)`` is the baseline users would otherwise use: the
+maximum-likelihood (forward-KL) fit ``argmin_p E_{x ~ q}[-log p(x_{1:T})]``, in closed form for
+the full, stationary and context-free families and by optax for the low-rank family.
 """
 
 from __future__ import annotations
@@ -194,8 +194,8 @@ class LowRankDraft(DraftFamily):
     """Stationary with rank-``r`` logits ``U @ W + b``: parameters ``{"u", "w", "bias"}``.
 
     ``bias`` (a ``(V,)`` row added to every context) lets a draft of small rank still match the
-    average next-token law. There is no closed-form KL fit; ``specjax.kl_fit`` runs optax from
-    ``spectral_start``. The rank is at most ``V`` (``r = V`` is the stationary family).
+    average next-token law. There is no closed-form KL fit; ``specjax.tuning.kl_fit`` runs optax
+    from ``spectral_start``. The rank is at most ``V`` (``r = V`` is the stationary family).
 
     ``uniform()`` (both factors zero) is a saddle point: the factors' gradients vanish there and
     tuning from it only moves the bias. Tune from ``init(key, scale)`` or ``spectral_start``.

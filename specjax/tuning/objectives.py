@@ -2,8 +2,10 @@
 
 ``objective(decoder, "rejections")`` is ``exact(decoder, draft, target).expected_rejections`` as
 a function of the draft, so every decoder (including one defined outside specjax) can be tuned
-for without a new objective function. ``sd_rejections``, ``batch_rejections``, ``target_calls``,
-``biased_tradeoff`` and ``kl_divergence`` are the named objectives of the first API.
+for without a new objective function. ``biased_tradeoff`` and ``kl_divergence`` are objectives of
+their own; ``make_objective`` builds one by name (command lines). ``sd_rejections``,
+``batch_rejections`` and ``target_calls`` only name ``objective`` of SD and batch SD: the public
+ones are the deprecated ``specjax.compat`` conveniences, and ``make_objective`` uses these.
 """
 
 from __future__ import annotations
@@ -32,11 +34,10 @@ QUANTITIES = ("rejections", "calls", "tradeoff", "kl")
 class Objective:
     """An exact, differentiable cost of decoding: ``objective(draft, target) -> scalar``.
 
-    Build one with ``objective(decoder, quantity)``, or by name with ``sd_rejections``,
-    ``batch_rejections``, ``target_calls``, ``biased_tradeoff``, ``kl_divergence`` or
-    ``make_objective``. Objectives are frozen dataclasses: hashable, so ``tune_draft`` compiles
-    once per objective. Any other callable ``(draft, target) -> scalar`` works with
-    ``tune_draft`` too.
+    Build one with ``objective(decoder, quantity)``, ``biased_tradeoff``, ``kl_divergence``, or
+    by name with ``make_objective``. Objectives are frozen dataclasses: hashable, so
+    ``tune_draft`` compiles once per objective. Any other callable ``(draft, target) -> scalar``
+    works with ``tune_draft`` too.
 
     Attributes:
       decoder: the decoder whose exact values are the cost (``None`` for ``"kl"``).

@@ -7,9 +7,10 @@ being distilled by maximum likelihood (``kl_fit``) in the hope that acceptance f
 Example:
   >>> import jax, specjax
   >>> draft, target = specjax.paper_instance()
-  >>> family = specjax.StationaryDraft(num_states=7, horizon=50)
-  >>> fit = specjax.kl_fit(family, target)
-  >>> result = specjax.tune_draft(family, fit, target, specjax.sd_rejections(), num_steps=200)
+  >>> family = specjax.tuning.StationaryDraft(num_states=7, horizon=50)
+  >>> fit = specjax.tuning.kl_fit(family, target)
+  >>> sd = specjax.objective(specjax.Speculative())
+  >>> result = specjax.tune_draft(family, fit, target, sd, num_steps=200)
   >>> bool(result.value < specjax.expected_rejections(family.chain(fit), target))
   True
 
@@ -171,13 +172,13 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     remainder) and dtype; a new target or new parameter values do not recompile.
 
     Args:
-      family: a ``DraftFamily`` (``specjax.StationaryDraft(V, T)``, ...).
+      family: a ``DraftFamily`` (``specjax.tuning.StationaryDraft(V, T)``, ...).
       params: starting parameters, e.g. ``family.init(key)``, ``family.uniform()`` or
         ``kl_fit(family, target)``.
       target: the target ``MarkovChain`` ``q`` (traced: a new target does not recompile).
-      objective: ``sd_rejections()``, ``batch_rejections(M)``, ``target_calls(lookahead=K)``,
-        ``biased_tradeoff(eps, weight=lam)``, ``kl_divergence()`` or any hashable callable
-        ``(draft, target) -> scalar``.
+      objective: ``objective(decoder, quantity)`` (e.g. ``objective(Speculative())``),
+        ``biased_tradeoff(eps, weight=lam)``, ``kl_divergence()``, ``make_objective(name)`` or
+        any hashable callable ``(draft, target) -> scalar``.
       num_steps: number of optimiser steps (``>= 1``).
       optimizer: any ``optax.GradientTransformation``; default ``optax.adam(0.05)``. It is a
         static argument of the compiled loop: reuse the same object to avoid recompiling.

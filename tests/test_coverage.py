@@ -1,0 +1,216 @@
+"""Coverage by construction: what must hold for every decoder and every public name is found by
+walking the package, not read from a hand list.
+
+* Every concrete decoder class (a public subclass of ``TokenwiseDecoder`` or ``CallDecoder``
+  defined in specjax) is exported, documented in the API reference and a case of
+  ``sampler_cases.CASES``, and the tests that run the cases through ``decode``, ``exact``,
+  ``decoding_statistics`` and sharded ``decode`` consume every case.
+* Every name of the public contract (``../shared/API.md``) resolves at the top level without a
+  warning, and the top level stays small: ``__all__`` is exactly its public attributes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import pathlib
+import pkgutil
+import re
+import warnings
+
+import pytest
+
+import specjax
+import specjax.decoders
+from sampler_cases import CASES
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import TokenwiseDecoder
+
+HERE = pathlib.Path(__file__).parent
+ROOT = HERE.parent
+
+#: The most names the top level may export (issue 31).
+MAX_TOP_LEVEL = 80
+
+
+def concrete_decoders() -> list[type]:
+    """Every public, non-abstract subclass of the two protocols defined in specjax (every module
+    of ``specjax.decoders`` imported first, so a decoder no ``__init__`` imports is found too)."""
+    for module in pkgutil.walk_packages(specjax.decoders.__path__, "specjax.decoders."):
+        importlib.import_module(module.name)
+    found, todo = set(), [TokenwiseDecoder, CallDecoder]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("specjax.") and not sub.__name__.startswith("_") \
+                    and not inspect.isabstract(sub):
+                found.add(sub)
+    return sorted(found, key=lambda c: c.__name__)
+
+
+def documented_objects() -> list[object]:
+    """The objects of every mkdocstrings entry (``::: path``) of ``docs/api/*.md``."""
+    objects = []
+    for page in sorted((ROOT / "docs" / "api").glob("*.md")):
+        for path in re.findall(r"^::: *([\w.]+)", page.read_text(), flags=re.MULTILINE):
+            objects.append(resolve(path))
+    return objects
+
+
+def resolve(path: str):
+    """The object a dotted path names (the longest importable module, then attributes), with
+    warnings as errors: the reference must not document a deprecated spelling."""
+    parts = path.split(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+            return obj
+    raise AssertionError(f"{path} names nothing")
+
+
+def test_the_walk_finds_the_decoders():
+    """The walk itself: it finds both kinds and nothing that is not a decoder."""
+    decoders = concrete_decoders()
+    assert specjax.Speculative in decoders and specjax.BlockVerification in decoders
+    assert TokenwiseDecoder not in decoders and CallDecoder not in decoders
+    assert all(issubclass(c, (TokenwiseDecoder, CallDecoder)) for c in decoders)
+
+
+@pytest.mark.parametrize("decoder", concrete_decoders(), ids=lambda c: c.__name__)
+def test_every_decoder_is_exported_documented_and_a_sampler_case(decoder):
+    name = decoder.__name__
+    exported = (name in specjax.__all__ and vars(specjax).get(name) is decoder) or (
+        name in specjax.decoders.__all__ and vars(specjax.decoders).get(name) is decoder)
+    assert exported, f"{name}: export it from specjax or specjax.decoders (and __all__)"
+    assert any(obj is decoder for obj in documented_objects()), (
+        f"{name}: add a '::: specjax.{name}' entry to docs/api/decoders.md")
+    assert any(type(case) is decoder for case in CASES.values()), (
+        f"{name}: add a case with representative settings to tests/sampler_cases.py")
+
+
+def _parametrized_names(test) -> list:
+    marks = [m for m in getattr(test, "pytestmark", []) if m.name == "parametrize"
+             and m.args[0] == "name"]
+    assert len(marks) == 1, test.__name__
+    return list(marks[0].args[1])
+
+
+def test_the_case_driven_tests_consume_every_case():
+    """``decode`` and ``decoding_statistics`` (``test_scale``), ``exact`` and every other entry
+    point on every model kind (``test_decoders``' support table, whose ``_supported`` declares
+    what a decoder cannot run) and sharded ``decode`` (``sharded_check.py``) iterate all of
+    ``CASES``, not a subset."""
+    import test_decoders
+    import test_scale
+    assert _parametrized_names(
+        test_scale.test_statistics_equal_trace_counts_in_one_shot_and_in_chunks) == list(CASES)
+    assert _parametrized_names(
+        test_decoders.test_every_decoder_entry_point_and_model_kind_works_or_is_refused) \
+        == list(CASES)
+    # The sharded check is a script (4 forced devices): it loops over CASES itself.
+    tree = ast.parse((HERE / "sharded_check.py").read_text())
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module == "sampler_cases"
+                for alias in node.names if alias.name == "CASES"}
+    loops = [node for node in ast.walk(tree) if isinstance(node, ast.For)
+             and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute)
+             and isinstance(node.iter.func.value, ast.Name)
+             and node.iter.func.value.id in imported and node.iter.func.attr == "items"]
+    assert imported == {"CASES"} and loops, "sharded_check.py must loop over all of CASES"
+
+
+# ------------------------------------------------------------------------- the public contract
+def api_md() -> pathlib.Path | None:
+    """``../shared/API.md`` beside the repository (``SPECJAX_API_MD`` overrides it)."""
+    path = pathlib.Path(os.environ.get("SPECJAX_API_MD", ROOT.parent / "shared" / "API.md"))
+    return path if path.is_file() else None
+
+
+SUBPACKAGES = ("models", "decoders", "sampling", "theory", "tuning", "auditing", "compat")
+
+
+def specjax_name(name: str) -> bool:
+    """Whether some part of specjax defines ``name`` (the top level, an old top-level name, or
+    a subpackage)."""
+    if name in specjax.__all__ or name in specjax._MOVED:
+        return True
+    return any(name in vars(importlib.import_module(f"specjax.{package}"))
+               for package in SUBPACKAGES)
+
+
+def api_names(text: str) -> tuple[set[str], set[str]]:
+    """``(names, new)``: the names of API.md, and those of its sections headed "(new)", which a
+    later issue adds. A name is a backticked span of a table's first column, or a backticked
+    call or name elsewhere in a table row that specjax defines somewhere (``-> `ExactDecoding```,
+    ``residual_distribution(q, p)``; not ``min(1, q / p)``), every ``specjax.name``, and the
+    helpers named in "Writing a decoder"."""
+    names, new, old, section = set(), set(), set(), ""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            section = line
+            continue
+        spans = []
+        if line.startswith("|") and not set(line) <= set("|- "):
+            cells = line.split("|")
+            spans += re.findall(r"`([^`]+)`", cells[1])
+            for rest in cells[2:]:
+                spans += [m.group(1) for s in re.findall(r"`([^`]+)`", rest)
+                          if (m := re.fullmatch(r"([A-Za-z_]\w*)(\(.*\))?", s))
+                          and specjax_name(m.group(1))]
+        if section.startswith("## Writing a decoder"):
+            spans += [s for s in re.findall(r"`([^`]+)`", line)
+                      if re.match(r"@?[A-Za-z]+(_\w+|[A-Z]\w*)", s)]
+        found = {m.group(1) for s in spans if (m := re.match(r"@?([A-Za-z_]\w*)", s))}
+        found |= set(re.findall(r"specjax\.([A-Za-z_]\w*)", line))
+        names |= found
+        if "(new)" in section:
+            new |= found
+        else:
+            old |= found
+    return names, new - old
+
+
+def test_every_api_md_name_resolves_at_the_top_level_without_a_warning():
+    path = api_md()
+    if path is None:
+        pytest.skip("../shared/API.md is not beside this checkout (set SPECJAX_API_MD)")
+    names, new = api_names(path.read_text())
+    assert {"decode", "exact", "DecodingTrace", "TokenTree", "verify_tree_law",
+            "decoder_dataclass"} <= names  # the parser reads what it should
+    missing = []
+    for name in sorted(names):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            present = hasattr(specjax, name)
+        if not present and name not in new:
+            missing.append(name)
+        if present:
+            assert name in specjax.__all__, f"{name} is in API.md: it stays first-class"
+    assert not missing, missing
+
+
+def test_top_level_is_small_and_all_is_its_public_attributes():
+    assert len(specjax.__all__) <= MAX_TOP_LEVEL, len(specjax.__all__)
+    assert len(set(specjax.__all__)) == len(specjax.__all__)
+    public = {name for name, value in vars(specjax).items()
+              if not name.startswith("_") and not inspect.ismodule(value)}
+    assert public == set(specjax.__all__), public ^ set(specjax.__all__)
+    listed = {name for name in dir(specjax) if not name.startswith("_")
+              and not inspect.ismodule(getattr(specjax, name))}
+    assert listed == set(specjax.__all__)
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_subpackage_all_is_its_public_attributes(package):
+    module = importlib.import_module(f"specjax.{package}")
+    public = {name for name, value in vars(module).items()
+              if not name.startswith("_") and not inspect.ismodule(value)}
+    assert public == set(module.__all__), public ^ set(module.__all__)
