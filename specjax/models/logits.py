@@ -174,7 +174,7 @@ def process_chain(chain: MarkovChain, *, temperature=1.0, top_k: int | None = No
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> cold = specjax.process_chain(target, temperature=0.5)
+      >>> cold = specjax.models.process_chain(target, temperature=0.5)
       >>> bool(specjax.exact(specjax.Speculative(), draft, cold).expected_rejections
       ...      > specjax.exact(specjax.Speculative(), draft, target).expected_rejections)
       True
@@ -270,7 +270,7 @@ def process_model(model, *, temperature=1.0, top_k: int | None = None, top_p=Non
     Example:
       >>> import jax.numpy as jnp, specjax
       >>> lm = specjax.models.NGramModel(jnp.array([[0.5, 0.3, 0.2]] * 3), 2)
-      >>> cold = specjax.process_model(lm, temperature=0.5, top_k=2)
+      >>> cold = specjax.models.process_model(lm, temperature=0.5, top_k=2)
       >>> tuple(round(float(v), 3) for v in cold.probs(cold.init_state()))
       (0.735, 0.265, 0.0)
     """

@@ -112,7 +112,7 @@ def with_prompt(model, prompt):
     Example:
       >>> import jax, specjax
       >>> draft, target = specjax.paper_instance()
-      >>> d, t = specjax.with_prompt(draft, [3]), specjax.with_prompt(target, [3])
+      >>> d, t = specjax.models.with_prompt(draft, [3]), specjax.models.with_prompt(target, [3])
       >>> trace = specjax.decode(jax.random.key(0), specjax.Speculative(4), d, t, 100)
       >>> bool((trace.tokens[:, 0] == 3).all())
       True

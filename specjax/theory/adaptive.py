@@ -238,8 +238,8 @@ def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopp
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.CostModel(draft_cost=0.1, target_cost=1.0)
-      >>> best = specjax.optimal_stopping(draft, target, cost, max_lookahead=4)
-      >>> fixed = specjax.best_lookahead(draft, target, cost, max_lookahead=4)
+      >>> best = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=4)
+      >>> fixed = specjax.theory.best_lookahead(draft, target, cost, max_lookahead=4)
       >>> bool(best.expected_time <= fixed.expected_time), best.threshold_form
       (True, True)
     """

@@ -219,7 +219,7 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.CostModel(draft_cost=0.1, target_cost=1.0)
-      >>> t = specjax.decoding_time(specjax.Speculative(lookahead=4), draft, target, cost)
+      >>> t = specjax.theory.decoding_time(specjax.Speculative(lookahead=4), draft, target, cost)
       >>> round(float(t.speedup), 3)
       1.479
     """
@@ -321,7 +321,7 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> choice = specjax.best_lookahead(draft, target, specjax.CostModel(0.1, 1.0),
+      >>> choice = specjax.theory.best_lookahead(draft, target, specjax.CostModel(0.1, 1.0),
       ...                                 max_lookahead=6)
       >>> choice.lookahead
       3
@@ -396,7 +396,7 @@ def best_tree_budget(draft, target, cost: CostModel, *, max_budget: int, max_dep
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.CostModel(0.1, [0.0] + [1.0 + 0.05 * n for n in range(1, 7)])
-      >>> choice = specjax.best_tree_budget(draft, target, cost, max_budget=6, max_depth=3)
+      >>> choice = specjax.theory.best_tree_budget(draft, target, cost, max_budget=6, max_depth=3)
       >>> choice.budget, choice.parents
       (3, (-1, 0, 1))
     """

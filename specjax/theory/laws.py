@@ -58,8 +58,8 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> chain = specjax.output_chain(specjax.BiasedSpeculative(0.1), draft, target)
-      >>> float(specjax.sequence_kl(chain, target)) > 0
+      >>> chain = specjax.theory.output_chain(specjax.BiasedSpeculative(0.1), draft, target)
+      >>> float(specjax.theory.sequence_kl(chain, target)) > 0
       True
 
     References:

@@ -82,7 +82,7 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> m = specjax.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
+      >>> m = specjax.theory.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
       >>> print(*[round(float(x), 3) for x in m.acceptance_per_position])
       0.546 0.292 0.156
       >>> round(float(m.mean_acceptance_length), 3)

@@ -280,8 +280,9 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
       >>> rows = jnp.asarray([[0.6, 0.4], [0.3, 0.7]])
       >>> q = specjax.MarkovChain(jnp.asarray([0.5, 0.5]), jnp.broadcast_to(rows, (8, 2, 2)))
       >>> p = specjax.MarkovChain(q.init, jnp.full((8, 2, 2), 0.5))
-      >>> sd = specjax.AdaptiveSpeculative(specjax.FixedLength(3), max_lookahead=3)
-      >>> rate = specjax.stationary_rate(sd, p, q, specjax.CostModel(0.1, 1.0))
+      >>> from specjax.decoders import AdaptiveSpeculative, FixedLength
+      >>> sd = AdaptiveSpeculative(FixedLength(3), max_lookahead=3)
+      >>> rate = specjax.theory.stationary_rate(sd, p, q, specjax.CostModel(0.1, 1.0))
       >>> round(float(rate.tokens_per_call), 4)
       3.1421
     """
@@ -359,8 +360,9 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
       >>> p = specjax.MarkovChain(q.init, jnp.full((8, 2, 2), 0.5))
       >>> cost = specjax.CostModel(0.1, 1.0)
       >>> best = specjax.optimal_rate(p, q, cost, max_lookahead=4)
-      >>> sd = specjax.AdaptiveSpeculative(specjax.FixedLength(2), max_lookahead=2)
-      >>> fixed = specjax.stationary_rate(sd, p, q, cost)
+      >>> from specjax.decoders import AdaptiveSpeculative, FixedLength
+      >>> sd = AdaptiveSpeculative(FixedLength(2), max_lookahead=2)
+      >>> fixed = specjax.theory.stationary_rate(sd, p, q, cost)
       >>> bool(best.tokens_per_time >= fixed.tokens_per_time)
       True
     """

@@ -113,7 +113,7 @@ def objective(decoder, quantity: str = "rejections", *, weight: float = 1.0) -> 
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> cost = specjax.objective(specjax.BlockVerification(2), "calls")
+      >>> cost = specjax.tuning.objective(specjax.BlockVerification(2), "calls")
       >>> float(cost(draft, target)) < 50
       True
     """

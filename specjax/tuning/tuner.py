@@ -7,9 +7,10 @@ being distilled by maximum likelihood (``kl_fit``) in the hope that acceptance f
 Example:
   >>> import jax, specjax
   >>> draft, target = specjax.paper_instance()
-  >>> family = specjax.StationaryDraft(num_states=7, horizon=50)
-  >>> fit = specjax.kl_fit(family, target)
-  >>> result = specjax.tune_draft(family, fit, target, specjax.sd_rejections(), num_steps=200)
+  >>> family = specjax.tuning.StationaryDraft(num_states=7, horizon=50)
+  >>> fit = specjax.tuning.kl_fit(family, target)
+  >>> rejections = specjax.tuning.objective(specjax.Speculative(), "rejections")
+  >>> result = specjax.tuning.tune_draft(family, fit, target, rejections, num_steps=200)
   >>> bool(result.value < specjax.expected_rejections(family.chain(fit), target))
   True
 
