@@ -19,7 +19,7 @@ all visible in these two numbers, and the last only at a single point of ``u``.
 Both return an ``AuditReport``. The example rules (``speculative_rule``, ``greedy_rule`` and the
 broken ``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``,
 ``accepts_at_zero_uniform``, each also in uniform form ``*_u``; ``from_uniform``) live in
-``specjax._audit_rules`` and are re-exported here.
+``specjax.auditing.rules`` and are re-exported here.
 
 A useful fact for reading a report: an unbiased rule cannot accept more than the optimum, and a
 rule that does is biased by at least the excess in total variation, since each token ``y``

@@ -43,7 +43,7 @@ from specjax.decoders.verification import acceptance_probability
 
 
 def _sd_accept(p: jax.Array, q: jax.Array, x: jax.Array) -> jax.Array:
-    """``b(x) = min(1, q(x) / p(x))``, 1 where ``p(x) = 0`` (``specjax._verify``)."""
+    """``b(x) = min(1, q(x) / p(x))``, 1 where ``p(x) = 0`` (``specjax.decoders.verification``)."""
     return acceptance_probability(p, q, epsilon=0.0)[x]
 
 

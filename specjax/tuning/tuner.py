@@ -172,13 +172,14 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     remainder) and dtype; a new target or new parameter values do not recompile.
 
     Args:
-      family: a ``DraftFamily`` (``specjax.StationaryDraft(V, T)``, ...).
+      family: a ``DraftFamily`` (``specjax.tuning.StationaryDraft(V, T)``, ...).
       params: starting parameters, e.g. ``family.init(key)``, ``family.uniform()`` or
         ``kl_fit(family, target)``.
       target: the target ``MarkovChain`` ``q`` (traced: a new target does not recompile).
-      objective: ``sd_rejections()``, ``batch_rejections(M)``, ``target_calls(lookahead=K)``,
-        ``biased_tradeoff(eps, weight=lam)``, ``kl_divergence()`` or any hashable callable
-        ``(draft, target) -> scalar``.
+      objective: ``objective(decoder, quantity)`` (the exact rejections, calls or trade-off of
+        any decoder), ``kl_divergence()`` or any hashable callable ``(draft, target) -> scalar``
+        (a scalar: an objective that returns an array of another shape is refused before any
+        step, with a ``ValueError`` naming it and the shape).
       num_steps: number of optimiser steps (``>= 1``).
       optimizer: any ``optax.GradientTransformation``; default ``optax.adam(0.05)``. It is a
         static argument of the compiled loop: reuse the same object to avoid recompiling.
