@@ -224,7 +224,11 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     The old form ``decoding_statistics(sampler, key, *args, **kwargs)`` (a sampler function
     first) still works and warns that it is deprecated.
 
-    This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``.
+    This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``,
+    ``vmap`` and ``grad``. Under a transformation its key or models are traced and it raises
+    ``ValueError`` saying so (use ``specjax.decode`` there). The deprecated sampler-first form
+    cannot say it: a function is not a JAX type, and ``jax.jit`` refuses it first with JAX's
+    "Error interpreting argument".
     """
     if callable(key) and not isinstance(key, jax.Array):
         return _legacy(key, decoder, draft, target, num_chains, chunk_size=chunk_size,

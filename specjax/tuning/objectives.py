@@ -100,6 +100,11 @@ class Objective:
         return result.expected_rejections + self.weight * jnp.sum(context * loss)
 
 
+# A pytree without leaves (static data), as the families are: jax.jit(tune_draft) then reaches
+# tune_draft's own refusal instead of JAX's "Error interpreting argument".
+jax.tree_util.register_static(Objective)
+
+
 def objective(decoder, quantity: str = "rejections", *, weight: float = 1.0) -> Objective:
     """The exact ``quantity`` of ``decoder`` as a differentiable function of the draft.
 
