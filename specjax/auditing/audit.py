@@ -19,7 +19,7 @@ all visible in these two numbers, and the last only at a single point of ``u``.
 Both return an ``AuditReport``. The example rules (``speculative_rule``, ``greedy_rule`` and the
 broken ``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``,
 ``accepts_at_zero_uniform``, each also in uniform form ``*_u``; ``from_uniform``) live in
-``specjax.auditing.rules`` and are re-exported here.
+``specjax.auditing.rules`` and are served from ``specjax.auditing``.
 
 A useful fact for reading a report: an unbiased rule cannot accept more than the optimum, and a
 rule that does is biased by at least the excess in total variation, since each token ``y``
@@ -398,6 +398,10 @@ def audit(key: jax.Array, verify: Callable, p, q, *, num_samples: int = 200_000,
       ValueError: bad key, shapes, probabilities (negative, NaN, rows not summing to one),
         ``num_samples``, ``drafting``, ``alpha``, or a ``verify`` that does not return two
         scalars; before any sampling.
+
+    A host-side check (its report holds Python numbers): call it outside ``jax.jit``. Under
+    ``jax.jit(audit)`` JAX itself refuses ``verify`` first ("Error interpreting argument": a
+    function is not a JAX type); ``verify`` may use ``jit`` and ``vmap`` inside.
     """
     key = _typed_key(key)
     p, q, batched = _check_rows(p, q)
@@ -592,6 +596,9 @@ def audit_exact(verify_u: Callable, p, q, *, drafting="sample", grid: int = 2**1
     Raises:
       ValueError: bad shapes or probabilities, a drafting function (exact mode needs a known
         draft law), ``grid`` or ``tol``, or a ``verify_u`` that does not return two scalars.
+
+    A host-side check, as ``audit``: call it outside ``jax.jit`` (which refuses ``verify_u``, a
+    function, before this code runs).
     """
     p, q, batched = _check_rows(p, q)
     _check_drafting(drafting, exact=True)
