@@ -82,6 +82,38 @@ def test_decoding_statistics_under_jit_says_it_is_a_host_side_driver(target):
                                              target, 10)
 
 
+def test_decoding_statistics_refuses_a_progress_that_is_not_a_bool(target):
+    draft = specjax.paper_instance(num_states=V, horizon=T)[0]
+    with pytest.raises(ValueError, match=r"progress must be True or False"):
+        specjax.decoding_statistics(jax.random.key(0), specjax.Speculative(), draft, target, 10,
+                                    progress=jnp.ones(2))
+
+
+P = jnp.array([0.5, 0.3, 0.2])
+Q = jnp.array([0.2, 0.3, 0.5])
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap"])
+def test_the_audits_under_a_transformation_say_they_run_on_the_host(transform):
+    from specjax.auditing import rules
+    calls = {
+        "audit": lambda p: specjax.audit(jax.random.key(0), rules.speculative_rule, p, Q,
+                                         num_samples=100).acceptance_rate,
+        "audit_exact": lambda p: specjax.audit_exact(rules.speculative_rule_u, p, Q,
+                                                     grid=16).acceptance_rate,
+    }
+    for name, call in calls.items():
+        wrapped = jax.jit(call) if transform == "jit" else jax.vmap(call)
+        with pytest.raises(ValueError, match=rf"{name} is a host-side driver.*traced (key|p)\b"):
+            wrapped(P if transform == "jit" else jnp.stack([P, P]))
+
+
+def test_from_uniform_refuses_what_is_not_a_rule():
+    from specjax.auditing import rules
+    with pytest.raises(ValueError, match=r"verify_u must be a function"):
+        rules.from_uniform(0.5)
+
+
 def test_families_and_objectives_are_static_pytrees(family):
     """What lets jax.jit(tune_draft) reach tune_draft's own check: no leaves, the value itself
     as the tree's static data (a user's family subclass included)."""
@@ -104,7 +136,8 @@ def test_families_and_objectives_are_static_pytrees(family):
                                   "greedy_rule_u", "accept_all", "accept_all_u",
                                   "wrong_residual", "wrong_residual_u",
                                   "greedy_scored_with_softmax", "greedy_scored_with_softmax_u",
-                                  "accepts_at_zero_uniform_u", "from_uniform"])
+                                  "accepts_at_zero_uniform", "accepts_at_zero_uniform_u",
+                                  "from_uniform"])
 def test_audit_rule_helpers_are_served_from_auditing(name):
     from specjax.auditing import rules
     assert getattr(specjax.auditing, name) is getattr(rules, name)

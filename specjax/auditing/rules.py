@@ -72,7 +72,13 @@ def from_uniform(verify_u: Callable) -> Callable:
 
     Returns:
       ``(key, p, q, x) -> (accepted, token)``.
+
+    Raises:
+      ValueError: ``verify_u`` is not callable.
     """
+    if not callable(verify_u):
+        raise ValueError(f"verify_u must be a function verify_u(u, p, q, x) -> (accepted, token), "
+                         f"got {verify_u!r}")
     return _from_uniform(verify_u)
 
 

@@ -131,19 +131,12 @@ def _finish(carry, target, *, family, objective):
     return _record(carry, value), value
 
 
+# What tune_draft and kl_fit say under a transformation.
+_HOST_LOOP = "a Python loop over compiled chunks of steps"
+_NO_RECOMPILE = "It compiles its own loop, and a new target or new params do not recompile it"
+
 _DEFAULT_LEARNING_RATE = 0.05
 _DEFAULT_OPTIMIZER = optax.adam(_DEFAULT_LEARNING_RATE)
-
-
-def _refuse_traced(driver: str, **arguments) -> None:
-    """Refuses traced arguments with a message that says why: ``driver`` is a host-side loop
-    (compiled chunks, read back between them), not a function to transform."""
-    for name, value in arguments.items():
-        if any(not _checks.is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(value)):
-            raise ValueError(
-                f"{driver} is a host-side driver (a Python loop over compiled chunks of steps): "
-                f"call it outside jax.jit, vmap and grad; got a traced {name}. It compiles its "
-                "own loop, and a new target or new params do not recompile it")
 
 
 def _check_family(family, target):
@@ -232,8 +225,8 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
         scalar (named with the shape it returned) or is not finite at the start, or traced
         arguments (a call under ``jax.jit``, ``vmap`` or ``grad``); all before any step.
     """
-    _refuse_traced("tune_draft", params=params, target=target, num_steps=num_steps,
-                   log_every=log_every, progress=progress)
+    _checks.refuse_traced("tune_draft", _HOST_LOOP, _NO_RECOMPILE, params=params, target=target,
+                          num_steps=num_steps, log_every=log_every, progress=progress)
     _check_family(family, target)
     _check_params(family, params)
     if not callable(objective):
@@ -314,7 +307,8 @@ def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
     A host-side driver, as ``tune_draft``: under ``jax.jit``, ``vmap`` or ``grad`` (a traced
     target) it raises ``ValueError``.
     """
-    _refuse_traced("kl_fit", target=target, num_steps=num_steps)
+    _checks.refuse_traced("kl_fit", _HOST_LOOP, _NO_RECOMPILE, target=target,
+                          num_steps=num_steps)
     _check_family(family, target)
     _checks.check_positive_int("num_steps", num_steps)
     params = family.kl_fit_closed_form(target)
