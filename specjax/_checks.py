@@ -299,3 +299,13 @@ def check_rows(*, probabilities: dict, acceptance: dict | None = None,
         if bad.any():
             raise ValueError(f"{name} must hold finite non-negative masses, got "
                              f"{values[bad][:4].tolist()}")
+
+
+def refuse_traced(driver: str, why: str, hint: str = "", **arguments) -> None:
+    """Raise ``ValueError`` when an argument of the host-side driver ``driver`` is traced (it is
+    called under ``jax.jit``, ``vmap`` or ``grad``), naming the driver, ``why`` it runs on the
+    host and the first traced argument; ``hint`` is added to the message."""
+    for name, value in arguments.items():
+        if any(not is_concrete(leaf) for leaf in jax.tree_util.tree_leaves(value)):
+            raise ValueError(f"{driver} is a host-side driver ({why}): call it outside jax.jit, "
+                             f"vmap and grad; got a traced {name}" + (f". {hint}" if hint else ""))

@@ -3,7 +3,7 @@
 * ``python -m specjax reproduce --out DIR`` (also ``python -m specjax`` with no arguments, into
   ``figures``): every figure of the paper's numerical simulations as PNG files, and
   ``summary.md`` / ``summary.json`` with every number, exact values beside simulated ones and the
-  paper's beside ours (``specjax.reproduce``).
+  paper's beside ours (``specjax.experiments.reproduce``).
 * ``python -m specjax simulate``: mean rejections and target calls of SD, SD with lookahead 4 and
   batch SD with their Monte Carlo standard errors beside the exact values (Theorem 1, Theorem 3).
 """

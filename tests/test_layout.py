@@ -4,6 +4,7 @@ its laws; sampling and theory never import each other)."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -56,3 +57,55 @@ def test_every_decoder_is_one_file_of_the_protocol():
         assert issubclass(cls, (specjax.TokenwiseDecoder, specjax.CallDecoder)), name
         assert pathlib.Path(__import__(cls.__module__, fromlist=["_"]).__file__).parent \
             == decoders, name
+
+
+# --- the contributing guide's layout table ---------------------------------------------------------
+
+GUIDE = PACKAGE.parent / "docs" / "guides" / "contributing.md"
+
+
+def layout_table(text: str) -> dict[str, list[str]]:
+    """The package rows of the guide's "Layout of the package" table: ``{row: [paths]}``, each
+    path relative to the repository root. A row's first cell names a folder (``specjax/sampling/``)
+    or files (``specjax/_checks.py``, ``_pytree.py``); every ```` `name.py` ```` of the row is a
+    file, relative to that folder (to the first file's folder for a row of files) unless it
+    starts with ``specjax/``."""
+    section = text.split("## Layout of the package", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`specjax/"):
+            continue
+        first = cells[0].split("`")[1]
+        base = first if first.endswith("/") else first.rsplit("/", 1)[0] + "/"
+        paths = [first]
+        for name in re.findall(r"`([\w/]+\.py)`", line):
+            paths.append(name if name.startswith("specjax/") else base + name)
+        rows[first] = sorted(set(paths))
+    return rows
+
+
+def test_layout_table_parser():
+    text = ("## Layout of the package\n\n| path | what |\n| --- | --- |\n"
+            "| `specjax/a/` | `x.py` (the x), `y.py`; see `specjax/b.py` |\n"
+            "| `specjax/_c.py`, `_d.py` | helpers |\n| `scripts/` | `s.py` |\n\n## Next\n"
+            "| `specjax/z/` | `ignored.py` |\n")
+    assert layout_table(text) == {
+        "specjax/a/": ["specjax/a/", "specjax/a/x.py", "specjax/a/y.py", "specjax/b.py"],
+        "specjax/_c.py": ["specjax/_c.py", "specjax/_d.py"]}
+
+
+def test_contributing_layout_table_matches_the_tree():
+    """Every module of the package is in docs/guides/contributing.md's layout table (a
+    subpackage's ``__init__.py`` is its folder's row), and every path the table names exists.
+    When a module is added, moved or split, this test names the row to update."""
+    root = PACKAGE.parent
+    rows = layout_table(GUIDE.read_text())
+    named = {path for paths in rows.values() for path in paths}
+    missing = [path for path in sorted(named) if not (root / path).exists()]
+    assert not missing, f"{GUIDE.name}'s layout table names paths that do not exist: {missing}"
+    modules = [str(p.relative_to(root)) for p in MODULES
+               if not (p.name == "__init__.py" and p.parent != PACKAGE)]
+    absent = [m for m in modules if m not in named]
+    assert not absent, (f"modules missing from {GUIDE.name}'s layout table (add each to the row of "
+                        f"its folder): {absent}")

@@ -19,7 +19,7 @@ all visible in these two numbers, and the last only at a single point of ``u``.
 Both return an ``AuditReport``. The example rules (``speculative_rule``, ``greedy_rule`` and the
 broken ``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``,
 ``accepts_at_zero_uniform``, each also in uniform form ``*_u``; ``from_uniform``) live in
-``specjax._audit_rules`` and are re-exported here.
+``specjax.auditing.rules`` and are re-exported here (and served from ``specjax.auditing``).
 
 A useful fact for reading a report: an unbiased rule cannot accept more than the optimum, and a
 rule that does is biased by at least the excess in total variation, since each token ``y``
@@ -234,6 +234,10 @@ def _check_rule(name, rule, first, p_row, q_row):
                          f"{accepted.dtype}{accepted.shape} and {token.dtype}{token.shape}")
 
 
+# Why the audits refuse traced arguments (the message of _checks.refuse_traced).
+_HOST_CHECK = "its tests run on the host and its report holds Python numbers"
+
+
 def _typed_key(key):
     _checks.check_key(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
@@ -398,7 +402,13 @@ def audit(key: jax.Array, verify: Callable, p, q, *, num_samples: int = 200_000,
       ValueError: bad key, shapes, probabilities (negative, NaN, rows not summing to one),
         ``num_samples``, ``drafting``, ``alpha``, or a ``verify`` that does not return two
         scalars; before any sampling.
+
+    A host-side check (its report holds Python numbers): call it outside ``jax.jit``, ``vmap``
+    and ``grad``; with a traced key, ``p`` or ``q`` it raises ``ValueError`` saying so. Under
+    ``jax.jit(audit)`` JAX itself refuses ``verify`` first ("Error interpreting argument": a
+    function is not a JAX type); ``verify`` may use ``jit`` and ``vmap`` inside.
     """
+    _checks.refuse_traced("audit", _HOST_CHECK, key=key, p=p, q=q)
     key = _typed_key(key)
     p, q, batched = _check_rows(p, q)
     _checks.check_positive_int("num_samples", num_samples)
@@ -592,7 +602,12 @@ def audit_exact(verify_u: Callable, p, q, *, drafting="sample", grid: int = 2**1
     Raises:
       ValueError: bad shapes or probabilities, a drafting function (exact mode needs a known
         draft law), ``grid`` or ``tol``, or a ``verify_u`` that does not return two scalars.
+
+    A host-side check, as ``audit``: call it outside ``jax.jit``, ``vmap`` and ``grad`` (a
+    traced ``p`` or ``q`` raises ``ValueError``; ``jax.jit(audit_exact)`` is refused by JAX
+    itself, as ``verify_u`` is a function).
     """
+    _checks.refuse_traced("audit_exact", _HOST_CHECK, p=p, q=q)
     p, q, batched = _check_rows(p, q)
     _check_drafting(drafting, exact=True)
     _checks.check_positive_int("grid", grid)

@@ -43,7 +43,7 @@ from specjax.decoders.verification import acceptance_probability
 
 
 def _sd_accept(p: jax.Array, q: jax.Array, x: jax.Array) -> jax.Array:
-    """``b(x) = min(1, q(x) / p(x))``, 1 where ``p(x) = 0`` (``specjax._verify``)."""
+    """``b(x) = min(1, q(x) / p(x))``, 1 where ``p(x) = 0`` (``specjax.decoders.verification``)."""
     return acceptance_probability(p, q, epsilon=0.0)[x]
 
 
@@ -72,7 +72,13 @@ def from_uniform(verify_u: Callable) -> Callable:
 
     Returns:
       ``(key, p, q, x) -> (accepted, token)``.
+
+    Raises:
+      ValueError: ``verify_u`` is not callable.
     """
+    if not callable(verify_u):
+        raise ValueError(f"verify_u must be a function verify_u(u, p, q, x) -> (accepted, token), "
+                         f"got {verify_u!r}")
     return _from_uniform(verify_u)
 
 

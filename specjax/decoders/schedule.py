@@ -66,7 +66,7 @@ class HeuristicSchedule(CallDecoder):
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> hf = specjax.HeuristicSchedule(5, max_lookahead=8)
+      >>> hf = specjax.decoders.HeuristicSchedule(5, max_lookahead=8)
       >>> round(float(specjax.exact(hf, draft, target).expected_calls), 3)
       27.051
 

@@ -1,4 +1,4 @@
-"""Plots of the reproduction experiments (``specjax.reproduce``): one function per figure.
+"""Plots of the reproduction experiments (``specjax.experiments.reproduce``): one function per figure.
 
 Each takes an experiment's result and returns a matplotlib ``Figure``; theory is drawn as lines,
 simulations as points or running means with 95% bands (1.96 standard errors).

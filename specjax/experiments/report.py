@@ -1,4 +1,4 @@
-"""The written outputs of ``specjax.reproduce``: ``summary.md``, ``summary.json`` and the PNGs."""
+"""The written outputs of ``specjax.experiments.reproduce``: ``summary.md``, ``summary.json`` and the PNGs."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def summary_markdown(results, paper, z_tolerance) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Each figure: the experiment it draws, its plot (a ``specjax.plots`` function) and the setting
+# Each figure: the experiment it draws, its plot (a ``specjax.experiments.plots`` function) and the setting
 # giving the horizon in its title (``None``: the plot takes no horizon).
 FIGURES = {
     "fig2ab_convergence.png": ("convergence", "running_means", "horizon"),

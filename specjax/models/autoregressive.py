@@ -22,7 +22,7 @@ emitted token. ``AutoregressiveModel`` is the protocol as a ``typing.Protocol``.
   ``n - 1`` tokens; ``NGramModel.fit`` counts a corpus with additive smoothing and optional
   interpolation with lower orders.
 * ``FiniteStateModel``: a model with ``S`` integer states, ``next_state (S, V)`` and rows
-  ``table (S, V)``: the view the exact theory needs (``specjax.sampling.models.exact_models``).
+  ``table (S, V)``: the view the exact theory needs (``specjax.theory.finite_state``).
   ``NGramModel.as_finite_state`` lifts an n-gram to the ``V**L`` contexts of length ``L``, so a
   bigram draft and a 4-gram target share the 4-gram's state space; ``from_markov_chain`` lifts any
   ``MarkovChain``.
@@ -266,7 +266,7 @@ class NGramModel:
 
         ``L >= n - 1``: the n-gram reads the ``n - 1`` newest tokens of the lifted context, so a
         bigram draft and a 4-gram target lifted to ``L = 3`` share one state space (identical
-        ``next_state`` and start), as ``exact_models`` needs. The rows are gathered from
+        ``next_state`` and start), as the exact theory needs. The rows are gathered from
         ``table`` (differentiable in it).
 
         Args:
@@ -347,7 +347,7 @@ def ngram_counts(sequences, *, order: int, num_states: int) -> np.ndarray:
 class FiniteStateModel:
     """A model with ``S`` integer states: ``x ~ table[s]``, then ``s <- next_state[s, x]``.
 
-    The exact theory needs this view (``exact_models`` propagates the law of the state). The
+    The exact theory needs this view (``specjax.theory.finite_state`` propagates the law of the state). The
     fields are named ``start`` and ``table`` because ``init_state()`` and ``probs(state)`` are
     the protocol's methods.
 

@@ -257,7 +257,11 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
     The old form ``decoding_statistics(sampler, key, *args, **kwargs)`` (a sampler function
     first) still works and warns that it is deprecated.
 
-    This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``.
+    This is a host-side driver (a Python loop over chunks); call it outside ``jax.jit``,
+    ``vmap`` and ``grad``. Under a transformation its key or models are traced and it raises
+    ``ValueError`` saying so (use ``specjax.decode`` there). The deprecated sampler-first form
+    cannot say it: a function is not a JAX type, and ``jax.jit`` refuses it first with JAX's
+    "Error interpreting argument".
     """
     if callable(key) and not isinstance(key, jax.Array):
         return _legacy(key, decoder, draft, target, num_chains, chunk_size=chunk_size,
@@ -268,12 +272,12 @@ def decoding_statistics(key, decoder, draft=None, target=None, num_chains=None, 
                         f"{sorted(legacy)}")
     if num_chains is None:
         raise ValueError("num_chains must be given (a positive integer)")
-    if not _checks.is_concrete(key) or any(
-            not _checks.is_concrete(leaf) for leaf in jax.tree_util.tree_leaves((draft, target))):
-        raise ValueError(
-            "decoding_statistics is a host-side driver (a Python loop over chunks of chains): "
-            "call it outside jax.jit, vmap and grad; its key and models must be concrete. "
-            "Inside a transformation use specjax.decode")
+    _checks.refuse_traced("decoding_statistics", "a Python loop over chunks of chains",
+                          "Inside a transformation use specjax.decode", key=key, draft=draft,
+                          target=target, num_chains=num_chains, chunk_size=chunk_size)
+    if not (isinstance(progress, (bool, np.bool_)) or (
+            isinstance(progress, (int, np.integer)) and progress in (0, 1))):
+        raise ValueError(f"progress must be True or False, got {progress!r}")
     run = decoding.plan(key, decoder, draft, target, num_chains, horizon=horizon,
                         sharding=sharding, stop_tokens=stop_tokens,
                         batched_scoring=batched_scoring)

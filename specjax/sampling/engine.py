@@ -26,7 +26,7 @@ under the key ``fold_in(key_steps, n)`` (``chain_bits``), which is element ``c``
 partitionable ``jax.random.bits(fold_in(key_steps, n), (C,))`` for any ``C > c``. Each chain's
 numbers depend on its index alone, so the first chains of a larger run equal a smaller run with
 the same key, a block of chains ``[o, o + s)`` can be run on its own (chunks), and laying chains
-out over devices (``specjax._sharding``) cannot change a token.
+out over devices (``specjax.sampling.sharding``) cannot change a token.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def chain_bits(key, offset, num_chains: int, sharding=None) -> jax.Array:
       key: PRNG key.
       offset: index of the first chain (may be traced; ``offset + num_chains <= 2**32``).
       num_chains: how many (static).
-      sharding: chain layout (``specjax._sharding``), or ``None``.
+      sharding: chain layout (``specjax.sampling.sharding``), or ``None``.
 
     Returns:
       ``(num_chains,)`` uint32.

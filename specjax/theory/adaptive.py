@@ -243,7 +243,7 @@ def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopp
       >>> bool(best.expected_time <= fixed.expected_time), best.threshold_form
       (True, True)
     """
-    from specjax.theory.cost import _check_cost  # noqa: PLC0415 - avoids a cycle
+    from specjax.theory.cost import _check_cost  # noqa: PLC0415
 
     _check_cost(cost)
     _checks.check_static_int("max_lookahead", max_lookahead)

@@ -5,7 +5,7 @@ Sequoia's configuration: verification is not free in the number of tokens), a dr
 takes ``draft_cost``, and every call may add a fixed ``call_overhead``. Times are in whatever unit
 the costs are given in; with ``target_cost = 1`` they count target calls.
 
-What a call does is the decoder's :meth:`~specjax.decoders.base.Decoder.call_work`: a call that
+What a call does is the decoder's ``call_work(depth)``: a call that
 drafts ``d`` levels (``d = min(K, T - n + 1)`` at position ``n``) makes ``d`` draft passes and
 one target call scoring the root and the drafted tokens: ``d + 1`` for one chain (SD, biased SD,
 ``RejectionRule``, block verification), ``M d + 1`` for ``M`` draft sequences (batch SD and the
@@ -262,7 +262,7 @@ def drafted_law(decoder, draft, target, lookahead: int):
     """``(drafted (T, K + 1), new_call (T,))`` of a decoder whose calls draft a random number of
     tokens (``drafted_call_law_from``): ``drafted[n - 1, d]`` = P(a call starts at ``n`` and drafts
     exactly ``d``)."""
-    from specjax.models.markov import MarkovChain  # noqa: PLC0415 - avoids a cycle
+    from specjax.models.markov import MarkovChain  # noqa: PLC0415
     from specjax.theory import calls  # noqa: PLC0415
 
     if not isinstance(target, MarkovChain):
@@ -328,7 +328,7 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
       >>> choice.lookahead
       3
     """
-    from specjax.decoders.speculative import Speculative  # noqa: PLC0415 - avoids a cycle
+    from specjax.decoders.speculative import Speculative  # noqa: PLC0415
 
     _check_cost(cost)
     _checks.check_static_int("max_lookahead", max_lookahead)
@@ -402,7 +402,7 @@ def best_tree_budget(draft, target, cost: CostModel, *, max_budget: int, max_dep
       >>> choice.budget, choice.parents
       (3, (-1, 0, 1))
     """
-    from specjax.decoders.tree import TokenTree  # noqa: PLC0415 - avoids a cycle
+    from specjax.decoders.tree import TokenTree  # noqa: PLC0415
     from specjax.theory.tree_shapes import sequoia_tree  # noqa: PLC0415
     from specjax.theory.trees import positional_acceptance  # noqa: PLC0415
 

@@ -1,8 +1,9 @@
-"""Exact forward recursion over the decoder's state: the expected-value twin of ``_engine``.
+"""Exact forward recursion over the decoder's state: the expected-value twin of the sampling
+engine (``specjax.sampling.engine``).
 
-A decoder is a Markov chain over ``(previous token, phase)`` (see ``specjax._engine``): phase
-``j`` counts the drafts accepted since the last target call, ``j = 0`` opens a call (the *root*,
-where batch SD verifies its ``M`` drafts), ``j = K`` emits the target's bonus token. This module
+A decoder is a Markov chain over ``(previous token, phase)`` (as in the engine): phase ``j``
+counts the drafts accepted since the last target call, ``j = 0`` opens a call (the *root*, where
+batch SD verifies its ``M`` drafts), ``j = K`` emits the target's bonus token. This module
 propagates the exact law ``pi_n[j, x] = P(phase j, x_n = x)`` through the same per-position laws
 the samplers draw from (the decoder's ``laws``), so every expected count is a sum of masses:
 

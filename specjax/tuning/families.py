@@ -57,11 +57,17 @@ class DraftFamily:
 
     Subclasses define ``init`` (random parameters), ``chain`` (parameters -> ``MarkovChain``) and
     ``kl_fit_closed_form`` (or ``None`` when there is none). Families are frozen dataclasses, so
-    they are hashable and can be static arguments of ``jax.jit``.
+    they are hashable and can be static arguments of ``jax.jit``; every family (subclasses
+    included) is also a pytree without leaves, so passing one through a transformation carries
+    it as static data (``jax.jit(tune_draft)`` then reaches ``tune_draft``'s own refusal).
     """
 
     num_states: int
     horizon: int
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_static(cls)
 
     def __post_init__(self):
         _checks.check_positive_int("num_states", self.num_states)
@@ -150,6 +156,9 @@ def _stationary_fit(target, horizon):
     total = jnp.where(reached, total, float(horizon))
     return jnp.einsum("na,nab->ab", weights, target.trans,
                       precision=HIGHEST) / total[:, None]
+
+
+jax.tree_util.register_static(DraftFamily)
 
 
 @dataclasses.dataclass(frozen=True)

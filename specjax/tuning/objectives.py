@@ -105,6 +105,11 @@ class Objective:
         return result.expected_rejections + self.weight * jnp.sum(context * loss)
 
 
+# A pytree without leaves (static data), as the families are: jax.jit(tune_draft) then reaches
+# tune_draft's own refusal instead of JAX's "Error interpreting argument".
+jax.tree_util.register_static(Objective)
+
+
 def objective(decoder, quantity: str = "rejections", *, weight: float = 1.0) -> Objective:
     """The exact ``quantity`` of ``decoder`` as a differentiable function of the draft.
 
@@ -118,7 +123,7 @@ def objective(decoder, quantity: str = "rejections", *, weight: float = 1.0) -> 
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
-      >>> cost = specjax.objective(specjax.BlockVerification(2), "calls")
+      >>> cost = specjax.tuning.objective(specjax.BlockVerification(2), "calls")
       >>> float(cost(draft, target)) < 50
       True
     """

@@ -89,10 +89,26 @@ def _record(carry, value):
                           best_step=jnp.where(better, carry.step, carry.best_step))
 
 
+def _evaluate(objective, draft, target) -> jax.Array:
+    """``objective(draft, target)``, refused (at trace time, before any step) unless it is a
+    floating-point scalar: ``tune_draft`` minimises one number."""
+    value = objective(draft, target)
+    if isinstance(value, float):
+        value = jnp.asarray(value)
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape != () or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        got = (f"an array of shape {shape} and dtype {dtype}" if shape is not None
+               else f"a {type(value).__name__}")
+        raise ValueError(f"objective must return a floating-point scalar (shape ()), got {got} "
+                         f"from {objective!r}; reduce it to one number (e.g. its sum or mean)")
+    return value
+
+
 @functools.partial(jax.jit, static_argnames=("family", "objective", "optimizer", "num_steps"))
 def _steps(carry, target, *, family, objective, optimizer, num_steps):
     def loss(params):
-        return objective(family.chain(params), target)
+        return _evaluate(objective, family.chain(params), target)
 
     def step(carry, _):
         value, grads = jax.value_and_grad(loss)(carry.params)
@@ -111,9 +127,13 @@ def _steps(carry, target, *, family, objective, optimizer, num_steps):
 
 @functools.partial(jax.jit, static_argnames=("family", "objective"))
 def _finish(carry, target, *, family, objective):
-    value = objective(family.chain(carry.params), target)
+    value = _evaluate(objective, family.chain(carry.params), target)
     return _record(carry, value), value
 
+
+# What tune_draft and kl_fit say under a transformation.
+_HOST_LOOP = "a Python loop over compiled chunks of steps"
+_NO_RECOMPILE = "It compiles its own loop, and a new target or new params do not recompile it"
 
 _DEFAULT_LEARNING_RATE = 0.05
 _DEFAULT_OPTIMIZER = optax.adam(_DEFAULT_LEARNING_RATE)
@@ -171,14 +191,23 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     Compilation: once per family, objective, optimiser, chunk length (``log_every`` and the
     remainder) and dtype; a new target or new parameter values do not recompile.
 
+    A host-side driver: call it outside ``jax.jit``, ``vmap`` and ``grad``. Under a
+    transformation its params and target are traced, and it raises ``ValueError`` saying so
+    (families and ``objective(...)`` values are pytrees without leaves, so ``jax.jit`` passes
+    them through to that check; a plain function as ``objective``, an optax optimiser or a
+    ``callback`` are not JAX types, and ``jax.jit`` itself refuses them first with JAX's "Error
+    interpreting argument").
+
     Args:
       family: a ``DraftFamily`` (``specjax.tuning.StationaryDraft(V, T)``, ...).
       params: starting parameters, e.g. ``family.init(key)``, ``family.uniform()`` or
         ``kl_fit(family, target)``.
       target: the target ``MarkovChain`` ``q`` (traced: a new target does not recompile).
-      objective: ``objective(decoder, quantity)`` (e.g. ``objective(Speculative())``),
-        ``biased_tradeoff(eps, weight=lam)``, ``kl_divergence()``, ``make_objective(name)`` or
-        any hashable callable ``(draft, target) -> scalar``.
+      objective: ``objective(decoder, quantity)`` (the exact rejections, calls or trade-off of
+        any decoder, e.g. ``objective(Speculative())``), ``biased_tradeoff(eps, weight=lam)``,
+        ``kl_divergence()``, ``make_objective(name)`` or any hashable callable
+        ``(draft, target) -> scalar`` (a scalar: an objective that returns an array of another
+        shape is refused before any step, with a ``ValueError`` naming it and the shape).
       num_steps: number of optimiser steps (``>= 1``).
       optimizer: any ``optax.GradientTransformation``; default ``optax.adam(0.05)``. It is a
         static argument of the compiled loop: reuse the same object to avoid recompiling.
@@ -191,7 +220,14 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     Returns:
       ``TuneResult`` (``params``, ``draft``, ``value``, ``history``, ``best_step``,
       ``final_params``, ``skipped``).
+
+    Raises:
+      ValueError: a bad argument (named), an objective that does not return a floating-point
+        scalar (named with the shape it returned) or is not finite at the start, or traced
+        arguments (a call under ``jax.jit``, ``vmap`` or ``grad``); all before any step.
     """
+    _checks.refuse_traced("tune_draft", _HOST_LOOP, _NO_RECOMPILE, params=params, target=target,
+                          num_steps=num_steps, log_every=log_every, progress=progress)
     _check_family(family, target)
     _check_params(family, params)
     if not callable(objective):
@@ -268,7 +304,12 @@ def kl_fit(family: DraftFamily, target: MarkovChain, *, num_steps: int = 2000,
     Returns:
       The fitted parameters (``family.chain(params)`` is the fitted draft). Zero probabilities
       of a closed-form fit become logits ``log(tiny)``, so the parameters are finite.
+
+    A host-side driver, as ``tune_draft``: under ``jax.jit``, ``vmap`` or ``grad`` (a traced
+    target) it raises ``ValueError``.
     """
+    _checks.refuse_traced("kl_fit", _HOST_LOOP, _NO_RECOMPILE, target=target,
+                          num_steps=num_steps)
     _check_family(family, target)
     _checks.check_positive_int("num_steps", num_steps)
     params = family.kl_fit_closed_form(target)
