@@ -1,5 +1,6 @@
 """Packaging: ``python -m build`` gives a wheel with every subpackage and ``py.typed``, and an sdist
-that carries the test helpers, so its tests collect.
+that carries the whole test suite and what it reads (helpers, ``tests/data``, docs, scripts,
+notebooks), so that the unpacked sdist collects every test the checkout collects.
 
 The build runs without build isolation (``--no-isolation``: no download, the ``test`` extra
 installs ``build`` and ``setuptools>=77``) on a copy of the source tree, so the checkout is not
@@ -66,13 +67,30 @@ def test_wheel_has_every_subpackage_and_py_typed(dists):
     assert not any(name.startswith("tests/") for name in names)
 
 
+def _collect(root, env):
+    """Starts ``pytest --collect-only`` of the whole suite in ``root`` (in one process, no cache)."""
+    return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                             "-p", "no:cacheprovider", "tests"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _collected(proc, where):
+    """The node ids a ``_collect`` process printed; fails on a collection error."""
+    stdout, stderr = proc.communicate(timeout=600)
+    ids = {line for line in stdout.splitlines() if line.startswith("tests/") and "::" in line}
+    report = "\n".join(line for line in stdout.splitlines() if line not in ids)
+    assert proc.returncode == 0, f"{where}: " + report[-3000:] + stderr[-3000:]
+    return ids
+
+
 @pytest.mark.slow
-def test_sdist_carries_the_test_helpers_and_its_tests_collect(dists, tmp_path):
+def test_sdist_carries_the_whole_suite_and_it_collects(dists, tmp_path):
     sdist, _ = dists
     with tarfile.open(sdist) as archive:
         names = archive.getnames()
         top = names[0].split("/")[0]
-        for helper in TEST_HELPERS + ["test_scripts.py"]:  # test_scripts: import_script
+        for helper in TEST_HELPERS + ["test_scripts.py", "data/golden_0925acd.npz"]:
             assert f"{top}/tests/{helper}" in names, f"tests/{helper} is missing from the sdist"
         assert f"{top}/specjax/py.typed" in names
         if sys.version_info >= (3, 12):
@@ -81,15 +99,17 @@ def test_sdist_carries_the_test_helpers_and_its_tests_collect(dists, tmp_path):
             archive.extractall(tmp_path)
     unpacked = tmp_path / top
     # `python -m pytest` from the unpacked root imports specjax from the sdist (the root comes
-    # first on sys.path), with the sdist's pyproject.toml as pytest's configuration.
+    # first on sys.path), with the sdist's pyproject.toml as pytest's configuration. The checkout
+    # collects beside it, in the same environment.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "tests/test_audit.py", "tests/test_samplers_law.py"],
-        cwd=unpacked, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "tests/test_audit.py::" in result.stdout
-    assert "tests/test_samplers_law.py::" in result.stdout
+    in_sdist, in_checkout = _collect(unpacked, env), _collect(ROOT, env)
+    sdist_ids, checkout_ids = _collected(in_sdist, "sdist"), _collected(in_checkout, "checkout")
+    assert len(checkout_ids) > 1000 and "tests/test_packaging.py::" + \
+        "test_sdist_carries_the_whole_suite_and_it_collects" in checkout_ids
+    # Every test the checkout collects, and no other (a parametrisation over the docs pages,
+    # notebooks or scripts would lose cases silently if their files were missing).
+    assert sdist_ids == checkout_ids, (sorted(checkout_ids - sdist_ids)[:20],
+                                       sorted(sdist_ids - checkout_ids)[:20])
     # The package the tests import is the sdist's own.
     where = subprocess.run([sys.executable, "-c", "import specjax; print(specjax.__file__)"],
                            cwd=unpacked, env=env, capture_output=True, text=True, timeout=120)
