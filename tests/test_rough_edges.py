@@ -128,10 +128,8 @@ def test_families_and_objectives_are_static_pytrees(family):
         assert leaves == [] and jax.tree_util.tree_unflatten(tree, []) == value
 
 
-# Depends on the wt-surface branch (issue 31, item 3), which restores these names in
-# specjax/auditing/__init__.py: strict, so that once merged the XPASS fails and says to drop it.
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="needs wt-surface's specjax/auditing/__init__.py; remove when merged")
+# The audit's example rules moved to specjax.auditing.rules without an alias once; they are
+# served from specjax.auditing again (issue 31, item 5).
 @pytest.mark.parametrize("name", ["speculative_rule", "speculative_rule_u", "greedy_rule",
                                   "greedy_rule_u", "accept_all", "accept_all_u",
                                   "wrong_residual", "wrong_residual_u",
