@@ -26,12 +26,12 @@ from conftest import edge_pair
 from conftest import random_rows
 from specjax.auditing.audit import BROKEN_RULES
 from specjax.auditing.audit import CORRECT_RULES
-from specjax.auditing.audit import _chi2_sf
 from specjax.auditing.audit import accept_all
 from specjax.auditing.audit import accepts_at_zero_uniform
 from specjax.auditing.audit import accepts_at_zero_uniform_u
 from specjax.auditing.audit import audit
 from specjax.auditing.audit import audit_exact
+from specjax.auditing.audit import chi2_sf
 from specjax.auditing.audit import from_uniform
 from specjax.auditing.audit import greedy_rule
 from specjax.auditing.audit import greedy_rule_u
@@ -279,11 +279,11 @@ def test_chi2_survival_function_matches_scipy():
              (1e-8, 1), (30.0, 40), (1.2e3, 200)]
     assert not jax.config.jax_enable_x64
     for stat, df in cases:
-        value = _chi2_sf(stat, df)
+        value = chi2_sf(stat, df)
         assert isinstance(value, float)
         assert math.isclose(value, sps.chi2.sf(stat, df), rel_tol=1e-9, abs_tol=1e-300)
     stats, dfs = np.array(cases, np.float64).T
-    values = _chi2_sf(stats, dfs)
+    values = chi2_sf(stats, dfs)
     assert values.dtype == np.float64 and values.shape == (len(cases),)
     np.testing.assert_allclose(values, sps.chi2.sf(stats, dfs), rtol=1e-9, atol=1e-300)
     assert not jax.config.jax_enable_x64  # the float64 evaluation did not leak

@@ -10,7 +10,7 @@ each also in uniform form ``*_u``; ``from_uniform``, ``Rule``, ``CORRECT_RULES``
 
 from specjax.auditing.audit import AuditReport
 from specjax.auditing.audit import audit
-from specjax.auditing.audit import audit_exact
+from specjax.auditing.audit_exact import audit_exact
 from specjax.auditing.compare import EngineComparison
 from specjax.auditing.compare import compare_outputs
 from specjax.auditing.given import DraftsLaw

@@ -12,14 +12,17 @@ all visible in these two numbers, and the last only at a single point of ``u``.
 * ``audit(key, verify, p, q)``: Monte Carlo. Draws ``num_samples`` drafts per row, runs the rule
   on each (``vmap`` under ``jit``, in chunks of bounded memory), and tests the emitted tokens'
   counts against ``q`` by a chi-square test, the acceptance rate against the optimum.
-* ``audit_exact(verify_u, p, q)``: the rule written as a function of one uniform ``u`` in
-  ``[0, 1)``; integrates over ``u`` exactly (a grid plus bisection of every change of outcome),
-  and evaluates ``u = 0.0`` itself.
+* ``audit_exact(verify_u, p, q)`` (in ``specjax.auditing.audit_exact``, served from here too):
+  the rule written as a function of one uniform ``u`` in ``[0, 1)``; integrates over ``u``
+  exactly (a grid plus bisection of every change of outcome), and evaluates ``u = 0.0`` itself.
 
 Both return an ``AuditReport``. The example rules (``speculative_rule``, ``greedy_rule`` and the
 broken ``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``,
 ``accepts_at_zero_uniform``, each also in uniform form ``*_u``; ``from_uniform``) live in
 ``specjax.auditing.rules`` and are re-exported here (and served from ``specjax.auditing``).
+This module also holds what both audits share: the argument checks (``check_rows``,
+``check_drafting``, ``check_rule``, ``check_alpha``), the chi-square tail ``chi2_sf`` and the
+host-side helpers (``normalised``, ``draft_law_of``, ``drafting_name``, ``first_row``).
 
 A useful fact for reading a report: an unbiased rule cannot accept more than the optimum, and a
 rule that does is biased by at least the excess in total variation, since each token ``y``
@@ -67,7 +70,6 @@ __all__ = [
 
 _MAX_SAMPLES = 2**31 - 1  # int32 counts
 _CHUNK_ELEMENTS = 1 << 22  # rows x samples x V per chunk: tens of MB of working memory
-_BISECTION_STEPS = 64  # halves a grid cell (>= 2^-32 wide) far below any float's resolution
 
 
 class AuditReport(NamedTuple):
@@ -181,7 +183,7 @@ class AuditReport(NamedTuple):
 # Validation.
 
 
-def _check_rows(p, q):
+def check_rows(p, q):
     """Validated ``(p, q)`` as ``(B, V)`` arrays of one floating dtype, and whether batched."""
     arrays = []
     for name, x in (("p", p), ("q", q)):
@@ -202,7 +204,7 @@ def _check_rows(p, q):
     return jnp.atleast_2d(p.astype(dtype)), jnp.atleast_2d(q.astype(dtype)), batched
 
 
-def _check_drafting(drafting, *, exact: bool):
+def check_drafting(drafting, *, exact: bool):
     if isinstance(drafting, str) and drafting in ("sample", "greedy"):
         return
     if callable(drafting) and not isinstance(drafting, str):
@@ -214,7 +216,7 @@ def _check_drafting(drafting, *, exact: bool):
                      f"got {drafting!r}")
 
 
-def _check_rule(name, rule, first, p_row, q_row):
+def check_rule(name, rule, first, p_row, q_row):
     """Raise ``ValueError`` unless ``rule(first, p, q, x)`` traces and returns two scalars."""
     signature = f"{name}({'u' if name.endswith('_u') else 'key'}, p, q, x)"
     if not callable(rule):
@@ -235,7 +237,7 @@ def _check_rule(name, rule, first, p_row, q_row):
 
 
 # Why the audits refuse traced arguments (the message of _checks.refuse_traced).
-_HOST_CHECK = "its tests run on the host and its report holds Python numbers"
+HOST_CHECK = "its tests run on the host and its report holds Python numbers"
 
 
 def _typed_key(key):
@@ -257,7 +259,7 @@ def _cpu():
         return None
 
 
-def _chi2_sf(stat, df):
+def chi2_sf(stat, df):
     """``P(chi2_df > stat)``, elementwise: the regularised upper incomplete gamma
     ``Q(df/2, stat/2)`` (``jax.scipy.special.gammaincc``), in float64 on the host CPU whatever
     the ``jax_enable_x64`` setting and the default device (relative error about 1e-15 against
@@ -295,16 +297,16 @@ def _chi2_pvalues(counts: np.ndarray, laws: np.ndarray, n: int) -> np.ndarray:
     """``(B,)`` p-values of Pearson's test, row ``b`` of ``counts`` against ``n * laws[b]``."""
     stat, df = np.array([_chi2_statistic(c, law, n) for c, law in zip(counts, laws)],
                         np.float64).reshape(-1, 2).T
-    return np.where(df > 0, _chi2_sf(stat, np.maximum(df, 1.0)), 1.0)
+    return np.where(df > 0, chi2_sf(stat, np.maximum(df, 1.0)), 1.0)
 
 
-def _draft_law(p64: np.ndarray, p, drafting) -> np.ndarray:
+def draft_law_of(p64: np.ndarray, p, drafting) -> np.ndarray:
     if drafting == "greedy":
         return np.eye(p64.shape[-1])[np.asarray(jnp.argmax(p, axis=-1))]
     return p64
 
 
-def _normalised(x) -> np.ndarray:
+def normalised(x) -> np.ndarray:
     x = np.asarray(x, np.float64)
     return x / x.sum(-1, keepdims=True)
 
@@ -408,16 +410,16 @@ def audit(key: jax.Array, verify: Callable, p, q, *, num_samples: int = 200_000,
     ``jax.jit(audit)`` JAX itself refuses ``verify`` first ("Error interpreting argument": a
     function is not a JAX type); ``verify`` may use ``jit`` and ``vmap`` inside.
     """
-    _checks.refuse_traced("audit", _HOST_CHECK, key=key, p=p, q=q)
+    _checks.refuse_traced("audit", HOST_CHECK, key=key, p=p, q=q)
     key = _typed_key(key)
-    p, q, batched = _check_rows(p, q)
+    p, q, batched = check_rows(p, q)
     _checks.check_positive_int("num_samples", num_samples)
     if num_samples > _MAX_SAMPLES:
         raise ValueError(f"num_samples must be at most {_MAX_SAMPLES} (int32 counts), "
                          f"got {num_samples}")
-    _check_drafting(drafting, exact=False)
-    alpha = _check_alpha(alpha)
-    _check_rule("verify", verify, key, p[0], q[0])
+    check_drafting(drafting, exact=False)
+    alpha = check_alpha(alpha)
+    check_rule("verify", verify, key, p[0], q[0])
     if callable(drafting):
         try:
             out = jax.eval_shape(drafting, key, p[0])
@@ -434,12 +436,12 @@ def audit(key: jax.Array, verify: Callable, p, q, *, num_samples: int = 200_000,
         key, p, q, verify=verify, drafting=drafting, num_samples=num_samples, chunk=chunk))
 
     n = num_samples
-    target = _normalised(q)
+    target = normalised(q)
     law = tokens / n
     if callable(drafting):
         draft_law = drafts / n
     else:
-        draft_law = _draft_law(_normalised(p), p, drafting)
+        draft_law = draft_law_of(normalised(p), p, drafting)
     rate = accepted / n
     se = np.sqrt(rate * (1 - rate) / n)
     optimum = np.minimum(draft_law, target).sum(-1)
@@ -461,23 +463,23 @@ def audit(key: jax.Array, verify: Callable, p, q, *, num_samples: int = 200_000,
         acceptance_rate_se=se, optimal_acceptance=optimum, acceptance_gap=optimum - rate,
         biased=(pvalue < alpha) | (impossible.sum(-1) > 0) | (invalid > 0),
         accepts_more_than_possible=rate - optimum > slack, num_samples=n, alpha=alpha,
-        drafting=_drafting_name(drafting), exact=False,
+        drafting=drafting_name(drafting), exact=False,
         unresolved=np.zeros(num_rows, np.int64))
-    return report if batched else _first_row(report)
+    return report if batched else first_row(report)
 
 
-def _check_alpha(alpha) -> float:
+def check_alpha(alpha) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) \
             or not 0 < float(alpha) < 1:
         raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
     return float(alpha)
 
 
-def _drafting_name(drafting) -> str:
+def drafting_name(drafting) -> str:
     return drafting if isinstance(drafting, str) else getattr(drafting, "__name__", "custom")
 
 
-def _first_row(report: AuditReport) -> AuditReport:
+def first_row(report: AuditReport) -> AuditReport:
     """The report of a single ``(V,)`` pair: every per-row field's row 0."""
     per_row = {"num_samples", "alpha", "drafting", "exact"}
     return report._replace(**{
@@ -485,162 +487,7 @@ def _first_row(report: AuditReport) -> AuditReport:
         for name, value in report._asdict().items()})
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact mode.
-
-
-def _code(accepted, token):
-    """One integer per outcome ``(token, accepted)``."""
-    return jnp.asarray(token, jnp.int32) * 2 + jnp.asarray(accepted, jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("verify_u",))
-def _codes_on_grid(us, p, q, xs, *, verify_u):
-    """``(K, len(us))`` outcome codes of ``verify_u(u, p, q, x)`` for each draft ``x``."""
-    def per_draft(x):
-        return jax.vmap(lambda u: _code(*verify_u(u, p, q, x)))(us)
-    return jax.lax.map(per_draft, xs)
-
-
-@functools.partial(jax.jit, static_argnames=("verify_u",))
-def _bisect(lo, hi, code_lo, code_hi, xs, p, q, *, verify_u):
-    """Each change of outcome in ``[lo, hi]`` located to the float: the first ``u`` (the final
-    ``hi``) whose outcome differs from ``code_lo``, and whether a third outcome was met."""
-    def one(lo, hi, code_lo, code_hi, x):
-        def step(_, state):
-            lo, hi, third = state
-            mid = lo + (hi - lo) / 2
-            code = _code(*verify_u(mid, p, q, x))
-            same = code == code_lo
-            third = third | (~same & (code != code_hi))
-            return jnp.where(same, mid, lo), jnp.where(same, hi, mid), third
-        _, hi, third = jax.lax.fori_loop(0, _BISECTION_STEPS, step, (lo, hi, False))
-        return hi, third
-    return jax.vmap(one)(lo, hi, code_lo, code_hi, xs)
-
-
-def _exact_row(verify_u, p, q, draft_law, grid, dtype):
-    """Exact output law, acceptance, invalid mass, isolated tokens and unresolved cells of one
-    row (float64), integrating each draft's outcome over ``u`` in ``[0, 1)``."""
-    num_tokens = p.shape[-1]
-    xs = np.flatnonzero(draft_law > 0).astype(np.int32)
-    finfo = np.finfo(dtype)
-    # u = 0, the smallest normal float (the rule's value just above 0), the grid k / grid, and
-    # the largest float below 1 (the last cell's right end).
-    us = np.concatenate([[0.0, finfo.tiny], np.arange(1, grid) / grid,
-                         [np.nextafter(dtype.type(1), dtype.type(0))]]).astype(dtype)
-    codes = np.asarray(_codes_on_grid(jnp.asarray(us), p, q, jnp.asarray(xs), verify_u=verify_u))
-    at_zero, codes, us = codes[:, 0], codes[:, 1:], us[1:]
-    isolated = np.zeros(num_tokens, bool)
-    for k in np.flatnonzero(at_zero != codes[:, 0]):
-        token = at_zero[k] >> 1
-        if 0 <= token < num_tokens:
-            isolated[token] = True
-    draft_idx, cell = np.nonzero(codes[:, :-1] != codes[:, 1:])
-    if draft_idx.size:
-        size = max(8, 1 << int(draft_idx.size - 1).bit_length())  # pad: few recompilations
-        pad = size - draft_idx.size
-        take = lambda a: jnp.asarray(np.pad(a, (0, pad), mode="edge"))  # noqa: E731
-        bounds, third = _bisect(take(us[cell]), take(us[cell + 1]),
-                                take(codes[draft_idx, cell]), take(codes[draft_idx, cell + 1]),
-                                take(xs[draft_idx]), p, q, verify_u=verify_u)
-        bounds = np.asarray(bounds, np.float64)[:draft_idx.size]
-        unresolved = int(np.asarray(third)[:draft_idx.size].sum())
-    else:
-        bounds, unresolved = np.zeros(0), 0
-    law = np.zeros(num_tokens)
-    accepted = invalid = 0.0
-    for k, x in enumerate(xs):
-        mine = draft_idx == k
-        ends = np.concatenate([bounds[mine], [1.0]])
-        starts = np.concatenate([[0.0], bounds[mine]])
-        outcome = codes[k, np.concatenate([[0], cell[mine] + 1])]
-        weight = draft_law[x] * (ends - starts)
-        tokens, acc = outcome >> 1, outcome & 1
-        inside = (tokens >= 0) & (tokens < num_tokens)
-        np.add.at(law, tokens[inside], weight[inside])
-        invalid += weight[~inside].sum()
-        accepted += weight[acc == 1].sum()
-    return law, accepted, invalid, isolated, unresolved
-
-
-def audit_exact(verify_u: Callable, p, q, *, drafting="sample", grid: int = 2**16,
-                tol: float | None = None) -> AuditReport:
-    """Exact audit of a rule written as a function of one uniform ``u`` in ``[0, 1)``.
-
-    The output law is ``sum_x d(x) integral_0^1 1[verify_u(u, p, q, x) emits y] du`` over the
-    drafts ``x`` of positive draft mass ``d(x)``. For each ``x`` the rule is evaluated on the grid
-    ``u = k / grid``; wherever two neighbouring grid points disagree, the change point is bisected
-    to the float (64 halvings), and each outcome's probability is the total length of its
-    ``u``-intervals. This is exact up to float resolution for rules that are piecewise constant
-    in ``u`` with pieces wider than ``1 / grid`` (SD-style rules are: one acceptance threshold
-    and one inverse-CDF piece per token, so ``V`` pieces of widths the residual's probabilities);
-    a piece narrower than the grid spacing that starts and ends inside one cell is missed, one
-    that meets a change point is counted in ``unresolved``. Cost: ``O(V grid)`` rule
-    evaluations per row (each ``O(V)``): for small ``V``.
-
-    Isolated points: the rule is also evaluated at ``u = 0.0`` exactly and compared with the
-    smallest normal float. An outcome reached at ``u = 0.0`` only has measure zero but a float
-    uniform produces it (probability ``2^-23`` for ``jax.random.uniform`` in float32): such
-    tokens are reported in ``isolated_tokens``, and one with ``q = 0`` makes the rule biased. This
-    catches ``accepts_at_zero_uniform_u``, which Monte Carlo almost never sees.
-
-    Args:
-      verify_u: ``(u, p, q, x) -> (accepted, token)``, jax-traceable; ``u`` a scalar of the
-        rows' dtype, ``x`` an int32 scalar. Pass the same function object to reuse compilation.
-      p: ``(V,)`` draft row or ``(B, V)`` rows.
-      q: target row(s), same shape as ``p``.
-      drafting: ``"sample"`` (``x ~ p``) or ``"greedy"`` (``x = argmax p``).
-      grid: number of grid cells over ``[0, 1)`` (at least 2).
-      tol: bias below which differences are attributed to rounding; default
-        ``8 V eps(dtype)`` (about ``1e-6 V`` in float32).
-
-    Returns:
-      ``AuditReport`` with exact numbers: ``chi2_pvalue`` NaN, ``acceptance_rate_se`` 0,
-      ``impossible_tokens`` as probabilities, ``tv_bias_bound = tol``.
-
-    Raises:
-      ValueError: bad shapes or probabilities, a drafting function (exact mode needs a known
-        draft law), ``grid`` or ``tol``, or a ``verify_u`` that does not return two scalars.
-
-    A host-side check, as ``audit``: call it outside ``jax.jit``, ``vmap`` and ``grad`` (a
-    traced ``p`` or ``q`` raises ``ValueError``; ``jax.jit(audit_exact)`` is refused by JAX
-    itself, as ``verify_u`` is a function).
-    """
-    _checks.refuse_traced("audit_exact", _HOST_CHECK, p=p, q=q)
-    p, q, batched = _check_rows(p, q)
-    _check_drafting(drafting, exact=True)
-    _checks.check_positive_int("grid", grid)
-    if grid < 2:
-        raise ValueError(f"grid must be at least 2, got {grid}")
-    dtype = np.dtype(p.dtype)
-    num_rows, num_tokens = p.shape
-    if tol is None:
-        tol = 8 * num_tokens * float(np.finfo(dtype).eps)
-    tol = _checks.check_finite_non_negative("tol", tol)
-    _check_rule("verify_u", verify_u, jax.ShapeDtypeStruct((), dtype), p[0], q[0])
-
-    target = _normalised(q)
-    draft_law = _draft_law(_normalised(p), p, drafting)
-    results = [_exact_row(verify_u, p[b], q[b], draft_law[b], grid, dtype)
-               for b in range(num_rows)]
-    law = np.stack([r[0] for r in results])
-    rate = np.array([r[1] for r in results])
-    invalid = np.array([r[2] for r in results])
-    isolated = np.stack([r[3] for r in results])
-    unresolved = np.array([r[4] for r in results], np.int64)
-    impossible = np.where(target == 0, law, 0.0)
-    optimum = np.minimum(draft_law, target).sum(-1)
-    tv = 0.5 * np.abs(law - target).sum(-1)
-    more = rate - optimum > tol
-    biased = (tv > tol) | (impossible.sum(-1) > tol) | (invalid > 0) | more \
-        | (isolated & (target == 0)).any(-1)
-    report = AuditReport(
-        output_law=law, target=target, tv_bias=tv, tv_bias_bound=np.full(num_rows, tol),
-        chi2_pvalue=np.full(num_rows, np.nan), impossible_tokens=impossible,
-        invalid_tokens=invalid, isolated_tokens=isolated, acceptance_rate=rate,
-        acceptance_rate_se=np.zeros(num_rows), optimal_acceptance=optimum,
-        acceptance_gap=optimum - rate, biased=biased, accepts_more_than_possible=more,
-        num_samples=0, alpha=math.nan, drafting=_drafting_name(drafting), exact=True,
-        unresolved=unresolved)
-    return report if batched else _first_row(report)
+# The exact audit, served from here too (``from specjax.auditing.audit import audit_exact``).
+# Imported last: its module imports the report and the checks above, and ``specjax.auditing``
+# imports this module first.
+from specjax.auditing.audit_exact import audit_exact  # noqa: E402

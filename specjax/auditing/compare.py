@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specjax.auditing.audit import _check_alpha
-from specjax.auditing.audit import _chi2_sf
+from specjax.auditing.audit import check_alpha
+from specjax.auditing.audit import chi2_sf
 from specjax.auditing.given import PAD
 from specjax.auditing.given import _law
 from specjax.auditing.given import check_endings
@@ -150,7 +150,7 @@ def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
         return 1.0
     proj = vecs[:, positive].T @ diff
     stat = float((proj ** 2 / w[positive]).sum())
-    return float(_chi2_sf(stat, int(positive.sum())))
+    return float(chi2_sf(stat, int(positive.sum())))
 
 
 def _parse(tokens: np.ndarray, drafts: np.ndarray, counts: np.ndarray, num_tokens: int):
@@ -209,7 +209,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     if isinstance(min_variance, bool) or not isinstance(min_variance, numbers.Real) \
             or not float(min_variance) > 0:
         raise ValueError(f"min_variance must be a positive number, got {min_variance!r}")

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.models.autoregressive import FiniteStateModel
 from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.finite_state import FiniteStateModel
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_pair
 

@@ -36,10 +36,10 @@ import numpy as np
 from specjax import _checks
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
-from specjax.models.autoregressive import FiniteStateModel
-from specjax.models.autoregressive import NGramModel
 from specjax.models.autoregressive import scan_rows
+from specjax.models.finite_state import FiniteStateModel
 from specjax.models.markov import MarkovChain
+from specjax.models.ngram import NGramModel
 
 __all__ = ["process_logits", "process_chain", "process_model", "ProcessedModel", "ORDERS"]
 

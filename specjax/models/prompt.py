@@ -16,8 +16,8 @@ import numpy as np
 
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
-from specjax.models.autoregressive import FiniteStateModel
 from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.finite_state import FiniteStateModel
 from specjax.models.logits import as_probability_model
 from specjax.models.markov import MarkovChain
 

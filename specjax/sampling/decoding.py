@@ -31,7 +31,7 @@ from specjax import _memory
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.planning import MAX_COUNTER
 from specjax.decoders.planning import plan_run
-from specjax.models.autoregressive import with_static_leaves
+from specjax.models.static_leaves import with_static_leaves
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
 from specjax.decoders.given_drafts import check_given_decoder
