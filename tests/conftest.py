@@ -10,14 +10,15 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 def pytest_configure(config):
-    """A persistent compilation cache for the suite: the programs of one module are compiled
-    again by the next ones (every module frees its compiled programs, see below), and XLA:CPU
-    then loads them from disk instead (measured 6x faster than compiling). The cache lives in
-    pytest's cache folder (``.pytest_cache``), so a second local run reuses it; JAX keys entries
-    by the program, the JAX version and the backend. The xdist workers share it, and JAX does not
-    write an entry atomically: a worker can read one that another is still writing (or that a
-    killed run left half-written). JAX then warns and compiles the program itself, so
-    ``pyproject.toml`` ignores that warning (the suite's other warnings are errors)."""
+    """A persistent compilation cache for the suite: a program is compiled again after the
+    process freed its compiled programs (see below), in another xdist worker or in a subprocess
+    (the docs pages), and XLA:CPU then loads it from disk instead (measured 6x faster than
+    compiling). The cache lives in pytest's cache folder (``.pytest_cache``), so a second local
+    run reuses it; JAX keys entries by the program, the JAX version and the backend. The xdist
+    workers share it, and JAX does not write an entry atomically: a worker can read one that
+    another is still writing (or that a killed run left half-written). JAX then warns and
+    compiles the program itself, so ``pyproject.toml`` ignores that warning (the suite's other
+    warnings are errors)."""
     cache = getattr(config, "cache", None)
     folder = cache.mkdir("jax-compilation-cache") if cache is not None else None
     if folder is not None:
@@ -26,18 +27,91 @@ def pytest_configure(config):
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """Frees every compiled program after each test module.
+def _file(item):
+    """The test file's name (``test_x.py``) of a collected item."""
+    return item.nodeid.split("::")[0].rsplit("/", 1)[-1]
 
-    Each XLA:CPU executable holds memory mappings of its own, and the suite compiles thousands of
-    programs: in one process they exceed the kernel's ``vm.max_map_count`` (65,530 by default)
-    and compilation then crashes (abort or segfault). Clearing JAX's caches between modules
-    releases them.
+
+# Scheduling over the xdist workers (``-n``, with xdist's default ``--dist load``): each test
+# module runs on one worker, so that its module fixtures and the programs its tests share are
+# built once, not once per worker; the modules that take longest start first, and the many short,
+# independent tests of SPREAD (each a unit of its own) go last, to whichever worker is free: they
+# even out the end of the run. The docs pages, notebooks and scripts are units of their own too
+# (each runs alone, most in a subprocess of their own), started in their module's place.
+# LONGEST_FIRST: the modules (or their units) that took longest in a run of the slow tests in
+# one process (docs 824 s in all, notebooks 280 s, the benchmark and study scripts 50-100 s each),
+# then the largest in-process modules.
+LONGEST_FIRST = ["test_docs.py", "test_notebooks.py", "test_scale.py", "test_reproduce.py",
+                 "test_scripts.py", "test_benchmark_adaptive.py", "test_benchmark_token_tree.py",
+                 "test_optimal_scripts.py", "test_adaptive_study.py", "test_lossy_study.py",
+                 "test_packaging.py", "test_decoders.py", "test_token_tree.py", "test_models.py"]
+SPREAD = ("tests/test_reliability.py::",)
+UNITS = SPREAD + ("tests/test_docs.py::test_page_code_runs[",
+                  "tests/test_notebooks.py::test_notebook_runs_at_toy_sizes[",
+                  "tests/test_scripts.py::")
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (item.nodeid.startswith(SPREAD),
+                                 first.get(_file(item), len(first))))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's ``loadscope`` scheduling with a module as the scope (but for ``UNITS``), in the
+    order of the collection (sorted above). Other ``--dist`` modes are xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid if nodeid.startswith(UNITS) else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # the order above, not the largest scope first
+    return ModuleScheduling(config, log)
+
+
+def _mapped_regions():
+    """The number of memory mappings of this process (``None`` where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def _map_budget():
+    """Half the kernel's limit on a process's memory mappings (``vm.max_map_count``)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read()) // 2
+    except (OSError, ValueError):
+        return 65530 // 2
+
+
+MAP_BUDGET = _map_budget()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures (and its module's, if the last) end
+def pytest_runtest_teardown(item, nextitem):
+    """Frees every compiled program once the process holds many of them.
+
+    Each XLA:CPU executable holds memory mappings of its own (about 3-4), and the suite compiles
+    thousands of programs: in one process they exceed the kernel's ``vm.max_map_count`` (65,530 by
+    default) and compilation then crashes (abort or segfault); one module alone
+    (``test_decoders.py``) maps 26,000 in 54 of its tests. Clearing JAX's caches releases them.
+    It is done after a test that leaves more than half the limit mapped (a worker then holds
+    about 2 GB), not after every module, so that the next tests and modules of the same process
+    reuse the programs they share with earlier ones (the sampler cases, the same models and
+    shapes) instead of compiling them again. Where ``/proc`` is missing, it is done after every
+    module.
     """
-    yield
-    jax.clear_caches()
-    gc.collect()
+    regions = _mapped_regions()
+    last_of_module = nextitem is None or _file(nextitem) != _file(item)
+    if (regions is None and last_of_module) or (regions is not None and regions > MAP_BUDGET):
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture
