@@ -111,7 +111,6 @@ from specjax import _checks
 from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder authors
 from specjax._pytree import pytree_dataclass
 from specjax.numerics import HIGHEST
-from specjax.numerics import matmul_highest  # noqa: F401 - the decoders' full-precision product
 
 decoder_dataclass = pytree_dataclass
 
