@@ -2,10 +2,11 @@
 
 * Every ```` ```python ```` block of ``README.md`` and of ``docs/**/*.md`` is executed. The blocks
   of one page run in order in one fresh namespace, as a reader would run them. A block marked
-  ``no-run`` (```` ```python {.no-run} ````, which Markdown renders as Python) is skipped. All
-  pages run in one subprocess (compiled programs are shared between pages) with the suite's
-  strictness: warnings are errors and ``jax_numpy_rank_promotion`` is ``"raise"``. A failure
-  names the page and the block's line.
+  ``no-run`` (```` ```python {.no-run} ````, which Markdown renders as Python) is skipped. The
+  pages are dealt to ``DOC_RUNS`` subprocesses (compiled programs are shared between the pages of
+  one, and the runs share the suite's compilation cache when it has one), which the xdist workers
+  share out, with the suite's strictness: warnings are errors and ``jax_numpy_rank_promotion`` is
+  ``"raise"``. A failure names the page and the block's line.
 * ``mkdocs build --strict`` builds the site (skipped when mkdocs or mkdocstrings is missing).
 * The README's set-up command is the one CI runs, and its relative links exist.
 """
@@ -18,6 +19,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 # End-to-end runs (every README and guide code block in a subprocess, and the site build): part
@@ -35,6 +37,8 @@ import traceback
 import warnings
 
 warnings.simplefilter("error")  # as the suite's filterwarnings = ["error"]
+# as pyproject.toml: the workers share the compilation cache, and JAX does not write atomically
+warnings.filterwarnings("ignore", "Error (reading|writing) persistent compilation cache entry")
 
 import jax
 
@@ -100,26 +104,68 @@ def test_every_page_has_runnable_examples_where_expected():
         assert python_blocks((ROOT / name).read_text()), name
 
 
-@pytest.fixture(scope="module")
-def page_results(tmp_path_factory):
-    """Runs every page's blocks once, in one subprocess; ``{page: None or the failure}``."""
-    tmp = tmp_path_factory.mktemp("docs")
-    pages = [{"path": _name(p), "blocks": python_blocks(p.read_text())} for p in PAGES]
+def run_pages(pages, tmp):
+    """Runs the pages' blocks in one subprocess; ``{page name: None or the failure}``."""
+    pages = [{"path": _name(p), "blocks": python_blocks(p.read_text())} for p in pages]
     (tmp / "pages.json").write_text(json.dumps(pages))
     (tmp / "runner.py").write_text(RUNNER)
     env = dict(os.environ, MPLBACKEND="Agg")
+    cache = jax.config.jax_compilation_cache_dir  # the suite's (tests/conftest.py), if any
+    if cache:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     # Run from an empty folder: a page may write files, never into the repository.
     out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "pages.json"),
                           str(tmp / "results.json")], cwd=tmp, env=env, capture_output=True,
                          text=True, timeout=900)
-    if out.returncode != 0 or not (tmp / "results.json").exists():
-        pytest.fail(f"the documentation runner crashed:\n{out.stderr[-4000:]}")
+    if out.returncode != 0 or not (tmp / "results.json").exists():  # every page fails with it
+        return dict.fromkeys((p["path"] for p in pages),
+                             f"the documentation runner crashed:\n{out.stderr[-4000:]}")
     return json.loads((tmp / "results.json").read_text())
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_name)
-def test_page_code_runs(page, page_results):
-    failure = page_results[_name(page)]
+CODE_PAGES = [p for p in PAGES if python_blocks(p.read_text())]
+# Seconds each page took in a subprocess of its own (a run on a loaded 2-core machine; only the
+# ratios matter): the pages are dealt, longest first, to the least loaded of DOC_RUNS runs, so
+# that the runs take about as long. A page not listed counts as the median.
+PAGE_SECONDS = {
+    "docs/guides/adaptive-drafting.md": 214, "docs/guides/multi-draft.md": 157,
+    "docs/guides/cost.md": 107, "docs/guides/decoders.md": 99, "docs/guides/token-trees.md": 91,
+    "docs/guides/neural-models.md": 83, "docs/guides/new-decoder.md": 78,
+    "docs/guides/check-your-sampler.md": 67, "docs/guides/scale.md": 57,
+    "docs/guides/models.md": 55, "docs/guides/exact-theory.md": 38, "docs/guides/tuning.md": 36,
+    "README.md": 36, "docs/guides/reproducing.md": 30, "docs/guides/lossy-rules.md": 30,
+    "docs/index.md": 25, "docs/guides/engine-metrics.md": 25, "docs/guides/audits.md": 19,
+    "docs/guides/checks.md": 13,
+}
+DOC_RUNS = 2
+
+
+def _deal(pages, runs):
+    """``{page name: run}``: longest first, each page to the run with the least time so far."""
+    median = sorted(PAGE_SECONDS.values())[len(PAGE_SECONDS) // 2]
+    loads, run_of = [0.0] * runs, {}
+    for name in sorted((_name(p) for p in pages), key=lambda n: -PAGE_SECONDS.get(n, median)):
+        run = loads.index(min(loads))
+        run_of[name] = run
+        loads[run] += PAGE_SECONDS.get(name, median)
+    return run_of
+
+
+RUN_OF = _deal(CODE_PAGES, DOC_RUNS)
+_RESULTS = {}  # run -> {page: None or the failure}, each run once per process
+
+
+# The test ids start with the run ("run0:README.md"): tests/conftest.py schedules a run's pages
+# on one worker, and the workers take one run each.
+@pytest.mark.parametrize("page", CODE_PAGES, ids=lambda p: f"run{RUN_OF[_name(p)]}:{_name(p)}")
+def test_page_code_runs(page, tmp_path_factory):
+    run = RUN_OF[_name(page)]
+    if run not in _RESULTS:
+        pages = [p for p in CODE_PAGES if RUN_OF[_name(p)] == run]
+        _RESULTS[run] = run_pages(pages, tmp_path_factory.mktemp(f"docs{run}"))
+    failure = _RESULTS[run][_name(page)]
     assert failure is None, failure
 
 

@@ -68,7 +68,7 @@ def test_wheel_has_every_subpackage_and_py_typed(dists):
 
 
 def _collect(root, env):
-    """Starts ``pytest --collect-only`` of the whole suite in ``root`` (in one process, no cache)."""
+    """Starts ``pytest --collect-only`` of the whole suite in ``root`` (one process, no cache)."""
     return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
                              "-p", "no:cacheprovider", "tests"],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
