@@ -82,9 +82,9 @@ def measure(num_states: int, horizon: int, num_chains: int, decoder_name: str,
         row["plan"] = "all" if plan.block_rows is None else "pos"
         rows = horizon * num_states if plan.block_rows is None else \
             num_states * plan.block_positions
-        from specjax.sampling import engine
+        from specjax.sampling import tables
 
-        row["table"] = rows * len(plan.kinds) * engine.table_width(num_states) * 4
+        row["table"] = rows * len(plan.kinds) * tables.table_width(num_states) * 4
         compiled = decoding._simulate_markov.lower(
             jax.random.key(0), run.decoder, draft, target, 0, num_chains=num_chains,
             lookahead=run.lookahead, sharding=None, tables=plan).compile()

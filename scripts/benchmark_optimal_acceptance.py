@@ -23,7 +23,7 @@ already ``32,000^2`` exceeds it for a single row).
 ``--breakdown`` also times the stages of specjax's computation separately (the ratio and the
 stable argsort, the two gathers, the cumulative sums with the power and the max) beside NumPy's
 argsort, to show where the time goes. specjax's stable argsort of float32 rows (``V <= 2^15``) is
-two passes of a radix sort on packed int32 keys (``multi_draft.stable_argsort_nonnegative``):
+two passes of a radix sort on packed int32 keys (``optimal_acceptance.stable_argsort_nonnegative``):
 XLA's CPU sort is fast only for one int32 operand, and several times slower for a float key or an
 argsort (key and index carried together); the breakdown shows one such pass, the floor of any
 sort-based computation here, beside a float sort and an argsort.
@@ -70,15 +70,15 @@ def numpy_optimal_acceptance(p: np.ndarray, q: np.ndarray, num_drafts: int) -> n
 def breakdown(p, q, num_drafts: int, repeats: int) -> dict:
     """Seconds (best of ``repeats``) of each stage of specjax's computation, jitted apart, and of
     NumPy's argsort (default and stable kinds) on the same ratios."""
-    from specjax.decoders import multi_draft as md
-    order_fn = jax.jit(md.ratio_order)
+    from specjax.decoders import optimal_acceptance as oa
+    order_fn = jax.jit(oa.ratio_order)
     sort_only = jax.jit(lambda x: jnp.sort(x, axis=-1))
     int_sort = jax.jit(lambda x: jnp.sort(jax.lax.bitcast_convert_type(x, jnp.int32), axis=-1))
     xla_argsort = jax.jit(lambda x: jnp.argsort(x, axis=-1, stable=True))
     gather = jax.jit(lambda p, q, o: (jnp.take_along_axis(p, o, -1),
                                       jnp.take_along_axis(q, o, -1)))
-    rest = jax.jit(lambda ps, qs: 1 - jnp.max(md._prefix_with_zero(ps) ** num_drafts
-                                              - md._prefix_with_zero(qs), axis=-1))
+    rest = jax.jit(lambda ps, qs: 1 - jnp.max(oa.prefix_with_zero(ps) ** num_drafts
+                                              - oa.prefix_with_zero(qs), axis=-1))
     order = order_fn(p, q)
     ps, qs = gather(p, q, order)
     ratio = np.asarray(q) / np.where(np.asarray(p) > 0, np.asarray(p), 1)

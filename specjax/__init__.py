@@ -50,7 +50,7 @@ from specjax.decoders import decoder_dataclass
 
 # The paper's single-step quantities.
 from specjax.decoders.multi_draft import batch_improvement
-from specjax.decoders.multi_draft import optimal_acceptance
+from specjax.decoders.optimal_acceptance import optimal_acceptance
 from specjax.decoders.verification import acceptance_probability
 from specjax.decoders.verification import optimal_residual
 from specjax.decoders.verification import rejection_probability

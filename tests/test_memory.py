@@ -22,6 +22,7 @@ from specjax.models import markov
 from specjax.sampling import counts
 from specjax.sampling import decoding
 from specjax.sampling import engine
+from specjax.sampling import tables
 from specjax.theory import recursion
 
 KEY = jax.random.key(0)
@@ -180,7 +181,7 @@ def test_tables_built_inside_the_scan_give_the_same_tokens(monkeypatch, constant
     """Per-position tables (blocks of rows, groups of positions), one decoder per set of row
     kinds: the tokens of the table of all positions (``tests/data``'s golden tokens)."""
     for name, value in constants.items():
-        monkeypatch.setattr(engine, name, value)
+        monkeypatch.setattr(tables, name, value)
     draft, target = instance()
     key = jax.random.key(2024)
     for name in ("autoregressive", "sd K=3", "batch M=2 K=2", "biased eps=0.1 UNO K=4"):

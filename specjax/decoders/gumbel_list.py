@@ -59,6 +59,7 @@ import jax.numpy as jnp
 from specjax import _checks
 
 from specjax.decoders import multi_draft
+from specjax.decoders import optimal_acceptance
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
@@ -127,8 +128,8 @@ def _rejected(p, q, num_drafts: int):
     # the same for every k. Sums over the active tokens up to j are cumulative sums in that
     # order (a sort and a scan; no matrix product, whose rounding XLA may change between
     # programs, e.g. sharded and not, which would change sampled tokens).
-    order = multi_draft.ratio_order(p, q)  # (..., V): tokens by q / p ascending
-    rank = multi_draft.inverse_permutation(order)  # (..., V): place of token j in that order
+    order = optimal_acceptance.ratio_order(p, q)  # (..., V): tokens by q / p ascending
+    rank = optimal_acceptance.inverse_permutation(order)  # (..., V): place of token j in that order
     b_active = jnp.where(active, b, zero)
     a_active = jnp.where(active, a, zero)
 

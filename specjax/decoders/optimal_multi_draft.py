@@ -7,6 +7,8 @@ import dataclasses
 from typing import Any
 
 from specjax.decoders import multi_draft
+from specjax.decoders import optimal_acceptance
+from specjax.decoders import sequence_optimal
 from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import array_field
@@ -26,7 +28,7 @@ class OptimalMultiDraft(TokenwiseDecoder):
 
     Which tokens an optimal coupling matches is not unique; this decoder matches first the
     tokens the target wants most relative to the draft (the greedy vertex in order of ``q / p``
-    descending, ``multi_draft.optimal_root_law``). The samplers draw the root's outcome
+    descending, ``optimal_acceptance.optimal_root_law``). The samplers draw the root's outcome
     (token, matched or not) from that coupling's joint law, as for every token-wise decoder; the
     tests construct a coupling of the drafts with exactly this law by a linear program.
 
@@ -39,14 +41,14 @@ class OptimalMultiDraft(TokenwiseDecoder):
       sequence_optimal: ``False``: the matched tokens are chosen per token as above. ``True``:
         at the root of position ``n`` the coupling maximises ``sum_y m(y) w_n(y)`` over every
         lossless coupling, ``w_n(y)`` the expected later rejections saved by matching ``y``
-        (backward induction over the horizon, ``multi_draft.sequence_optimal_weights``), so no
+        (backward induction over the horizon, ``sequence_optimal.sequence_optimal_weights``), so no
         verifier of this depth-first structure has fewer expected rejections. It may accept less
         than ``alpha*`` at a root, declining a drafted token (ending the call with it) when
         following that draft costs more later than a new call. On the paper's instance
         (``M = 2, 4, 8, inf``) and on 3 random chains (``V = 6``, ``T = 20``, ``M = 2, 8, inf``)
         every weight was positive (the smallest 0.32): no declining. Needs ``MarkovChain``
         models, i.i.d. drafts and ``lookahead=None``; ``O(V^3)`` per position. Refused beyond
-        ``T V (V + 1)^2 > 2^26`` (``multi_draft.MAX_SEQUENCE_OPTIMAL_ELEMENTS``), the size of
+        ``T V (V + 1)^2 > 2^26`` (``sequence_optimal.MAX_SEQUENCE_OPTIMAL_ELEMENTS``), the size of
         the sampler's table of all positions; ``exact`` needs only ``V (V + 1)^2`` per
         position but is refused at the same size.
       lookahead: ``None`` (``K = T``) or ``K`` (a bonus token after ``K`` accepted drafts).
@@ -74,7 +76,7 @@ class OptimalMultiDraft(TokenwiseDecoder):
 
     def __post_init__(self):
         multi_draft.check_num_drafts(self.num_drafts)
-        multi_draft._check_replacement(self.replacement)
+        optimal_acceptance.check_replacement(self.replacement)
         if not isinstance(self.sequence_optimal, bool):
             raise ValueError(f"sequence_optimal must be True or False, got "
                              f"{self.sequence_optimal!r}")
@@ -97,23 +99,23 @@ class OptimalMultiDraft(TokenwiseDecoder):
         if self.sequence_optimal:
             raise ValueError("OptimalMultiDraft(sequence_optimal=True) has laws per position "
                              "only: run it through decode, exact or decoding_statistics")
-        root = multi_draft.optimal_root_law(p, q, self.num_drafts, self.replacement)
+        root = optimal_acceptance.optimal_root_law(p, q, self.num_drafts, self.replacement)
         return root, verification.speculative_law(p, q)
 
     def bind(self, p, q):
         if not self.sequence_optimal:
             return self
-        weights = multi_draft.sequence_optimal_weights(p, q, self.num_drafts)
+        weights = sequence_optimal.sequence_optimal_weights(p, q, self.num_drafts)
         return _BoundOptimalMultiDraft(self.num_drafts, replacement=self.replacement,
                                        sequence_optimal=True, lookahead=self.lookahead,
                                        weights=weights)
 
     def check(self, num_states: int, num_rows: int) -> None:
         if not self.replacement:
-            multi_draft.check_optimal_without_replacement_size(self.num_drafts, num_states,
-                                                               num_rows)
+            optimal_acceptance.check_optimal_without_replacement_size(self.num_drafts,
+                                                                      num_states, num_rows)
         if self.sequence_optimal:
-            multi_draft.check_sequence_optimal_size(num_states, num_rows)
+            sequence_optimal.check_sequence_optimal_size(num_states, num_rows)
 
     @property
     def label(self) -> str:
@@ -132,5 +134,5 @@ class _BoundOptimalMultiDraft(OptimalMultiDraft):
 
     def laws_at(self, n, p, q):
         weights = self.weights[n]  # (..., V) against the rows (..., V)
-        root = multi_draft.weighted_optimal_root_law(p, q, weights, self.num_drafts)
+        root = sequence_optimal.weighted_optimal_root_law(p, q, weights, self.num_drafts)
         return root, verification.speculative_law(p, q)

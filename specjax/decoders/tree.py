@@ -7,7 +7,9 @@ has 4 children, each of them 2, each of those 1). A call from position ``n`` aft
 ``a = x_{n-1}`` puts ``a`` at the root; a node at depth ``d`` holds ``x_{n+d-1}`` and its
 children are drafted from the draft's row of position ``n + d`` given that token. Nodes deeper than
 ``K' = min(D, T - n + 1)`` are dropped at the end of the horizon (``D``, the tree's depth, is the
-decoder's ``lookahead``).
+decoder's ``lookahead``). The shape's own helpers (``TreeShape``, ``tree_shape``, ``tree_classes``,
+``branching_parents``, the checks of both forms) are in ``specjax.decoders.tree_structure`` and
+served from here too.
 
 How children are drawn and verified (``children``):
 
@@ -60,14 +62,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import _checks
 from specjax.decoders import multi_draft
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
@@ -75,113 +74,20 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
+# The tree's shape (parent arrays, depths, classes of nodes) lives in
+# specjax.decoders.tree_structure; its names are served from here too.
+from specjax.decoders.tree_structure import MAX_TREE_NODES  # noqa: F401
+from specjax.decoders.tree_structure import TreeShape
+from specjax.decoders.tree_structure import branching_parents
+from specjax.decoders.tree_structure import check_branching
+from specjax.decoders.tree_structure import check_parents
+from specjax.decoders.tree_structure import tree_classes
+from specjax.decoders.tree_structure import tree_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import matmul_highest
 from specjax.numerics import safe_ratio
 
 CHILDREN = ("iid", "without_replacement", "top_k")
-MAX_TREE_NODES = 2**14  # the largest tree (nodes, root included) a TokenTree accepts
-
-
-class TreeShape(NamedTuple):
-    """Static facts of a tree, derived from its parent array."""
-
-    parents: tuple  # parents[0] = -1
-    depth: tuple  # depth[i]: drafted tokens from the root to node i (root 0)
-    children: tuple  # children[i]: node i's children, in order
-    max_depth: int  # D
-    max_children: int  # b, the largest branching factor (0 for a lone root)
-
-
-def branching_parents(branching) -> tuple:
-    """The parent array (breadth first) of the uniform tree with branching factors
-    ``branching``."""
-    parents, level = [-1], [0]
-    for factor in branching:
-        nxt = []
-        for node in level:
-            for _ in range(factor):
-                parents.append(node)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return tuple(parents)
-
-
-@functools.lru_cache(maxsize=256)
-def tree_shape(parents: tuple) -> TreeShape:
-    depth = [0] * len(parents)
-    children = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-        children[parents[i]].append(i)
-    return TreeShape(parents, tuple(depth), tuple(tuple(c) for c in children), max(depth),
-                     max((len(c) for c in children), default=0))
-
-
-@functools.lru_cache(maxsize=256)
-def tree_classes(parents: tuple, max_depth: int) -> tuple:
-    """Nodes of the tree truncated at depth ``max_depth``, merged by (depth, subtree shape).
-
-    Returns ``levels``: ``levels[d]`` is a tuple with one entry per class at depth ``d``, the
-    tuple of its children's class indices at depth ``d + 1`` in order (empty for a leaf).
-    """
-    shape = tree_shape(parents)
-    keys = [None] * len(parents)
-    for i in range(len(parents) - 1, -1, -1):  # children have larger indices
-        if shape.depth[i] > max_depth:
-            continue
-        kids = shape.children[i] if shape.depth[i] < max_depth else ()
-        keys[i] = tuple(keys[c] for c in kids)
-    index = [dict() for _ in range(max_depth + 1)]
-    for i in range(len(parents)):
-        if keys[i] is not None:
-            index[shape.depth[i]].setdefault(keys[i], len(index[shape.depth[i]]))
-    levels = []
-    for d in range(max_depth + 1):
-        entries = [None] * len(index[d])
-        for key, c in index[d].items():
-            entries[c] = tuple(index[d + 1][k] for k in key)
-        levels.append(tuple(entries))
-    return tuple(levels)
-
-
-def _check_parents(parents) -> tuple:
-    if isinstance(parents, (jax.Array, np.ndarray)) and not isinstance(parents, jax.core.Tracer):
-        parents = np.asarray(parents).tolist()
-    if isinstance(parents, jax.core.Tracer) or not isinstance(parents, (tuple, list)):
-        raise ValueError("parents is a static setting: a tuple or list of Python ints "
-                         f"(parents[0] = -1, parents[i] < i), got {parents!r}")
-    if not parents or len(parents) > MAX_TREE_NODES:
-        raise ValueError(f"parents must list 1 to {MAX_TREE_NODES} nodes, got {len(parents)}")
-    for i, parent in enumerate(parents):
-        if isinstance(parent, bool) or not isinstance(parent, numbers.Integral):
-            raise ValueError(f"parents must hold Python ints, got {parent!r} at index {i}")
-    if parents[0] != -1:
-        raise ValueError(f"parents[0] must be -1 (the root), got {parents[0]}")
-    for i in range(1, len(parents)):
-        if not 0 <= parents[i] < i:
-            raise ValueError(f"parents[{i}] must be a node before it (0 <= parents[i] < {i}), "
-                             f"got {parents[i]}")
-    return tuple(int(x) for x in parents)
-
-
-def _check_branching(branching) -> tuple:
-    if isinstance(branching, (jax.Array, np.ndarray, jax.core.Tracer)) \
-            or not isinstance(branching, (tuple, list)):
-        raise ValueError("branching is a static setting: a tuple of positive Python ints, one "
-                         f"branching factor per depth, e.g. (4, 2, 1); got {branching!r}")
-    if not branching:
-        raise ValueError("branching must hold at least one branching factor, got ()")
-    for factor in branching:
-        _checks.check_static_int("branching", factor)
-    nodes, level = 1, 1
-    for factor in branching:
-        level *= factor
-        nodes += level
-        if nodes > MAX_TREE_NODES:
-            raise ValueError(f"branching {tuple(branching)} has more than {MAX_TREE_NODES} "
-                             "nodes; use smaller factors or fewer levels")
-    return tuple(int(f) for f in branching)
 
 
 def stage_laws(children: str, p: jax.Array, q: jax.Array, num_children: int):
@@ -290,9 +196,9 @@ class TokenTree(CallDecoder):
         if self.branching is not None and self.parents is not None:
             raise ValueError("branching and parents: give one of them, not both")
         if self.branching is not None:
-            object.__setattr__(self, "branching", _check_branching(self.branching))
+            object.__setattr__(self, "branching", check_branching(self.branching))
         else:
-            object.__setattr__(self, "parents", _check_parents(self.parents))
+            object.__setattr__(self, "parents", check_parents(self.parents))
             if len(self.parents) < 2:
                 raise ValueError("parents must describe a tree with at least one drafted node "
                                  "(a lone root drafts nothing: use Autoregressive())")

@@ -31,6 +31,7 @@ from specjax.decoders.planning import MAX_COUNTER
 from specjax.sampling import blocks
 from specjax.sampling import decoding
 from specjax.sampling import engine
+from specjax.sampling import tables as _tables
 from specjax._progress import Progress
 
 #: Chains per chunk and per device when ``chunk_size`` is not given: on a CPU about 50 MB of
@@ -134,7 +135,7 @@ class DecodingStatistics(NamedTuple):
 def _markov_counts(key, decoder, draft, target, offset, num_valid, *, num_chains, lookahead,
                    sharding, tables=None):
     if tables is None:
-        tables = engine.table_plan(decoder, target.num_states, target.horizon, lookahead)
+        tables = _tables.table_plan(decoder, target.num_states, target.horizon, lookahead)
     return engine.simulate_markov_counts(key, decoder, draft.trans, target.trans, target.init,
                                          num_chains, lookahead, tables, offset=offset,
                                          num_valid=num_valid, sharding=sharding)

@@ -40,6 +40,7 @@ from specjax.sampling import calls
 from specjax.sampling import engine
 from specjax.sampling import models
 from specjax.sampling import sharding as _sharding
+from specjax.sampling import tables as _tables
 from specjax.sampling.engine import DecodingTrace
 
 
@@ -158,13 +159,13 @@ def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunByt
     Counted: what XLA allocates for the chains (the ``(C, T + 1)`` tokens, the ``(C, T)`` flags
     and the per-position outputs they are transposed from, or only counts with
     ``keep_tokens=False`` on the Markov engine) and for the laws (the Markov engine's law table,
-    ``specjax.sampling.engine.table_bytes``; the per-chain laws of the other engines). Not
+    ``specjax.sampling.tables.table_bytes``; the per-chain laws of the other engines). Not
     counted: the models themselves (already allocated) and JAX's own footprint. Calibrated
     against ``memory_analysis()`` of the compiled runs: within a factor of 2, above it.
     """
     horizon, num_states = run.horizon, run.target.num_states
     devices = _sharding.num_shards(run.sharding)
-    width = engine.table_width(num_states)
+    width = _tables.table_width(num_states)
     if isinstance(run.decoder, CallDecoder):
         tokens = num_chains * ((horizon + 1) * 4 + 3 * horizon)
         per_call = num_chains * (run.lookahead + 1) * width * 4
@@ -177,7 +178,7 @@ def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunByt
             per_step += num_chains * blocks.call_words(run.lookahead, num_states) * 4
         return RunBytes(tokens + per_step, 0, devices)
     plan = table_plan(run)
-    tables = engine.table_bytes(plan, num_states, horizon, _probability_bytes(run.target))
+    tables = _tables.table_bytes(plan, num_states, horizon, _probability_bytes(run.target))
     chains = (engine.trace_bytes if keep_tokens else engine.counts_bytes)(
         num_chains, horizon, num_states)
     return RunBytes(chains, tables, devices)
@@ -227,15 +228,15 @@ def replicate(run: Plan) -> Plan:
 def _simulate_markov(key, decoder, draft, target, offset, *, num_chains, lookahead, sharding,
                      tables=None, with_verified=False):
     if tables is None:
-        tables = engine.table_plan(decoder, target.num_states, target.horizon, lookahead)
+        tables = _tables.table_plan(decoder, target.num_states, target.horizon, lookahead)
     return engine.simulate_markov(key, decoder, draft.trans, target.trans, target.init,
                                   num_chains, lookahead, tables, offset=offset,
                                   sharding=sharding, with_verified=with_verified)
 
 
-def table_plan(run: Plan) -> engine.TablePlan:
-    """How the Markov engine builds a planned run's law tables (``engine.table_plan``)."""
-    return engine.table_plan(run.decoder, run.target.num_states, run.horizon, run.lookahead)
+def table_plan(run: Plan) -> _tables.TablePlan:
+    """How the Markov engine builds a planned run's law tables (``tables.table_plan``)."""
+    return _tables.table_plan(run.decoder, run.target.num_states, run.horizon, run.lookahead)
 
 
 @functools.partial(jax.jit, static_argnames=("stop_tokens", "num_states"))

@@ -25,7 +25,7 @@ import numpy as np
 from specjax import _checks
 from specjax.decoders.tree import CHILDREN
 from specjax.decoders.tree import stage_laws
-from specjax.decoders.tree import tree_shape
+from specjax.decoders.tree_structure import tree_shape
 from specjax.models.markov import check_pair
 
 #: Largest budget ``best_token_tree`` searches (4,862 ordered trees of 10 nodes).
