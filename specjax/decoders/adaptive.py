@@ -27,7 +27,7 @@ The policies of the field:
 * ``StoppingRule(fn)``: any function of the ``DraftState`` returning the stop flags.
 * ``ThresholdTable(thresholds)``: stop iff ``A_i <= thresholds[n - 1, i, x]`` for a call started at
   ``n`` whose last drafted token is ``x``: the form of the optimal policy
-  (``specjax.optimal_stopping``).
+  (``specjax.theory.optimal_stopping``).
 
 The heuristics draft at least one token (they never stop at ``i = 0``); a user rule and a
 threshold table may stop there, which makes the call autoregressive (one target token).
@@ -36,8 +36,8 @@ Exact values: the call law enumerates the drafted paths, ``V**(K' + 1)`` entries
 drafts (refused beyond ``MAX_PATHS``): the mass of calls that reach depth ``i`` with a given path
 is all that verification needs, because whether draft ``j`` is kept depends only on the path up to
 ``j``. ``drafted_call_law_from`` gives, from the same enumeration, the law of the number drafted,
-from which ``specjax.decoding_time`` takes the expected time of a call. Sampler: the call-level
-engine; a call uses ``2K + 1`` uniforms (the drafts, their acceptances, the last token).
+from which ``specjax.theory.decoding_time`` takes the expected time of a call. Sampler: the
+call-level engine; a call uses ``2K + 1`` uniforms (the drafts, their acceptances, the last token).
 
 References:
   Huang, Guo & Wang 2024, "SpecDec++: Boosting speculative decoding via adaptive candidate
@@ -249,7 +249,7 @@ class StoppingRule(StoppingPolicy):
 class ThresholdTable(StoppingPolicy):
     """Stop iff ``A_i <= thresholds[n - 1, i, x]`` for a call started at position ``n`` after
     ``i`` drafts whose last token is ``x``: ``thresholds`` ``(T, K + 1, V)``, a leaf (the optimal
-    policy of ``specjax.optimal_stopping`` has this form)."""
+    policy of ``specjax.theory.optimal_stopping`` has this form)."""
 
     thresholds: Any = array_field()
 

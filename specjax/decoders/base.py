@@ -288,8 +288,8 @@ class CallDecoder(Decoder):
       bonus_row, *, with_bonus, position)``: for a decoder whose number of drafts is random,
       ``(call_law_from(...), drafted)`` from one pass over the call, ``drafted`` ``(K' + 1,)``
       the mass of calls from previous-token law ``start`` that draft exactly ``d`` tokens.
-      ``specjax.decoding_time`` and ``specjax.engine_metrics`` then price and count the drafts
-      from it instead of ``call_work``'s fixed depth. (A subclass that defines
+      ``specjax.theory.decoding_time`` and ``specjax.theory.engine_metrics`` then price and count
+      the drafts from it instead of ``call_work``'s fixed depth. (A subclass that defines
       ``drafted_call_law_from`` has it.)
     * ``num_call_states > 1``: a call depends on a *call state* carried from one call to the
       next (HuggingFace's draft-length schedule, ``specjax.HeuristicSchedule``). The decoder

@@ -23,8 +23,8 @@ rule on the first ``k`` levels, ``O(K V^2)`` per state. The last ``K`` positions
 one (static shapes), so compiling the exact values grows with ``K``: 1.3 s at ``K = 5``, 3.7 s at
 ``K = 10``, 16 s at ``K = 20`` (``V = 8``, ``T = 64``, 2-core CPU; ``Speculative(lookahead=K)``
 takes under a second).
-``specjax.decoding_time``, ``specjax.engine_metrics`` and ``specjax.stationary_rate`` read the
-drafted length from the state.
+``specjax.theory.decoding_time``, ``specjax.theory.engine_metrics`` and
+``specjax.theory.stationary_rate`` read the drafted length from the state.
 
 References:
   HuggingFace ``transformers``, ``generation/candidate_generator.py`` (the "heuristic"

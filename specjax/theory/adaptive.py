@@ -30,7 +30,7 @@ depend on the position, the depth and the last token. ``optimal_stopping`` reads
 off the solved decisions (midway between the largest ``A`` it stopped at and the smallest it went
 on from, over every reachable path) and reports whether they reproduce every decision
 (``threshold_form``); ``OptimalStopping.decoder`` runs that policy, so ``specjax.exact``,
-``specjax.decode`` and ``specjax.decoding_time`` evaluate it like any decoder.
+``specjax.decode`` and ``specjax.theory.decoding_time`` evaluate it like any decoder.
 
 References:
   Huang, Guo & Wang 2024, "SpecDec++" (the threshold form under its assumptions: a constant
@@ -58,7 +58,7 @@ _BATCH_ELEMENTS = 2**22  # previous tokens solved at once: at most this many pat
 
 
 class OptimalStopping(NamedTuple):
-    """The stopping policy of least expected time (``specjax.optimal_stopping``).
+    """The stopping policy of least expected time (``specjax.theory.optimal_stopping``).
 
     Attributes:
       expected_time: its expected time to decode the ``T`` tokens.

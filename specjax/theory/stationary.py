@@ -14,8 +14,8 @@ call is one decision epoch, lasting ``R`` tokens and costing ``tau``. Its optima
 
 solved here by policy iteration (Howard; Puterman 1994, section 11.4): evaluate a policy exactly
 (``lambda`` and the relative values ``h`` from two ``V x V`` linear systems), improve it by the
-backward induction of ``specjax.optimal_stopping`` with the value after a call that emits ``j``
-tokens and ends on ``y`` set to ``h(y) - lambda j``, and repeat until ``lambda`` stops decreasing.
+backward induction of ``specjax.theory.optimal_stopping`` with the value after a call that
+emits ``j`` tokens and ends on ``y`` set to ``h(y) - lambda j``, and repeat until ``lambda`` stops decreasing.
 The improved policy has, as in the finite-horizon problem, a threshold form (stop iff
 ``A_i <= tau(i, x_i)``): it is a ``ThresholdTable`` that does not depend on the position. At the
 optimum the optimality equation holds (``OptimalRate.bellman_residual`` is its largest violation).
@@ -57,7 +57,7 @@ from specjax.theory.cost import depth_works
 
 class StationaryRate(NamedTuple):
     """The long-run behaviour of a call-level decoder on a stationary chain
-    (``specjax.stationary_rate``).
+    (``specjax.theory.stationary_rate``).
 
     Attributes:
       tokens_per_time: ``1 / lambda``, tokens per unit time.
@@ -92,7 +92,7 @@ class OptimalRate(NamedTuple):
         step that produced them, on every reachable path (``True`` for the starting policy).
       decoder: ``AdaptiveSpeculative(ThresholdTable(...), max_lookahead=K)``, the thresholds
         repeated over the target's ``T`` positions, to run with ``specjax.decode``,
-        ``specjax.exact`` or ``specjax.decoding_time`` on the given chains.
+        ``specjax.exact`` or ``specjax.theory.decoding_time`` on the given chains.
       iterations: policy-iteration steps taken.
       bellman_residual: ``max_a |min E[tau - lambda R + h(y)] - h(a)|`` for the returned policy's
         ``lambda`` and ``h``, over every start token (recurrent or transient): 0 up to rounding

@@ -37,7 +37,7 @@ tree; depths past ``budget - 1`` change nothing and are not searched.
 
 This is a combinatorial search over a short vector, done in NumPy on the host in float64: it is
 not differentiable and cannot be traced (``jax.jit`` of it raises ``ValueError``). Its trees feed
-``specjax.TokenTree.from_parents``; ``specjax.positional_acceptance`` gives the acceptance
+``specjax.TokenTree.from_parents``; ``specjax.theory.positional_acceptance`` gives the acceptance
 vector of a Markov chain exactly.
 """
 
