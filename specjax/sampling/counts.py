@@ -42,6 +42,18 @@ DEFAULT_CHUNK_SIZE_ACCELERATOR = 1 << 24
 TRACE_CHUNK_ELEMENTS = 1 << 24  # tokens per device in a chunk of the engines that keep them
 
 
+def _renamed_field(old: str, new: str) -> property:
+    """A read-only property ``old`` that warns and reads the field ``new``: the deprecated name
+    of a ``DecodingStatistics`` field."""
+
+    def read(self):
+        warnings.warn(f"DecodingStatistics.{old} is deprecated: read .{new} (the name the "
+                      f"trace and the exact values use)", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+
+    return property(read, doc=f"Deprecated name of ``{new}``.")
+
+
 class DecodingStatistics(NamedTuple):
     """Counts of a decoding run of ``C`` chains of horizon ``T`` over ``V`` tokens (no tokens).
 
@@ -77,30 +89,10 @@ class DecodingStatistics(NamedTuple):
     final_token_counts: np.ndarray  # shape=(V,), dtype=int64
     emitted: np.ndarray | None = None  # shape=(T,), dtype=int64
 
-    def _renamed(self, old: str, new: str):
-        warnings.warn(f"DecodingStatistics.{old} is deprecated: read .{new} (the name the "
-                      f"trace and the exact values use)", DeprecationWarning, stacklevel=3)
-        return getattr(self, new)
-
-    @property
-    def rejections_at(self) -> np.ndarray:
-        """Deprecated name of ``rejected``."""
-        return self._renamed("rejections_at", "rejected")
-
-    @property
-    def verified_at(self) -> np.ndarray:
-        """Deprecated name of ``verified``."""
-        return self._renamed("verified_at", "verified")
-
-    @property
-    def calls_at(self) -> np.ndarray:
-        """Deprecated name of ``new_call``."""
-        return self._renamed("calls_at", "new_call")
-
-    @property
-    def emitted_at(self) -> np.ndarray | None:
-        """Deprecated name of ``emitted``."""
-        return self._renamed("emitted_at", "emitted")
+    rejections_at = _renamed_field("rejections_at", "rejected")
+    verified_at = _renamed_field("verified_at", "verified")
+    calls_at = _renamed_field("calls_at", "new_call")
+    emitted_at = _renamed_field("emitted_at", "emitted")
 
     @property
     def num_chains(self) -> int:

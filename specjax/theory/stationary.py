@@ -15,10 +15,11 @@ call is one decision epoch, lasting ``R`` tokens and costing ``tau``. Its optima
 solved here by policy iteration (Howard; Puterman 1994, section 11.4): evaluate a policy exactly
 (``lambda`` and the relative values ``h`` from two ``V x V`` linear systems), improve it by the
 backward induction of ``specjax.theory.optimal_stopping`` with the value after a call that
-emits ``j`` tokens and ends on ``y`` set to ``h(y) - lambda j``, and repeat until ``lambda`` stops decreasing.
-The improved policy has, as in the finite-horizon problem, a threshold form (stop iff
-``A_i <= tau(i, x_i)``): it is a ``ThresholdTable`` that does not depend on the position. At the
-optimum the optimality equation holds (``OptimalRate.bellman_residual`` is its largest violation).
+emits ``j`` tokens and ends on ``y`` set to ``h(y) - lambda j``, and repeat until ``lambda``
+stops decreasing. The improved policy has, as in the finite-horizon problem, a threshold form
+(stop iff ``A_i <= tau(i, x_i)``): it is a ``ThresholdTable`` that does not depend on the
+position. At the optimum the optimality equation holds (``OptimalRate.bellman_residual`` is its
+largest violation).
 
 Assumptions: the chain of call starts reachable from the decoder's initial call state has one
 closed class (found from the transition graph; e.g. every target row positive), so the rate does
