@@ -298,10 +298,3 @@ def test_cost_model_is_hashable_and_tables_are_stored_as_tuples():
     assert a == b and hash(a) == hash(b)
     assert a.target_cost == (0.0, 1.0, 1.5)
     assert a.max_tokens == 2
-
-
-def test_docstring_examples_run():
-    import doctest
-    from specjax.theory import cost
-    result = doctest.testmod(cost)
-    assert result.attempted >= 5 and result.failed == 0

@@ -12,7 +12,6 @@ itself) equals ``verify_drafts_law``; (3) Monte Carlo of the kernel against the 
 
 from __future__ import annotations
 
-import doctest
 import itertools
 
 import jax
@@ -434,12 +433,3 @@ def test_narrow_dtypes_are_computed_in_float32_and_rules_that_ignore_p_ignore_it
     without = specjax.verify_drafts_law(typical, np.array([0]), None, q_rows)
     np.testing.assert_allclose(with_p.acceptance, [1.0])
     np.testing.assert_allclose(with_p.outcome, without.outcome)
-
-
-def test_docstring_examples_run():
-    from specjax.auditing import compare
-    from specjax.auditing import given
-    from specjax.models import logits
-    for module in (given, compare, logits):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0, module.__name__

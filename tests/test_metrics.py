@@ -154,10 +154,3 @@ def test_validation():
         specjax.theory.engine_metrics(specjax.Speculative(lookahead=2), model, model)
     with pytest.raises(ValueError, match="decoder"):
         specjax.theory.engine_metrics("sd", *specjax.paper_instance())
-
-
-def test_docstring_examples_run():
-    import doctest
-    from specjax.theory import metrics
-    result = doctest.testmod(metrics)
-    assert result.attempted >= 3 and result.failed == 0

@@ -295,9 +295,3 @@ def test_sequence_kl_infinite_not_nan():
     a = specjax.MarkovChain(jnp.array([1.0, 0.0]), jnp.array([[[1.0, 0.0], [0.5, 0.5]]]))
     b = specjax.MarkovChain(jnp.array([1.0, 0.0]), jnp.array([[[1.0, 0.0], [1.0, 0.0]]]))
     assert float(specjax.theory.sequence_kl(a, b)) == 0.0
-
-
-def test_docstring_examples_run():
-    import doctest
-    result = doctest.testmod(theory)
-    assert result.attempted > 0 and result.failed == 0

@@ -10,7 +10,6 @@ import optax
 import pytest
 
 import specjax
-from specjax.tuning import tuner as tuning
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
@@ -400,9 +399,3 @@ def test_new_target_does_not_recompile_and_callbacks_report(capsys):
                        optimizer=optimizer, log_every=4, progress=True)
     err = capsys.readouterr().err
     assert "tune_draft: step      4/10" in err and "step     10/10" in err
-
-
-def test_module_docstring_example():
-    import doctest
-    result = doctest.testmod(tuning)
-    assert result.attempted >= 1 and result.failed == 0
