@@ -327,3 +327,31 @@ def test_record_scores_protocol_models_along_the_rollouts():
     np.testing.assert_allclose(rec.target_prob, table[prev, token], rtol=1e-6)
     np.testing.assert_allclose(rec.draft_prob, np.asarray(draft.table)[prev, token], rtol=1e-6)
     assert rec.rates_of(specjax.BatchSpeculative(2, lookahead=3)) is not None
+
+
+def test_acceptance_profiles(pair, x64):
+    """A profile read from counters, exported from exact and estimate results (equal on the
+    enumerated pair), and what it gives: accepted length, best K, a tree."""
+    draft, target, rows, _ = pair
+    sd = specjax.Speculative(lookahead=3)
+    exact = specjax.pairs.acceptance_profile(
+        specjax.theory.engine_metrics(sd, chain(draft), chain(target)))
+    est = specjax.pairs.acceptance_profile(specjax.estimate(sd, rows))
+    np.testing.assert_allclose(est, exact, rtol=0, atol=1e-12)
+    profile = specjax.pairs.read_profile([800, 500, 300], 1000)
+    np.testing.assert_array_equal(profile, [0.8, 0.5, 0.3])
+    assert specjax.pairs.profile_accepted_length(profile) == pytest.approx(1.6)
+    cost = specjax.CostModel(0.4, 1.0)
+    choice = specjax.pairs.profile_lookahead(profile, cost)
+    want = [(1 + profile[:k].sum()) / (1 + 0.4 * k) for k in range(4)]
+    np.testing.assert_allclose(choice.tokens_per_time, want)
+    assert choice.lookahead == int(np.argmax(want))
+    tree = specjax.pairs.profile_tree([0.7], specjax.CostModel(0.1, 1.0), max_budget=4,
+                                      max_depth=3)
+    assert tree.parents == (-1, 0, 1, 2)  # one rank: a chain
+    for bad, what in ((([3, 5], 10), "must not increase"), (([5, 3], 4), "num_drafts"),
+                      (([[1]], 2), "1-D")):
+        with pytest.raises(ValueError, match=what):
+            specjax.pairs.read_profile(*bad)
+    with pytest.raises(ValueError, match="past the profile"):
+        specjax.pairs.profile_accepted_length(profile, 4)
