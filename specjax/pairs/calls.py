@@ -72,9 +72,9 @@ def rejection_rate(draft_prob, target_prob) -> jax.Array:
 
     Example:
       >>> import specjax.pairs
-      >>> [round(float(r), 3) for r in specjax.pairs.rejection_rate([0.2, 0.5, 0.0],
-      ...                                                           [0.5, 0.5, 0.0])]
-      [0.6, 0.0, 0.0]
+      >>> rates = specjax.pairs.rejection_rate([0.2, 0.5, 0.0], [0.5, 0.5, 0.0])
+      >>> print(*[round(float(r), 3) for r in rates])
+      0.6 0.0 0.0
     """
     p = jnp.asarray(draft_prob)
     q = jnp.asarray(target_prob)

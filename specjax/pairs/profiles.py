@@ -83,8 +83,8 @@ def read_profile(num_accepted_tokens_per_pos, num_drafts) -> np.ndarray:
 
     Example:
       >>> import specjax.pairs
-      >>> specjax.pairs.read_profile([800, 500, 300], 1000).tolist()
-      [0.8, 0.5, 0.3]
+      >>> print(*specjax.pairs.read_profile([800, 500, 300], 1000))
+      0.8 0.5 0.3
     """
     counts = np.asarray(num_accepted_tokens_per_pos, np.float64)
     if counts.ndim != 1 or counts.size == 0:
@@ -115,8 +115,8 @@ def acceptance_profile(result) -> np.ndarray:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> m = specjax.theory.engine_metrics(specjax.Speculative(lookahead=3), draft, target)
-      >>> [round(float(a), 3) for a in specjax.pairs.acceptance_profile(m)]
-      [0.546, 0.292, 0.156]
+      >>> print(*[round(float(a), 3) for a in specjax.pairs.acceptance_profile(m)])
+      0.546 0.292 0.156
     """
     from specjax.pairs.estimate import Estimate  # noqa: PLC0415
 

@@ -215,8 +215,8 @@ class Recording(NamedTuple):
           >>> q = jnp.array([[[0.5, 0.5], [0.9, 0.1]]])  # B = 1, T = 2, V = 2
           >>> p = jnp.array([[[0.8, 0.2], [0.5, 0.5]]])
           >>> rec = specjax.Recording.from_arrays(jnp.array([[0, 1, 0]]), p, q)
-          >>> [round(float(v), 3) for v in rec.draft_prob[0]]
-          [0.2, 0.5]
+          >>> print(*[round(float(v), 3) for v in rec.draft_prob[0]])
+          0.2 0.5
         """
         if processing is not None and not logits:
             raise ValueError("processing (process_logits keywords) applies to logits: pass "
