@@ -355,3 +355,17 @@ def test_acceptance_profiles(pair, x64):
             specjax.pairs.read_profile(*bad)
     with pytest.raises(ValueError, match="past the profile"):
         specjax.pairs.profile_accepted_length(profile, 4)
+
+
+def test_other_multi_draft_roots_and_threshold_rules(pair, x64):
+    """The Gumbel list coupling, SpecHub and SGLang's thresholds at 1 (lossless) equal exact;
+    thresholds below 1 (lossy) are refused from the rows."""
+    draft, target, rows, _ = pair
+    for decoder in (specjax.GumbelList(2, lookahead=2), specjax.SpecHub(lookahead=2),
+                    specjax.ThresholdVerification(1.0, 1.0, lookahead=2)):
+        exact = specjax.exact(decoder, chain(draft), chain(target))
+        est = specjax.estimate(decoder, rows)
+        assert abs(float(est.expected_rejections - exact.expected_rejections)) < 1e-10
+        assert abs(float(est.expected_calls - exact.expected_calls)) < 1e-10
+    with pytest.raises(ValueError, match="not lossless"):
+        specjax.estimate(specjax.ThresholdVerification(0.5, 0.5, lookahead=2), rows)
