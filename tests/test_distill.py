@@ -210,3 +210,21 @@ def test_bad_arguments_are_named(rollouts):
         decoding_objective(sd, lambda p, t: p)(params, tokens, rows)
     with pytest.raises(ValueError, match="target_probs"):
         divergence_objective(apply, "kl")(params, tokens, token_probs(rows, tokens))
+
+
+@pytest.mark.slow
+def test_distill_study_quick(capsys):
+    """The study end to end at toy size: every draft's held-out estimate agrees with its exact
+    value (independent rollouts: Z standard errors each), and the table is printed."""
+    import test_scripts
+    result = test_scripts.import_script("distill_study").main(["--quick"])
+    drafts = [row["draft"] for row in result["rows"]]
+    assert drafts == ["forward KL", "TV (DistillSpec)", "rejections, K = 1", "rejections, K = 4",
+                      "rejections, K = inf", "exact optimum, K = 1", "exact optimum, K = 4",
+                      "exact optimum, K = inf"]
+    for row in result["rows"]:
+        for k in ("1", "4", "inf"):
+            se = row[f"held_out_se_{k}"]
+            assert abs(row[f"held_out_{k}"] - row[f"exact_{k}"]) <= stats.Z * se, (row, k)
+    out = capsys.readouterr().out
+    assert all(f"| {name} |" in out for name in drafts)
