@@ -100,6 +100,11 @@ from specjax.auditing import verify_drafts_law
 from specjax.auditing import verify_tree
 from specjax.auditing import verify_tree_law
 
+# Real model pairs: recordings of target rollouts and the estimates from them.
+from specjax.pairs import Recording
+from specjax.pairs import estimate
+from specjax.pairs import record
+
 from specjax import compat  # the deprecated conveniences: specjax.compat.<name> warns
 
 __version__ = "0.2.0"
@@ -185,6 +190,10 @@ __all__ = [
     "verify_drafts_law",
     "verify_tree",
     "verify_tree_law",
+    # real model pairs
+    "Recording",
+    "estimate",
+    "record",
 ]
 
 #: The names that left the top level, and where each lives now. ``specjax.<name>`` still

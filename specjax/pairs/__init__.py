@@ -1,10 +1,35 @@
 """Real model pairs: record target rollouts once, estimate what any lossless decoder costs.
 
-``calls``: the filter over the phase of a call given the output (``call_structure``).
+* ``calls``: the filter over the phase of a call given the output (``call_structure``), the
+  kernel every estimate (and a distillation objective) is built on;
+* ``recording``: ``Recording`` (from arrays, statistics or a ``.npz`` file) and ``record``;
+* ``estimate``: ``estimate`` and ``best_lookahead`` from a recording;
+* ``profiles``: engines' per-position acceptance vectors.
+
+``specjax.Recording``, ``specjax.record`` and ``specjax.estimate`` are also served from the top
+level. See the guide "Real model pairs".
 """
 
 from specjax.pairs.calls import CallStructure
 from specjax.pairs.calls import call_structure
+from specjax.pairs.calls import expected_call_time
 from specjax.pairs.calls import rejection_rate
+from specjax.pairs.estimate import Estimate
+from specjax.pairs.estimate import best_lookahead
+from specjax.pairs.estimate import estimate
+from specjax.pairs.recording import DecoderRates
+from specjax.pairs.recording import Recording
+from specjax.pairs.recording import record
 
-__all__ = ["CallStructure", "call_structure", "rejection_rate"]
+__all__ = [
+    "CallStructure",
+    "DecoderRates",
+    "Estimate",
+    "Recording",
+    "best_lookahead",
+    "call_structure",
+    "estimate",
+    "expected_call_time",
+    "record",
+    "rejection_rate",
+]

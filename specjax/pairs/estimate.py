@@ -1,0 +1,298 @@
+"""Estimates of what a lossless decoder costs, from a recording of target rollouts.
+
+For each recorded sequence ``x`` the phase filter (``specjax.pairs.calls``) gives the exact
+conditional expectations ``E[rejections | x]``, ``E[calls | x]``, ``E[calls keeping >= i
+drafts | x]``, the drafted tokens and the time under a ``CostModel``. Their (weighted) mean over
+the recording is unbiased for ``specjax.exact``'s values (exactly equal to them when every
+sequence is enumerated and weighted by its target probability), and the standard errors are those
+of a (weighted) mean; ratios of means (acceptance per position, accepted length per call,
+speed-up) get delta-method standard errors.
+
+Which decoders (``check_estimable``): every token-wise decoder whose output is the target's:
+``Speculative`` from the emitted tokens' probabilities alone; a multi-draft root
+(``BatchSpeculative``, ``OptimalMultiDraft``, ``KSequential``, ``GumbelList``,
+``ImportanceWeighted``, ``SpecHub``) and any lossless ``RejectionRule`` from their rates, recorded
+with ``decoders=`` or computed from kept rows; ``Autoregressive`` trivially. Lossy rules and
+call-level decoders (blocks, trees, adaptive lengths) are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.speculative import Speculative
+from specjax.numerics import safe_ratio
+from specjax.pairs.calls import phase_filter
+from specjax.pairs.calls import rejection_rate
+from specjax.pairs.recording import Recording
+from specjax.pairs.recording import check_estimable
+from specjax.pairs.recording import decoder_rates
+from specjax.pairs.recording import lossless_tolerance
+from specjax.theory.cost import CostModel
+from specjax.theory.cost import LookaheadChoice
+from specjax.theory.cost import call_works
+from specjax.theory.metrics import EngineMetrics
+
+
+class Estimate(NamedTuple):
+    """A decoder's expected costs estimated from a recording, each with its standard error.
+
+    Attributes:
+      expected_rejections, expected_rejections_se: ``E[rejections]``.
+      expected_calls, expected_calls_se: ``E[target calls]``.
+      expected_time, expected_time_se: ``E[time]`` under the cost model (``None`` without one).
+      speedup, speedup_se: autoregressive time over ``expected_time`` (``None`` without a cost
+        model).
+      expected_drafted, expected_drafted_se: ``E[drafted tokens]`` (the tokens a call's target
+        scores but the root).
+      accepted_at, accepted_at_se: ``(K,)``, ``E[# calls keeping >= i drafts]``.
+      acceptance_per_position, acceptance_per_position_se: ``(K,)``, ``accepted_at /
+        expected_calls`` (vLLM's ``num_accepted_tokens_per_pos[i] / num_drafts``).
+      accepted_length, accepted_length_se: drafts kept per call, ``sum(accepted_at) /
+        expected_calls`` (vLLM's mean acceptance length is one more).
+      metrics: ``specjax.theory.EngineMetrics`` of the estimates (vLLM's names, as
+        ``engine_metrics`` gives them exactly).
+      num_sequences: ``B``.
+    """
+
+    expected_rejections: jax.Array
+    expected_rejections_se: jax.Array
+    expected_calls: jax.Array
+    expected_calls_se: jax.Array
+    expected_time: jax.Array | None
+    expected_time_se: jax.Array | None
+    speedup: jax.Array | None
+    speedup_se: jax.Array | None
+    expected_drafted: jax.Array
+    expected_drafted_se: jax.Array
+    accepted_at: jax.Array  # shape=(K,)
+    accepted_at_se: jax.Array  # shape=(K,)
+    acceptance_per_position: jax.Array  # shape=(K,)
+    acceptance_per_position_se: jax.Array  # shape=(K,)
+    accepted_length: jax.Array
+    accepted_length_se: jax.Array
+    metrics: EngineMetrics
+    num_sequences: int
+
+
+def rates(decoder, recording: Recording):
+    """``(root_rejection, rejection)`` ``(B, T)`` of ``decoder`` along the recording: SD's from
+    the emitted tokens' probabilities, any other decoder's from its recorded rates or from the
+    kept rows (checking that its laws are lossless there)."""
+    if isinstance(decoder, Speculative):
+        r = rejection_rate(recording.draft_prob, recording.target_prob)
+        return r, r
+    if isinstance(decoder, Autoregressive):
+        zeros = jnp.zeros_like(recording.target_prob)
+        return zeros, zeros
+    entry = recording.rates_of(decoder)
+    if entry is not None:
+        return entry.root_rejection, entry.rejection
+    if recording.target_probs is not None:
+        root, inside, loss = decoder_rates(decoder, recording.draft_probs,
+                                           recording.target_probs, recording.tokens[:, 1:])
+        if _checks.is_concrete(loss) and not float(loss) <= lossless_tolerance(loss.dtype):
+            raise ValueError(
+                f"decoder: {decoder!r} is not lossless on the recorded rows (its accepted and "
+                f"rejected masses miss the target's row by {float(loss):.3g}): target rollouts "
+                f"cannot estimate its cost")
+        return root, inside
+    raise ValueError(
+        f"decoder: the recording holds no rates of {decoder!r} and no rows to compute them "
+        f"from; record them with decoders=({decoder!r},) (specjax.record or "
+        f"Recording.from_arrays) or keep the rows (keep_rows=True)")
+
+
+def weighted_mean_se(values, weights):
+    """``(mean, se)`` over the first axis of ``values`` with ``weights`` ``(B,)`` (or ``None``):
+    ``sum w y / sum w`` and ``sqrt(B / (B - 1) sum (w (y - mean))^2) / sum w`` (NaN for
+    ``B = 1``)."""
+    w = jnp.ones(values.shape[:1], values.dtype) if weights is None else \
+        weights.astype(values.dtype)
+    w = w.reshape(w.shape + (1,) * (values.ndim - 1))
+    total = jnp.sum(w, axis=0)
+    mean = jnp.sum(w * values, axis=0) / total
+    return mean, _spread(w * (values - mean), total)
+
+
+def ratio_se(num, den, weights):
+    """``(ratio, se)`` of ``mean(num) / mean(den)`` (weighted), with the delta method's standard
+    error ``sqrt(B / (B - 1) sum (w (a - R b))^2) / sum w b``; 0 (and 0) where ``mean(den)``
+    is 0."""
+    w = jnp.ones(num.shape[:1], num.dtype) if weights is None else weights.astype(num.dtype)
+    w = w.reshape(w.shape + (1,) * (num.ndim - 1))
+    den = jnp.broadcast_to(den, num.shape)
+    total = jnp.sum(w * den, axis=0)
+    ratio = safe_ratio(jnp.sum(w * num, axis=0), total, 0)
+    return ratio, safe_ratio(_spread(w * (num - ratio * den), 1.0), total, 0)
+
+
+def _spread(terms, scale):
+    count = terms.shape[0]
+    if count < 2:
+        return jnp.full(terms.shape[1:], jnp.nan, terms.dtype)
+    return jnp.sqrt(count / (count - 1) * jnp.sum(terms ** 2, axis=0)) / scale
+
+
+_filter = jax.jit(phase_filter, static_argnames=("lookahead",))
+
+
+def call_columns(decoder, horizon: int, lookahead: int, cost: CostModel | None) -> np.ndarray:
+    """``(T, 3)``: per position ``n``, a call's count (1), drafted tokens and time
+    (``cost.call_time`` of the decoder's ``call_work(min(K, T - n + 1))``, as
+    ``specjax.theory.decoding_time``; 0 without a cost model)."""
+    ones = np.ones(horizon)
+    if decoder.num_drafts == math.inf:
+        if cost is not None:
+            decoder.call_work(1)  # raises: no finite work
+        drafted = np.where(np.minimum(lookahead, horizon - np.arange(horizon)) > 0, np.inf, 0)
+        return np.stack([ones, drafted, np.zeros(horizon)], axis=-1)
+    passes, scored = call_works(decoder, horizon, lookahead)
+    times = np.zeros(horizon) if cost is None else np.asarray(
+        [cost.call_time(draft_passes=int(d), tokens_scored=int(s))
+         for d, s in zip(passes, scored)])
+    return np.stack([ones, scored - 1, times], axis=-1)
+
+
+def _check_recording(recording) -> None:
+    if not isinstance(recording, Recording):
+        raise ValueError(f"recording must be a specjax.Recording (Recording.from_arrays, "
+                         f"specjax.record, Recording.load), got {type(recording).__name__}")
+
+
+def _check_cost(cost) -> None:
+    if cost is not None and not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be None or a specjax.CostModel, got {cost!r}"[:300])
+
+
+def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) -> Estimate:
+    """Estimates a lossless decoder's expected rejections, calls and time from target rollouts.
+
+    Args:
+      decoder: a token-wise decoder whose output is the target's (module docstring); its
+        ``lookahead`` is the one estimated (``None``: draft to the horizon).
+      recording: a ``Recording`` (its weights, if any, weight the mean).
+      cost: a ``CostModel`` for ``expected_time`` and ``speedup``, or ``None``.
+
+    Returns:
+      ``Estimate``: each value the (weighted) mean of the exact conditional expectations over
+      the recorded sequences, with its standard error; equal to ``specjax.exact``'s values when
+      every sequence is enumerated and weighted by its target probability.
+
+    Raises:
+      ValueError: a decoder refused by name (lossy, call-level, bound to the whole models), a
+        decoder whose rates the recording does not hold, a bad ``recording`` or ``cost``; before
+        any work.
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> rec = specjax.record(jax.random.key(0), draft, target, 2000)
+      >>> est = specjax.estimate(specjax.Speculative(lookahead=4), rec)
+      >>> exact = specjax.exact(specjax.Speculative(lookahead=4), draft, target)
+      >>> bool(abs(est.expected_calls - exact.expected_calls) < 4.5 * est.expected_calls_se)
+      True
+    """
+    check_estimable(decoder)
+    _check_recording(recording)
+    _check_cost(cost)
+    horizon = recording.horizon
+    lookahead = decoder.resolve_lookahead(horizon)
+    root, inside = rates(decoder, recording)
+    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+    columns = call_columns(decoder, horizon, lookahead, cost)
+    rejections, weighted, accepted_at = _filter(
+        inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
+        call_weights=jnp.asarray(columns, dtype))
+    return summarise(rejections, weighted, accepted_at, recording.weights,
+                     autoregressive_time=None if cost is None else
+                     horizon * (cost.target_time(1) + cost.call_overhead))
+
+
+def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time=None):
+    """An ``Estimate`` from per-sequence values: ``rejections`` ``(B,)``, ``weighted`` ``(B, 3)``
+    (calls, drafted tokens, time) and ``accepted_at`` ``(B, K)``."""
+    calls, drafted, time = weighted[:, 0], weighted[:, 1], weighted[:, 2]
+    mean = functools.partial(weighted_mean_se, weights=weights)
+    rej, rej_se = mean(rejections)
+    n_calls, calls_se = mean(calls)
+    n_drafted, drafted_se = mean(drafted)
+    at, at_se = mean(accepted_at)
+    per_position, per_position_se = ratio_se(accepted_at, calls[:, None], weights)
+    kept = jnp.sum(accepted_at, axis=-1)
+    length, length_se = ratio_se(kept, calls, weights)
+    rate, _ = ratio_se(kept, drafted, weights)
+    reached = jnp.concatenate([n_calls[None], at[:-1]])
+    metrics = EngineMetrics(
+        expected_calls=n_calls, expected_drafted=n_drafted, accepted_at=at,
+        acceptance_per_position=per_position,
+        conditional_acceptance=safe_ratio(at, reached, 0),
+        mean_acceptance_length=1 + length, draft_acceptance_rate=rate)
+    time = time_se = speedup = speedup_se = None
+    if autoregressive_time is not None:
+        time, time_se = mean(weighted[:, 2])
+        speedup, speedup_se = ratio_se(jnp.full_like(calls, autoregressive_time),
+                                       weighted[:, 2], weights)
+    return Estimate(
+        expected_rejections=rej, expected_rejections_se=rej_se,
+        expected_calls=n_calls, expected_calls_se=calls_se,
+        expected_time=time, expected_time_se=time_se, speedup=speedup, speedup_se=speedup_se,
+        expected_drafted=n_drafted, expected_drafted_se=drafted_se,
+        accepted_at=at, accepted_at_se=at_se,
+        acceptance_per_position=per_position, acceptance_per_position_se=per_position_se,
+        accepted_length=length, accepted_length_se=length_se, metrics=metrics,
+        num_sequences=int(rejections.shape[0]))
+
+
+def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
+                   decoder=None) -> LookaheadChoice:
+    """The fixed lookahead of least estimated time, as ``specjax.theory.best_lookahead`` from a
+    recording: every ``K = 0..max_lookahead`` (``K = 0``: autoregressive decoding).
+
+    Args:
+      recording: a ``Recording``.
+      cost: a ``CostModel``.
+      max_lookahead: the largest ``K`` tried, a positive int.
+      decoder: the decoder whose ``lookahead`` is varied (default ``Speculative()``).
+
+    Returns:
+      ``specjax.theory.LookaheadChoice(lookahead, expected_time, times)``; ties go to the
+      smaller ``K``. The times are estimates from the same sequences, so their differences are
+      estimated far more precisely than each time alone.
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> rec = specjax.record(jax.random.key(0), draft, target, 500)
+      >>> choice = specjax.pairs.best_lookahead(rec, specjax.CostModel(0.1, 1.0),
+      ...                                       max_lookahead=6)
+      >>> choice.lookahead
+      3
+    """
+    _check_recording(recording)
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    if max_lookahead < 1:
+        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
+    decoder = Speculative() if decoder is None else decoder
+    check_estimable(decoder)
+    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
+        raise ValueError(f"decoder must have a lookahead field to vary, got "
+                         f"{type(decoder).__name__}")
+    times = [float(estimate(Autoregressive(), recording, cost=cost).expected_time)]
+    for k in range(1, max_lookahead + 1):
+        candidate = dataclasses.replace(decoder, lookahead=k)
+        times.append(float(estimate(candidate, recording, cost=cost).expected_time))
+    times = np.asarray(times)
+    best = int(np.argmin(times))
+    return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)

@@ -1,0 +1,508 @@
+"""Recordings of target rollouts: what the estimators need, per sequence and position.
+
+A ``Recording`` holds ``B`` sequences ``x_0..x_T`` drawn from the target and, at each position
+``t = 1..T``, the draft's and the target's probability of the emitted token, ``p_t(x_t)`` and
+``q_t(x_t)`` (SD's rejection rate needs nothing else), optional per-sequence ``weights``, and
+
+* for multi-draft roots or any other token-wise rule, the rates ``r_t`` of the decoders named at
+  record time (``decoders=``): ``P(rejected, x_t) / q_t(x_t)`` at a call's root and inside a
+  call, from the decoder's own ``laws`` on the full rows, computed once and kept as ``(B, T)``
+  arrays (a decoder's rates do not depend on its lookahead, so one entry serves every ``K``);
+* or, when asked (``keep_rows=True``), the full rows ``(B, T, V)`` (small ``V`` only), from
+  which any token-wise decoder's rates are computed at estimate time.
+
+Statistics instead of rows keep a recording small: at ``V = 32,000``, ``T = 256`` and 1,000
+sequences it is 3 MB (the rows would be 65 GB).
+
+**The ``.npz`` layout** (``Recording.save``, ``Recording.load``), written by NumPy alone::
+
+    tokens        int   (B, T + 1)   x_0..x_T of each sequence
+    draft_prob    float (B, T)       p_t(x_t), t = 1..T  (index t - 1)
+    target_prob   float (B, T)       q_t(x_t)
+    weights       float (B,)         optional
+    draft_probs   float (B, T, V)    optional full rows (then draft_prob/target_prob may be
+    target_probs  float (B, T, V)    left out: they are read off the rows)
+    root_rejection/<label>, rejection/<label>   float (B, T)   optional rates of a decoder,
+                                     <label> its ``repr`` with ``lookahead=None``
+
+A PyTorch user writes ``np.savez(path, tokens=..., draft_prob=..., target_prob=...)`` from the
+gathered probabilities of the emitted tokens (``torch.gather`` on the softmaxes), or the full rows
+for a small vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax import _memory
+from specjax._progress import Progress
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import TokenwiseDecoder
+from specjax.decoders.base import check_decoder
+from specjax.models.autoregressive import probs_block
+from specjax.models.logits import as_probability_model
+from specjax.models.logits import process_logits
+from specjax.models.markov import MarkovChain
+from specjax.models.static_leaves import with_static_leaves
+from specjax.numerics import safe_ratio
+from specjax.sampling import sharding as _sharding
+
+#: Working memory (bytes) one chunk's rows may take when scoring or reading rows.
+CHUNK_BYTES = 1 << 27
+
+
+class DecoderRates(NamedTuple):
+    """A decoder's rejection rates along the recorded tokens.
+
+    Attributes:
+      decoder: the decoder, with ``lookahead=None`` (its rates do not depend on ``K``).
+      root_rejection: ``(B, T)``, ``P(rejected, x_t) / q_t(x_t)`` of its root law.
+      rejection: ``(B, T)``, the same of its in-call law.
+    """
+
+    decoder: TokenwiseDecoder
+    root_rejection: jax.Array  # shape=(B, T)
+    rejection: jax.Array  # shape=(B, T)
+
+
+def rate_key(decoder):
+    """``decoder`` with ``lookahead=None``: the key its rates are stored under."""
+    if any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
+        return dataclasses.replace(decoder, lookahead=None)
+    return decoder
+
+
+#: Decoders whose output is not the target's, refused by name (``check_lossless``).
+LOSSY = ("BiasedSpeculative", "LenientSpeculative", "TopKAcceptance", "TypicalAcceptance")
+
+
+def check_estimable(decoder) -> None:
+    """Raise ``ValueError`` unless ``decoder`` is a token-wise decoder whose output may be the
+    target's and whose laws depend on the rows of the recorded positions only."""
+    check_decoder(decoder)
+    name = type(decoder).__name__
+    if not isinstance(decoder, TokenwiseDecoder):
+        raise ValueError(
+            f"decoder: {name} is a call-level decoder (blocks, token trees, adaptive or "
+            f"scheduled draft lengths): its calls read the draft's rows off the recorded path "
+            f"(other drafted tokens, deeper tree levels), which a recording of target rollouts "
+            f"does not hold; estimate token-wise decoders (Speculative, BatchSpeculative, "
+            f"OptimalMultiDraft, KSequential, ...) or use specjax.decode on the models")
+    if name in LOSSY:
+        raise ValueError(
+            f"decoder: {name} is a lossy rule (its output is not the target's), so target "
+            f"rollouts do not have its output law and cannot estimate its cost; use "
+            f"specjax.decode or specjax.exact on the models")
+    if decoder.binds_models:
+        raise ValueError(
+            f"decoder: {decoder!r} reads the whole models (a policy solved over the horizon), "
+            f"not only the recorded rows: use specjax.exact or specjax.decode on the models")
+
+
+def decoder_rates(decoder, p, q, tokens):
+    """``(root_rejection, rejection, loss)`` of a token-wise ``decoder`` on rows ``p``, ``q``
+    ``(..., T, V)`` at ``tokens`` ``(..., T)``: its rates and the largest
+    ``|accepted + rejected - q|`` of its laws (0 for a lossless rule)."""
+    root, verify = decoder.laws(p, q)
+    index = tokens[..., None]
+    q_x = jnp.take_along_axis(q, index, axis=-1)[..., 0]
+
+    def rate(mass):
+        at = jnp.take_along_axis(mass, index, axis=-1)[..., 0]
+        return jnp.clip(safe_ratio(at, q_x, 0), 0, 1)
+
+    loss = jnp.maximum(jnp.max(jnp.abs(root.accepted + root.rejected - q)),
+                       jnp.max(jnp.abs(verify.accepted + verify.rejected - q)))
+    return rate(root.rejected), rate(verify.rejected), loss
+
+
+def lossless_tolerance(dtype) -> float:
+    """How far ``accepted + rejected`` may be from ``q`` for a lossless rule (rounding)."""
+    return 1e-9 if jnp.dtype(dtype) == jnp.float64 else 1e-4
+
+
+@functools.partial(jax.jit, static_argnames=("decoders", "keep_rows"))
+def _statistics(p, q, tokens, *, decoders, keep_rows):
+    """Per-position statistics of rows ``p``, ``q`` ``(c, T, V)`` at ``tokens`` ``(c, T)``."""
+    index = tokens[..., None]
+    draft_prob = jnp.take_along_axis(p, index, axis=-1)[..., 0]
+    target_prob = jnp.take_along_axis(q, index, axis=-1)[..., 0]
+    rates = tuple(decoder_rates(d, p, q, tokens) for d in decoders)
+    rows = (p, q) if keep_rows else None
+    return draft_prob, target_prob, rates, rows
+
+
+class Recording(NamedTuple):
+    """Target rollouts with the per-position statistics the estimators need (module docstring).
+
+    Build one with ``Recording.from_arrays`` (an engine's dump), ``Recording.from_statistics``
+    (the emitted tokens' probabilities only), ``Recording.load`` or ``specjax.record``.
+
+    Attributes:
+      tokens: ``(B, T + 1)`` int32, ``x_0..x_T``.
+      draft_prob: ``(B, T)``, ``p_t(x_t)`` at index ``t - 1``.
+      target_prob: ``(B, T)``, ``q_t(x_t)``.
+      weights: ``(B,)`` non-negative weights of the sequences, or ``None`` (all equal).
+      rates: ``DecoderRates`` of the decoders asked for at record time.
+      draft_probs: ``(B, T, V)`` full draft rows when kept, else ``None``.
+      target_probs: ``(B, T, V)`` full target rows when kept, else ``None``.
+    """
+
+    tokens: jax.Array  # shape=(B, T + 1), dtype=int32
+    draft_prob: jax.Array  # shape=(B, T)
+    target_prob: jax.Array  # shape=(B, T)
+    weights: jax.Array | None = None  # shape=(B,)
+    rates: tuple = ()
+    draft_probs: jax.Array | None = None  # shape=(B, T, V)
+    target_probs: jax.Array | None = None  # shape=(B, T, V)
+
+    @property
+    def num_sequences(self) -> int:
+        """``B``."""
+        return self.tokens.shape[0]
+
+    @property
+    def horizon(self) -> int:
+        """``T``."""
+        return self.tokens.shape[1] - 1
+
+    def rates_of(self, decoder):
+        """The recorded ``DecoderRates`` of ``decoder`` (any lookahead), or ``None``."""
+        key = rate_key(decoder)
+        for entry in self.rates:
+            if entry.decoder == key:
+                return entry
+        return None
+
+    @classmethod
+    def from_arrays(cls, tokens, draft_probs, target_probs, *, weights=None, logits=False,
+                    processing=None, decoders=(), keep_rows=False) -> "Recording":
+        """A recording from arrays, e.g. an engine's dump of target rollouts.
+
+        Args:
+          tokens: ``(B, T + 1)`` ints, ``x_0..x_T`` of ``B`` target rollouts.
+          draft_probs: ``(B, T, V)``: at index ``t - 1`` the draft's law of ``x_t`` given
+            ``x_0..x_{t-1}`` (logits with ``logits=True``).
+          target_probs: ``(B, T, V)``: the target's, likewise.
+          weights: ``(B,)`` non-negative weights (not all zero), or ``None``: the estimates are
+            weighted means (with every sequence enumerated and weighted by its target
+            probability they are exact).
+          logits: ``True`` when the arrays are logits: they are turned into the laws an engine
+            samples from by ``specjax.process_logits`` with the keywords ``processing`` (a dict:
+            ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``order``; default softmax).
+          processing: those keywords (only with ``logits=True``).
+          decoders: token-wise decoders whose rates to compute from the rows now (multi-draft
+            roots, a ``RejectionRule``); SD needs none.
+          keep_rows: keep the full rows (any token-wise decoder can then be estimated later).
+
+        Returns:
+          ``Recording``.
+
+        Raises:
+          ValueError: shapes that do not match, tokens out of ``[0, V)``, rows that are not laws
+            (negative, not summing to one), bad weights, ``processing`` without ``logits``, a
+            decoder that cannot be estimated, or one whose laws are not lossless on these rows.
+
+        Example:
+          >>> import jax.numpy as jnp, specjax
+          >>> q = jnp.array([[[0.5, 0.5], [0.9, 0.1]]])  # B = 1, T = 2, V = 2
+          >>> p = jnp.array([[[0.8, 0.2], [0.5, 0.5]]])
+          >>> rec = specjax.Recording.from_arrays(jnp.array([[0, 1, 0]]), p, q)
+          >>> [round(float(v), 3) for v in rec.draft_prob[0]]
+          [0.2, 0.5]
+        """
+        if processing is not None and not logits:
+            raise ValueError("processing (process_logits keywords) applies to logits: pass "
+                             "logits=True with it")
+        if logits:
+            settings = dict(processing or {})
+            draft_probs = process_logits(jnp.asarray(draft_probs), **settings)
+            target_probs = process_logits(jnp.asarray(target_probs), **settings)
+        p, q = jnp.asarray(draft_probs), jnp.asarray(target_probs)
+        for name, x in (("draft_probs", p), ("target_probs", q)):
+            if x.ndim != 3:
+                raise ValueError(f"{name} must have shape (B, T, V), got {x.shape}")
+        if p.shape != q.shape:
+            raise ValueError(f"draft_probs and target_probs must have the same shape (B, T, V), "
+                             f"got {p.shape} and {q.shape}")
+        num, horizon, num_states = q.shape
+        tokens = check_tokens(tokens, num, horizon, num_states)
+        weights = check_weights(weights, num)
+        _checks.check_probabilities("draft_probs", p)
+        _checks.check_probabilities("target_probs", q)
+        decoders = check_decoders(decoders)
+        dtype = jnp.result_type(p.dtype, q.dtype)
+        p, q = p.astype(dtype), q.astype(dtype)
+        if keep_rows:
+            _memory.check_fits(2 * p.size * p.dtype.itemsize, argument="keep_rows=True",
+                               what="the full rows", remedy="keep statistics (keep_rows=False)")
+        chunk = rows_chunk(horizon, num_states, dtype, num, decoders)
+        parts = [_statistics(p[i:i + chunk], q[i:i + chunk], tokens[i:i + chunk, 1:],
+                             decoders=decoders, keep_rows=False)
+                 for i in range(0, num, chunk)]
+        return assemble(tokens, weights, decoders, parts,
+                        rows=(p, q) if keep_rows else None)
+
+    @classmethod
+    def from_statistics(cls, tokens, draft_prob, target_prob, *, weights=None) -> "Recording":
+        """A recording from the emitted tokens' probabilities alone, ``p_t(x_t)`` and
+        ``q_t(x_t)`` (``(B, T)``, index ``t - 1``): all SD needs, for any vocabulary size.
+
+        Raises:
+          ValueError: shapes that do not match, values outside ``[0, 1]``, bad weights.
+        """
+        draft_prob, target_prob = jnp.asarray(draft_prob), jnp.asarray(target_prob)
+        for name, x in (("draft_prob", draft_prob), ("target_prob", target_prob)):
+            if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+                raise ValueError(f"{name} must be a float array of shape (B, T), got "
+                                 f"{x.shape} {x.dtype}")
+            values = np.asarray(x)
+            if not ((values >= 0) & (values <= 1)).all():
+                raise ValueError(f"{name} must hold probabilities in [0, 1]")
+        if draft_prob.shape != target_prob.shape:
+            raise ValueError(f"draft_prob and target_prob must have the same shape, got "
+                             f"{draft_prob.shape} and {target_prob.shape}")
+        num, horizon = target_prob.shape
+        tokens = check_tokens(tokens, num, horizon, None)
+        dtype = jnp.result_type(draft_prob.dtype, target_prob.dtype)
+        return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype),
+                   check_weights(weights, num))
+
+    def save(self, path) -> None:
+        """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring."""
+        arrays = {"tokens": np.asarray(self.tokens), "draft_prob": np.asarray(self.draft_prob),
+                  "target_prob": np.asarray(self.target_prob)}
+        if self.weights is not None:
+            arrays["weights"] = np.asarray(self.weights)
+        if self.draft_probs is not None:
+            arrays["draft_probs"] = np.asarray(self.draft_probs)
+            arrays["target_probs"] = np.asarray(self.target_probs)
+        for entry in self.rates:
+            arrays[f"root_rejection/{entry.decoder!r}"] = np.asarray(entry.root_rejection)
+            arrays[f"rejection/{entry.decoder!r}"] = np.asarray(entry.rejection)
+        np.savez(path, **arrays)
+
+    @classmethod
+    def load(cls, path, *, decoders=(), keep_rows=None) -> "Recording":
+        """Reads a recording written in the ``.npz`` layout (by ``save`` or by NumPy alone).
+
+        Args:
+          path: the file.
+          decoders: decoders whose stored rates to read back (matched by ``repr`` with
+            ``lookahead=None``), or to compute now from stored rows.
+          keep_rows: keep stored rows (default: when the file has them).
+
+        Raises:
+          ValueError: a file without ``tokens``, or without either the statistics
+            (``draft_prob``, ``target_prob``) or the rows; a decoder neither stored nor
+            computable.
+        """
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+        if "tokens" not in arrays:
+            raise ValueError(f"path: {path} has no 'tokens' array (see the .npz layout in "
+                             "specjax.pairs.recording)")
+        weights = arrays.get("weights")
+        decoders = check_decoders(decoders)
+        if "draft_probs" in arrays and "target_probs" in arrays:
+            keep = True if keep_rows is None else keep_rows
+            return cls.from_arrays(arrays["tokens"], arrays["draft_probs"],
+                                   arrays["target_probs"], weights=weights, decoders=decoders,
+                                   keep_rows=keep)
+        if "draft_prob" not in arrays or "target_prob" not in arrays:
+            raise ValueError(f"path: {path} needs 'draft_prob' and 'target_prob' (B, T) or the "
+                             f"rows 'draft_probs' and 'target_probs' (B, T, V)")
+        rec = cls.from_statistics(arrays["tokens"], arrays["draft_prob"],
+                                  arrays["target_prob"], weights=weights)
+        rates = []
+        for decoder in decoders:
+            label = repr(decoder)
+            root, inside = f"root_rejection/{label}", f"rejection/{label}"
+            if root not in arrays or inside not in arrays:
+                raise ValueError(f"decoders: {path} holds no rates of {label} and no rows to "
+                                 f"compute them from")
+            rates.append(DecoderRates(decoder, jnp.asarray(arrays[root]),
+                                      jnp.asarray(arrays[inside])))
+        return rec._replace(rates=tuple(rates))
+
+
+def check_tokens(tokens, num: int, horizon: int, num_states: int | None):
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
+    if tokens.shape != (num, horizon + 1):
+        raise ValueError(f"tokens must have shape (B, T + 1) = ({num}, {horizon + 1}) (x_0..x_T "
+                         f"of each sequence), got {tokens.shape}")
+    if (tokens < 0).any() or (num_states is not None and (tokens >= num_states).any()):
+        raise ValueError(f"tokens must lie in [0, V)"
+                         + ("" if num_states is None else f" = [0, {num_states})"))
+    return jnp.asarray(tokens, jnp.int32)
+
+
+def check_weights(weights, num: int):
+    if weights is None:
+        return None
+    w = jnp.asarray(weights)
+    if w.shape != (num,) or not jnp.issubdtype(w.dtype, jnp.floating):
+        raise ValueError(f"weights must be a float array of shape (B,) = ({num},), got "
+                         f"{w.shape} {w.dtype}")
+    values = np.asarray(w)
+    if not np.isfinite(values).all() or (values < 0).any():
+        raise ValueError("weights must be finite and non-negative")
+    if values.sum() <= 0:
+        raise ValueError("weights must not all be zero")
+    return w
+
+
+def check_decoders(decoders) -> tuple:
+    """``decoders`` as a tuple of estimable decoders keyed with ``lookahead=None``."""
+    if isinstance(decoders, TokenwiseDecoder) or not isinstance(decoders, (tuple, list)):
+        raise ValueError(f"decoders must be a tuple of decoders, got {decoders!r}"[:300])
+    for decoder in decoders:
+        check_estimable(decoder)
+    keys = []
+    for decoder in decoders:
+        key = rate_key(decoder)
+        if key not in keys and not isinstance(decoder, Autoregressive):
+            keys.append(key)
+    return tuple(keys)
+
+
+def rows_chunk(horizon: int, num_states: int, dtype, num: int, decoders) -> int:
+    """Sequences per chunk so that a chunk's rows and laws stay within ``CHUNK_BYTES``."""
+    copies = 4 + 6 * len(decoders)
+    per_sequence = horizon * num_states * jnp.dtype(dtype).itemsize * copies
+    return int(max(1, min(num, CHUNK_BYTES // max(per_sequence, 1))))
+
+
+def assemble(tokens, weights, decoders, parts, rows=None) -> Recording:
+    """A ``Recording`` from the chunks' ``_statistics`` (checking each decoder's laws)."""
+    draft_prob = jnp.concatenate([part[0] for part in parts])
+    target_prob = jnp.concatenate([part[1] for part in parts])
+    rates = []
+    for i, decoder in enumerate(decoders):
+        loss = max(float(part[2][i][2]) for part in parts)
+        if not loss <= lossless_tolerance(draft_prob.dtype):
+            raise ValueError(
+                f"decoders: {decoder!r} is not lossless on these rows (its accepted and "
+                f"rejected masses miss the target's row by {loss:.3g}), so its output is not "
+                f"the target's and target rollouts cannot estimate its cost")
+        rates.append(DecoderRates(decoder,
+                                  jnp.concatenate([part[2][i][0] for part in parts]),
+                                  jnp.concatenate([part[2][i][1] for part in parts])))
+    p, q = (None, None) if rows is None else rows
+    return Recording(tokens, draft_prob, target_prob, weights, tuple(rates), p, q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording JAX models.
+
+
+def _model_rows(model, tokens):
+    """``(c, T, V)``: the model's law of ``x_t`` given ``x_0..x_{t-1}`` along ``tokens``
+    ``(c, T + 1)``: a ``MarkovChain``'s transitions, or a protocol model's rows scored in one
+    batched evaluation per sequence (``probs_block``, or a scan of ``probs``)."""
+    if isinstance(model, MarkovChain):
+        positions = jnp.arange(tokens.shape[1] - 1)
+        return model.trans[positions[None], tokens[:, :-1]]
+
+    def one(sequence):
+        state = model.update(model.init_state(), sequence[0])
+        return probs_block(model, state, sequence[1:-1])
+
+    return jax.vmap(one)(tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("decoders", "keep_rows"))
+def _score_chunk(draft, target, tokens, *, decoders, keep_rows):
+    p, q = _model_rows(draft, tokens), _model_rows(target, tokens)
+    return _statistics(p, q, tokens[:, 1:], decoders=decoders, keep_rows=keep_rows)
+
+
+def record(key, draft, target, num_sequences: int, *, horizon: int | None = None,
+           decoders=(), keep_rows: bool = False, chunk_size: int | None = None,
+           sharding=None, progress: bool = False) -> Recording:
+    """Records ``num_sequences`` target rollouts of JAX models, with the draft's and the
+    target's probabilities of every emitted token (and the rates of ``decoders``).
+
+    The rollouts are ``specjax.decode(key, Autoregressive(), None, target, num_sequences)``
+    (sharded as ``decode`` is); both models then score each sequence in one batched evaluation
+    (``probs_block`` where the model has it, else a scan of ``probs``), in chunks of sequences,
+    keeping only the statistics (module docstring).
+
+    Args:
+      key: a JAX PRNG key.
+      draft, target: ``MarkovChain``s, ``FiniteStateModel``s or any models of the protocol
+        (models that give logits are turned into probabilities as ``decode`` does).
+      num_sequences: ``B``, a positive int.
+      horizon: ``T``; required for models other than ``MarkovChain``.
+      decoders: token-wise decoders whose rates to record (multi-draft roots, a
+        ``RejectionRule``): a tuple.
+      keep_rows: keep the full rows ``(B, T, V)`` (small models only).
+      chunk_size: sequences scored at once (default: rows of about 128 MiB).
+      sharding: as ``decode``'s (``specjax.chain_sharding()``); ``num_sequences`` and the chunk
+        size must be multiples of the number of shards.
+      progress: show a progress bar over the chunks.
+
+    Returns:
+      ``Recording``.
+
+    Raises:
+      ValueError: what ``decode`` raises for the target; a bad draft, ``decoders`` or
+        ``chunk_size``; a decoder that is not lossless on the rows met.
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> rec = specjax.record(jax.random.key(0), draft, target, 64)
+      >>> rec.tokens.shape, rec.draft_prob.shape
+      ((64, 51), (64, 50))
+    """
+    from specjax.models.checks import model_kind  # noqa: PLC0415
+    from specjax.sampling.decoding import decode  # noqa: PLC0415
+
+    _checks.check_positive_int("num_sequences", num_sequences)
+    _checks.check_positive_int("chunk_size", chunk_size, allow_none=True)
+    decoders = check_decoders(decoders)
+    same = draft is target
+    target = with_static_leaves(as_probability_model(target))
+    draft = target if same else with_static_leaves(as_probability_model(draft))
+    model_kind(draft, target)
+    trace = decode(key, Autoregressive(), None, target, num_sequences, horizon=horizon,
+                   sharding=sharding)
+    tokens = trace.tokens
+    horizon = tokens.shape[1] - 1
+    num_states = target.num_states
+    dtype = jnp.result_type(float)
+    if keep_rows:
+        _memory.check_fits(2 * num_sequences * horizon * num_states * jnp.dtype(dtype).itemsize,
+                           argument="keep_rows=True", what="the full rows",
+                           remedy="keep statistics (keep_rows=False)")
+    chunk = chunk_size or rows_chunk(horizon, num_states, dtype, num_sequences, decoders)
+    resolved = _sharding.resolve(sharding, None)
+    shards = _sharding.num_shards(resolved)
+    if shards > 1:
+        chunk = max(shards, chunk // shards * shards)
+        if num_sequences % shards or chunk % shards:
+            raise ValueError(f"chunk_size must be a multiple of the {shards} shards, got {chunk}")
+    parts = []
+    starts = range(0, num_sequences, chunk)
+    with Progress(len(starts), enabled=progress) as bar:
+        for start in starts:
+            block = tokens[start:start + chunk]
+            if shards > 1:
+                block = jax.device_put(block, _sharding.along_chains(resolved, 2))
+            parts.append(_score_chunk(draft, target, block, decoders=decoders,
+                                      keep_rows=keep_rows))
+            bar.step(f"{min(start + chunk, num_sequences):,} of {num_sequences:,} sequences")
+    rows = None
+    if keep_rows:
+        rows = tuple(jnp.concatenate([part[3][i] for part in parts]) for i in range(2))
+    return assemble(tokens, None, decoders, parts, rows=rows)
