@@ -17,6 +17,12 @@ from specjax.pairs.calls import rejection_rate
 from specjax.pairs.estimate import Estimate
 from specjax.pairs.estimate import best_lookahead
 from specjax.pairs.estimate import estimate
+from specjax.pairs.profiles import ProfileChoice
+from specjax.pairs.profiles import acceptance_profile
+from specjax.pairs.profiles import profile_accepted_length
+from specjax.pairs.profiles import profile_lookahead
+from specjax.pairs.profiles import profile_tree
+from specjax.pairs.profiles import read_profile
 from specjax.pairs.recording import DecoderRates
 from specjax.pairs.recording import Recording
 from specjax.pairs.recording import record
@@ -25,11 +31,17 @@ __all__ = [
     "CallStructure",
     "DecoderRates",
     "Estimate",
+    "ProfileChoice",
     "Recording",
+    "acceptance_profile",
     "best_lookahead",
     "call_structure",
     "estimate",
     "expected_call_time",
+    "profile_accepted_length",
+    "profile_lookahead",
+    "profile_tree",
+    "read_profile",
     "record",
     "rejection_rate",
 ]

@@ -86,11 +86,9 @@ def rejection_rate(draft_prob, target_prob) -> jax.Array:
 def resolve_lookahead(lookahead, horizon: int) -> int:
     """The static ``K`` of the filter: ``min(lookahead, T)``, ``T`` for ``None``; refuses a
     traced or negative value naming ``lookahead``."""
-    _checks.check_static_int("lookahead", lookahead, allow_none=True)
     if lookahead is None:
         return horizon
-    if lookahead < 0:
-        raise ValueError(f"lookahead must be None or an int >= 0, got {lookahead}")
+    _checks.check_static_non_negative_int("lookahead", lookahead)
     return min(lookahead, horizon)
 
 

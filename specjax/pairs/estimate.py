@@ -119,9 +119,9 @@ def weighted_mean_se(values, weights):
     w = jnp.ones(values.shape[:1], values.dtype) if weights is None else \
         weights.astype(values.dtype)
     w = w.reshape(w.shape + (1,) * (values.ndim - 1))
-    total = jnp.sum(w, axis=0)
-    mean = jnp.sum(w * values, axis=0) / total
-    return mean, _spread(w * (values - mean), total)
+    total = jnp.sum(w, axis=0, keepdims=True)
+    mean = jnp.sum(w * values, axis=0, keepdims=True) / total
+    return mean[0], _spread(w * (values - mean), total[0])
 
 
 def ratio_se(num, den, weights):
@@ -131,9 +131,9 @@ def ratio_se(num, den, weights):
     w = jnp.ones(num.shape[:1], num.dtype) if weights is None else weights.astype(num.dtype)
     w = w.reshape(w.shape + (1,) * (num.ndim - 1))
     den = jnp.broadcast_to(den, num.shape)
-    total = jnp.sum(w * den, axis=0)
-    ratio = safe_ratio(jnp.sum(w * num, axis=0), total, 0)
-    return ratio, safe_ratio(_spread(w * (num - ratio * den), 1.0), total, 0)
+    total = jnp.sum(w * den, axis=0, keepdims=True)
+    ratio = safe_ratio(jnp.sum(w * num, axis=0, keepdims=True), total, 0)
+    return ratio[0], safe_ratio(_spread(w * (num - ratio * den), 1.0), total[0], 0)
 
 
 def _spread(terms, scale):

@@ -100,7 +100,7 @@ def check_estimable(decoder) -> None:
             f"decoder: {name} is a lossy rule (its output is not the target's), so target "
             f"rollouts do not have its output law and cannot estimate its cost; use "
             f"specjax.decode or specjax.exact on the models")
-    if decoder.binds_models:
+    if decoder.binds_models or "protocol" not in decoder.model_kinds:
         raise ValueError(
             f"decoder: {decoder!r} reads the whole models (a policy solved over the horizon), "
             f"not only the recorded rows: use specjax.exact or specjax.decode on the models")
