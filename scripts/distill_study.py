@@ -43,12 +43,6 @@ def _label(lookahead):
     return "inf" if lookahead is None else str(lookahead)
 
 
-def rollouts(key, target, num_sequences):
-    """``(tokens (B, T + 1), target rows (B, T, V))``: target rollouts and the target's rows."""
-    tokens = specjax.decode(key, specjax.Autoregressive(), None, target, num_sequences).tokens
-    return tokens, target.trans[jnp.arange(target.horizon)[None], tokens[:, :-1]]
-
-
 def study(*, seed=0, states=8, horizon=16, train=4000, held_out=4000, steps=1000,
           learning_rate=0.1):
     """Returns a dict: ``rows`` (one per draft: exact and held-out rejections at each K, with
@@ -61,8 +55,10 @@ def study(*, seed=0, states=8, horizon=16, train=4000, held_out=4000, steps=1000
         return jnp.broadcast_to(params, (horizon, states, states))[
             jnp.arange(horizon)[None], tokens[:, :-1]]
 
-    train_tokens, train_rows = rollouts(key_train, target, train)
-    test_tokens, test_rows = rollouts(key_test, target, held_out)
+    # Recorded once, with the start draft and the target's rows (for the KL and TV baselines).
+    start = family.chain(family.uniform())
+    train_rec = specjax.record(key_train, start, target, train, keep_rows=True)
+    test_rec = specjax.record(key_test, start, target, held_out, keep_rows=True)
     objectives = {
         "forward KL": divergence_objective(apply, "kl", logits=True),
         "TV (DistillSpec)": divergence_objective(apply, "tv", logits=True),
@@ -75,27 +71,27 @@ def study(*, seed=0, states=8, horizon=16, train=4000, held_out=4000, steps=1000
 
     def fit(loss):
         @jax.jit
-        def run(params, tokens, rows):
+        def run(params, recording):
             def step(carry, _):
                 params, state = carry
-                value, grad = jax.value_and_grad(loss)(params, tokens, rows)
+                value, grad = jax.value_and_grad(loss)(params, recording)
                 updates, state = optimizer.update(grad, state, params)
                 return (optax.apply_updates(params, updates), state), value
             (params, _), history = jax.lax.scan(step, (params, optimizer.init(params)), None,
                                                 length=steps)
             return params, history
-        return run(family.uniform(), train_tokens, train_rows)
+        return run(family.uniform(), train_rec)
 
-    evaluate = {k: jax.jit(jax.vmap(
-        lambda p, t, r, loss=decoding_objective(specjax.Speculative(k), apply, logits=True):
-        loss(p, t[None], r[None]).value, in_axes=(None, 0, 0))) for k in LOOKAHEADS}
+    evaluate = {k: jax.jit(lambda p, rec, loss=decoding_objective(
+        specjax.Speculative(k), apply, logits=True): loss(p, rec).per_sequence)
+        for k in LOOKAHEADS}
     rows, per_sequence = [], {}
 
     def evaluated(name, params, start):
         draft = family.chain(params)
         row = {"draft": name, "seconds": time.perf_counter() - start}
         for k in LOOKAHEADS:
-            values = np.asarray(evaluate[k](params, test_tokens, test_rows))
+            values = np.asarray(evaluate[k](params, test_rec))
             per_sequence[name, k] = values
             row[f"exact_{_label(k)}"] = float(
                 specjax.exact(specjax.Speculative(k), draft, target).expected_rejections)

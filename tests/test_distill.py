@@ -37,14 +37,28 @@ def logits_apply(params, tokens):
     return jnp.broadcast_to(params, (T, V, V))[jnp.arange(T)[None], tokens[:, :-1]]
 
 
-def enumerate_target(target):
-    """Every sequence ``x_0..x_T``, its target probability and the target's rows along it."""
-    seqs = np.array(list(itertools.product(range(V), repeat=T + 1)))
+def target_rows(target, tokens):
+    """``(B, T, V)``: the target chain's rows along the tokens."""
+    return target.trans[jnp.arange(T)[None], tokens[:, :-1]]
+
+
+def recording(target, tokens, weights=None):
+    """A recording of the tokens with the target's rows (the draft columns are the target's:
+    the objectives never read them)."""
+    rows = target_rows(target, tokens)
+    return specjax.Recording.from_arrays(tokens, rows, rows, weights=weights, keep_rows=True)
+
+
+def enumerated(target):
+    """Every sequence ``x_0..x_T`` weighted by its target probability: with the target's rows,
+    and with its probabilities of the tokens only."""
+    seqs = jnp.asarray(list(itertools.product(range(V), repeat=T + 1)))
     init, trans = np.asarray(target.init), np.asarray(target.trans)
     weights = init[seqs[:, 0]] * np.prod(
         [trans[t, seqs[:, t], seqs[:, t + 1]] for t in range(T)], axis=0)
-    rows = trans[np.arange(T)[None], seqs[:, :-1]]
-    return jnp.asarray(seqs), jnp.asarray(rows), jnp.asarray(weights)
+    rows = recording(target, seqs, weights)
+    return rows, specjax.Recording.from_statistics(seqs, rows.target_prob, rows.target_prob,
+                                                   weights=weights)
 
 
 @pytest.fixture(scope="module")
@@ -52,135 +66,144 @@ def problem64():
     with jax.enable_x64(True):
         target = specjax.random_markov_chain(jax.random.key(1), V, T)
         params = family().init(jax.random.key(2))
-        return (target, params) + enumerate_target(target)
+        return (target, params) + enumerated(target)
 
 
-@pytest.mark.parametrize("lookahead", LOOKAHEADS)
-def test_enumerated_recording_is_exact(x64, problem64, lookahead):
-    target, params, seqs, rows, weights = problem64
-    sd = specjax.Speculative(lookahead)
+@pytest.mark.parametrize("decoder", [specjax.Speculative(k) for k in LOOKAHEADS]
+                         + [specjax.BatchSpeculative(2, lookahead=2), specjax.OptimalMultiDraft(2, lookahead=2)],
+                         ids=repr)
+def test_enumerated_recording_is_exact(x64, problem64, decoder):
+    """Rejections, calls and time (a cost table) equal exact's to 1e-10; SD reads the tokens'
+    probabilities alone (the same value without rows), a multi-draft root the rows."""
+    target, params, with_rows, tokens_only = problem64
     draft = family().chain(params)
-    loss = decoding_objective(sd, apply, "time", cost=COST)
-    exact = specjax.exact(sd, draft, target)
-    time = specjax.theory.decoding_time(sd, draft, target, COST).expected_time
-    for target_probs in (rows, token_probs(rows, seqs)):  # full rows or the recorded token's
-        out = loss(params, seqs, target_probs, weights)
+    loss = decoding_objective(decoder, apply, "time", cost=COST)
+    exact = specjax.exact(decoder, draft, target)
+    time = specjax.theory.decoding_time(decoder, draft, target, COST).expected_time
+    recordings = (with_rows, tokens_only) if isinstance(decoder, specjax.Speculative) else (
+        with_rows,)
+    for rec in recordings:
+        out = loss(params, rec)
         assert out.expected_rejections.dtype == jnp.float64
         np.testing.assert_allclose(out.expected_rejections, exact.expected_rejections,
                                    rtol=0, atol=1e-10)
         np.testing.assert_allclose(out.expected_calls, exact.expected_calls, rtol=0, atol=1e-10)
         np.testing.assert_allclose(out.expected_time, time, rtol=0, atol=1e-10)
-        assert out.value is out.expected_time
+        assert out.value is out.expected_time and out.per_sequence.shape == (V ** (T + 1),)
 
 
-def test_enumerated_gradient_is_exact_and_a_central_difference(x64, problem64):
-    target, params, seqs, rows, weights = problem64
+@pytest.mark.parametrize("decoder", [specjax.Speculative(1), specjax.Speculative(),
+                                     specjax.BatchSpeculative(2, lookahead=2)], ids=repr)
+def test_enumerated_gradient_is_exact_and_a_central_difference(x64, problem64, decoder):
+    target, params, rec, _ = problem64
     direction = jax.random.normal(jax.random.key(3), params.shape, params.dtype)
-    for lookahead in (1, None):
-        sd = specjax.Speculative(lookahead)
-        loss = decoding_objective(sd, apply)
+    loss = decoding_objective(decoder, apply)
 
-        def value(p, loss=loss):
-            return loss(p, seqs, rows, weights).value
+    def value(p):
+        return loss(p, rec).value
 
-        def exact(p, sd=sd):
-            return specjax.exact(sd, family().chain(p), target).expected_rejections
+    def exact(p):
+        return specjax.exact(decoder, family().chain(p), target).expected_rejections
 
-        grad = jax.grad(value)(params)
-        np.testing.assert_allclose(grad, jax.grad(exact)(params), rtol=0, atol=1e-10)
-        h = 1e-6
-        difference = (value(params + h * direction) - value(params - h * direction)) / (2 * h)
-        np.testing.assert_allclose(jnp.sum(grad * direction), difference, rtol=1e-6)
+    grad = jax.grad(value)(params)
+    np.testing.assert_allclose(grad, jax.grad(exact)(params), rtol=0, atol=1e-10)
+    h = 1e-6
+    difference = (value(params + h * direction) - value(params - h * direction)) / (2 * h)
+    np.testing.assert_allclose(jnp.sum(grad * direction), difference, rtol=1e-6)
 
 
 def test_divergences_are_the_exact_sums(x64, problem64):
     """TV over the enumeration is Theorem 1's rejections (K = T); KL is the sequence KL (both
     prompt laws uniform). The logits form of the draft gives the same values."""
-    target, params, seqs, rows, weights = problem64
+    target, params, rec, _ = problem64
     draft = family().chain(params)
-    tv = divergence_objective(apply, "tv")(params, seqs, rows, weights)
+    tv = divergence_objective(apply, "tv")(params, rec)
     np.testing.assert_allclose(tv, specjax.exact(specjax.Speculative(), draft, target)
                                .expected_rejections, rtol=0, atol=1e-10)
-    kl = divergence_objective(apply, "kl")(params, seqs, rows, weights)
+    kl = divergence_objective(apply, "kl")(params, rec)
     np.testing.assert_allclose(kl, specjax.theory.sequence_kl(target, draft), rtol=0, atol=1e-10)
     for name, value in (("tv", tv), ("kl", kl)):
         np.testing.assert_allclose(
-            divergence_objective(logits_apply, name, logits=True)(params, seqs, rows, weights),
-            value, rtol=0, atol=1e-10)
+            divergence_objective(logits_apply, name, logits=True)(params, rec), value, rtol=0,
+            atol=1e-10)
 
 
 @pytest.fixture(scope="module")
 def rollouts():
-    """2,000 target rollouts (float32) and the target's rows along them."""
+    """A recording of 2,000 target rollouts (float32) with the target's rows."""
     target = specjax.random_markov_chain(jax.random.key(1), V, T)
     tokens = specjax.decode(jax.random.key(4), specjax.Autoregressive(), None, target,
                             2000).tokens
-    rows = target.trans[jnp.arange(T)[None], tokens[:, :-1]]
-    return target, tokens, rows
+    return target, recording(target, tokens)
 
 
 def test_recorded_rollouts_estimate_the_exact_value(rollouts):
-    """Unweighted over target rollouts, the per-sequence values average to the exact value within
-    stats.Z standard errors."""
-    target, tokens, rows = rollouts
+    """Over target rollouts the per-sequence values average to the value, which is
+    specjax.estimate's for this draft and within stats.Z standard errors of the exact value."""
+    target, rec = rollouts
     params = family().init(jax.random.key(2))
     draft = family().chain(params)
-    for lookahead in (1, None):
-        sd = specjax.Speculative(lookahead)
-        loss = decoding_objective(sd, apply)
-        per_sequence = jax.vmap(lambda t, r, loss=loss: loss(params, t[None], r[None]).value)(
-            tokens, rows)
-        np.testing.assert_allclose(jnp.mean(per_sequence), loss(params, tokens, rows).value,
-                                   rtol=1e-5)
-        stats.assert_mean(per_sequence, float(specjax.exact(sd, draft, target)
-                                              .expected_rejections), f"SD({lookahead})")
+    rows = apply(params, rec.tokens)
+    mine = specjax.Recording.from_arrays(rec.tokens, rows, rec.target_probs)
+    for decoder in (specjax.Speculative(1), specjax.Speculative(),
+                    specjax.BatchSpeculative(2, lookahead=2)):
+        out = decoding_objective(decoder, apply)(params, rec)
+        np.testing.assert_allclose(jnp.mean(out.per_sequence), out.value, rtol=1e-5)
+        if isinstance(decoder, specjax.Speculative):
+            np.testing.assert_allclose(out.value, specjax.estimate(decoder, mine)
+                                       .expected_rejections, rtol=1e-5)
+        stats.assert_mean(out.per_sequence, float(specjax.exact(decoder, draft, target)
+                                                  .expected_rejections), repr(decoder))
 
 
 def test_edge_cases_finite(rollouts):
     """p = q (the target's own rows), a draft giving the recorded tokens probability 0 (as
     probabilities and as -inf logits), and target probabilities 0: finite values and gradients.
     """
-    _, tokens, rows = rollouts
-    tokens, rows = tokens[:64], rows[:64]
+    _, rec = rollouts
+    tokens, rows = rec.tokens[:64], rec.target_probs[:64]
     recorded = jax.nn.one_hot(tokens[:, 1:], V, dtype=rows.dtype)
+    zero_q = rows * (1 - recorded)
     cases = {
-        "p = q": (lambda params, _: params, rows, rows, False),
-        "p(x_t) = 0": (lambda params, _: params, (1 - recorded) / (V - 1), rows, False),
-        "-inf logits": (lambda params, _: params, jnp.where(recorded > 0, -jnp.inf, 0.0), rows,
-                        True),
-        "q(x_t) = 0": (lambda params, _: params, rows, rows * (1 - recorded), False),
+        "p = q": (rows, rows, False),
+        "p(x_t) = 0": ((1 - recorded) / (V - 1), rows, False),
+        "-inf logits": (jnp.where(recorded > 0, -jnp.inf, 0.0), rows, True),
+        "q(x_t) = 0": (rows, zero_q / jnp.sum(zero_q, -1, keepdims=True).clip(1e-30), False),
     }
-    for name, (draft_apply, params, target_rows, logits) in cases.items():
-        for lookahead in (2, None):
-            loss = decoding_objective(specjax.Speculative(lookahead), draft_apply, "time",
-                                      cost=COST, logits=logits)
-            value, grad = jax.value_and_grad(
-                lambda p, loss=loss, q=target_rows: loss(p, tokens, q).value)(params)
-            assert np.isfinite(value) and np.all(np.isfinite(grad)), (name, lookahead)
-        if name == "p = q":
-            assert float(loss(params, tokens, target_rows).expected_rejections) == 0.0
+    for name, (params, q, logits) in cases.items():
+        case = specjax.Recording(tokens, token_probs(q, tokens), token_probs(q, tokens),
+                                 target_probs=q, draft_probs=q)
+        for decoder in (specjax.Speculative(2), specjax.Speculative(),
+                        specjax.BatchSpeculative(2, lookahead=2)):
+            loss = decoding_objective(decoder, lambda p, _: p, "time", cost=COST, logits=logits)
+            value, grad = jax.value_and_grad(lambda p, loss=loss: loss(p, case).value)(params)
+            assert np.isfinite(value) and np.all(np.isfinite(grad)), (name, decoder)
+            if name == "p = q":
+                assert float(loss(params, case).expected_rejections) == 0.0
         for divergence in ("tv", "kl") if name != "p(x_t) = 0" else ("tv",):
-            grad = jax.grad(divergence_objective(draft_apply, divergence, logits=logits))(
-                params, tokens, target_rows)
+            grad = jax.grad(divergence_objective(lambda p, _: p, divergence, logits=logits))(
+                params, case)
             assert np.all(np.isfinite(grad)), (name, divergence)
 
 
 def test_jit_and_no_recompilation(rollouts):
     """The objective is a pure function of arrays: jit compiles it once for new parameters."""
-    _, tokens, rows = rollouts
+    _, rec = rollouts
     loss = jax.jit(decoding_objective(specjax.Speculative(2), apply))
-    loss(family().init(jax.random.key(5)), tokens, rows)
+    loss(family().init(jax.random.key(5)), rec)
     size = loss._cache_size()
-    loss(family().init(jax.random.key(6)), tokens, rows)
+    loss(family().init(jax.random.key(6)), rec)
     assert loss._cache_size() == size
 
 
 def test_bad_arguments_are_named(rollouts):
-    _, tokens, rows = rollouts
+    _, rec = rollouts
     params = family().uniform()
     sd = specjax.Speculative(2)
-    with pytest.raises(ValueError, match="decoder"):
-        decoding_objective(specjax.BatchSpeculative(2), apply)
+    for decoder in (specjax.BiasedSpeculative(0.1), specjax.BlockVerification(2),
+                    specjax.Autoregressive(), "SD"):
+        with pytest.raises(ValueError, match="decoder"):
+            decoding_objective(decoder, apply)
     with pytest.raises(ValueError, match="apply"):
         decoding_objective(sd, "draft")
     with pytest.raises(ValueError, match="measure"):
@@ -193,23 +216,17 @@ def test_bad_arguments_are_named(rollouts):
         decoding_objective(sd, apply, logits="yes")
     with pytest.raises(ValueError, match="divergence"):
         divergence_objective(apply, "js")
-    loss = decoding_objective(sd, apply)
-    with pytest.raises(ValueError, match="tokens"):
-        loss(params, tokens[:, 0], rows)
-    with pytest.raises(ValueError, match="tokens"):
-        loss(params, tokens.astype(jnp.float32), rows)
-    with pytest.raises(ValueError, match="target_probs"):
-        loss(params, tokens, rows[:, :-1])
-    with pytest.raises(ValueError, match="target_probs"):
-        loss(params, tokens, -rows)
-    with pytest.raises(ValueError, match="weights"):
-        loss(params, tokens, rows, jnp.ones(3))
-    with pytest.raises(ValueError, match="weights"):
-        loss(params, tokens, rows, -jnp.ones(tokens.shape[0]))
+    with pytest.raises(ValueError, match="recording"):
+        decoding_objective(sd, apply)(params, (rec.tokens, rec.target_probs))
+    no_rows = rec._replace(draft_probs=None, target_probs=None)
+    with pytest.raises(ValueError, match="recording holds no target rows"):
+        decoding_objective(specjax.BatchSpeculative(2), apply)(params, no_rows)
+    with pytest.raises(ValueError, match="recording holds no target rows"):
+        divergence_objective(apply, "kl")(params, no_rows)
     with pytest.raises(ValueError, match="apply"):
-        decoding_objective(sd, lambda p, t: p)(params, tokens, rows)
-    with pytest.raises(ValueError, match="target_probs"):
-        divergence_objective(apply, "kl")(params, tokens, token_probs(rows, tokens))
+        decoding_objective(sd, lambda p, t: p)(params, rec)
+    with pytest.raises(ValueError, match="apply"):
+        divergence_objective(lambda p, t: apply(p, t)[..., :2], "tv")(params, rec)
 
 
 @pytest.mark.slow

@@ -10,15 +10,17 @@ the draft, the same mean is a differentiable objective in the draft's parameters
 can be distilled for the rejections (or time) of SD with the lookahead it will run at, not for a
 divergence that ignores ``K``.
 
-Only ``p_theta(x_t)``, the draft's probability of the recorded token, enters the objective, and
-only ``q_t(x_t)`` from the target: a recording of ``V = 128,000`` rows needs one number per
-position. The divergences DistillSpec compares (forward KL, total variation) need the target's
-full rows (``divergence_objective``; small ``V``).
+For SD only ``p_theta(x_t)``, the draft's probability of the recorded token, enters the
+objective, and only ``q_t(x_t)`` from the target: a recording of a ``V = 128,000`` target needs
+one number per position. A multi-draft root (batch SD, the optimal verifier, K-SEQ) changes the
+rate at a call's first position, computed from the decoder's laws on the full rows, as do the
+divergences DistillSpec compares (forward KL, total variation): those need recordings that keep
+the target's rows (small ``V``).
 
-| function | static settings | call | value |
-| --- | --- | --- | --- |
-| ``decoding_objective(decoder, apply, measure)`` | ``Speculative(K)``, the draft, the measure, a ``CostModel`` | ``(params, tokens, target_probs, weights=None)`` | ``DistillLoss`` |
-| ``divergence_objective(apply, divergence)`` | the draft, ``"kl"`` or ``"tv"`` | ``(params, tokens, target_probs, weights=None)`` | a scalar |
+| function | static settings | returns |
+| --- | --- | --- |
+| ``decoding_objective(decoder, apply, measure, cost=)`` | the decoder and its ``K``, the draft, ``"rejections"`` / ``"calls"`` / ``"time"``, a ``CostModel`` | ``loss(params, recording) -> DistillLoss`` |
+| ``divergence_objective(apply, divergence)`` | the draft, ``"kl"`` or ``"tv"`` | ``loss(params, recording) -> ()`` |
 
 References:
   The paper's Theorem 1 (``K = T``: the expected rejections are the summed total variation);
@@ -33,22 +35,22 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specjax import _checks
+from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.speculative import Speculative
-from specjax.pairs.calls import call_structure
-from specjax.pairs.calls import expected_call_time
-from specjax.pairs.calls import rejection_rate
+from specjax.pairs.calls import phase_filter
+from specjax.pairs.estimate import call_columns
+from specjax.pairs.estimate import rates
+from specjax.pairs.recording import Recording
+from specjax.pairs.recording import check_estimable
 from specjax.theory.cost import CostModel
-from specjax.theory.cost import call_works
 
 MEASURES = ("rejections", "calls", "time")
 DIVERGENCES = ("kl", "tv")
 
 
 class DistillLoss(NamedTuple):
-    """A decoding objective's value over a recording: weighted means over its sequences.
+    """A decoding objective's value over a recording: (weighted) means over its sequences.
 
     Attributes:
       value: the chosen measure (``expected_rejections``, ``expected_calls`` or
@@ -56,12 +58,15 @@ class DistillLoss(NamedTuple):
       expected_rejections: ``E[rejections]`` of the decoder with this draft.
       expected_calls: ``E[target calls]``.
       expected_time: ``E[time]`` under the ``CostModel`` (``None`` without one).
+      per_sequence: ``(B,)``, the chosen measure's exact expectation given each recorded
+        sequence (``value`` is their weighted mean): for standard errors and paired comparisons.
     """
 
     value: jax.Array  # shape=()
     expected_rejections: jax.Array  # shape=()
     expected_calls: jax.Array  # shape=()
     expected_time: jax.Array | None  # shape=(); None without a cost model
+    per_sequence: jax.Array  # shape=(B,)
 
 
 def _check_apply(apply) -> None:
@@ -76,43 +81,15 @@ def _check_logits(logits) -> bool:
     return logits
 
 
-def check_recording(tokens, target_probs, weights, *, full_rows: bool):
-    """``(tokens (B, T + 1) int, target_probs, weights (B,) or None)`` as arrays, or
-    ``ValueError`` naming the argument. ``target_probs``: ``(B, T, V)`` rows, or with
-    ``full_rows=False`` also ``(B, T)``, the target's probability of each recorded token."""
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2 or tokens.shape[1] < 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an integer array of shape (B, T + 1) with T >= 1 "
-                         f"(x_0..x_T of B rollouts), got dtype {tokens.dtype} and shape "
-                         f"{tokens.shape}")
-    batch, horizon = tokens.shape[0], tokens.shape[1] - 1
-    target_probs = jnp.asarray(target_probs)
-    if not jnp.issubdtype(target_probs.dtype, jnp.floating):
-        target_probs = target_probs.astype(jnp.result_type(float))
-    shapes = "(B, T, V) rows" if full_rows else "(B, T, V) rows or (B, T) at the recorded tokens"
-    if target_probs.shape[:2] != (batch, horizon) or target_probs.ndim != (
-            3 if full_rows else target_probs.ndim) or target_probs.ndim not in (2, 3):
-        raise ValueError(f"target_probs must have shape {shapes} with (B, T) = "
-                         f"{(batch, horizon)} from tokens, got shape {target_probs.shape}")
-    if _checks.is_concrete(target_probs):
-        bad = ~((target_probs >= 0) & (target_probs <= 1))
-        if bool(jnp.any(bad)):
-            raise ValueError(f"target_probs must hold probabilities in [0, 1], got "
-                             f"{float(target_probs[bad][0])!r}")
-    if target_probs.ndim == 3 and _checks.is_concrete(tokens):
-        if bool(jnp.any((tokens < 0) | (tokens >= target_probs.shape[-1]))):
-            raise ValueError(f"tokens must lie in 0..V - 1 = {target_probs.shape[-1] - 1}, got "
-                             f"values in {int(tokens.min())}..{int(tokens.max())}")
-    if weights is not None:
-        weights = jnp.asarray(weights)
-        if not jnp.issubdtype(weights.dtype, jnp.floating):
-            weights = weights.astype(jnp.result_type(float))
-        if weights.shape != (batch,):
-            raise ValueError(f"weights must have shape (B,) = ({batch},), got {weights.shape}")
-        if _checks.is_concrete(weights) and not (bool(jnp.all(weights >= 0))
-                                                  and float(jnp.sum(weights)) > 0):
-            raise ValueError("weights must be finite, >= 0 and not all 0")
-    return tokens, target_probs, weights
+def _check_recording(recording, *, rows: bool, why: str = "") -> None:
+    if not isinstance(recording, Recording):
+        raise ValueError(f"recording must be a specjax.Recording (Recording.from_arrays, "
+                         f"Recording.from_statistics, specjax.record), got "
+                         f"{type(recording).__name__}")
+    if rows and recording.target_probs is None:
+        raise ValueError(f"recording holds no target rows: {why} needs the target's full rows "
+                         f"along the rollouts (keep_rows=True in specjax.record or "
+                         f"Recording.from_arrays)")
 
 
 def token_probs(rows, tokens, *, logits: bool = False) -> jax.Array:
@@ -127,12 +104,15 @@ def token_probs(rows, tokens, *, logits: bool = False) -> jax.Array:
     return jnp.take_along_axis(rows, targets, axis=-1)[..., 0]
 
 
-def _draft_rows(apply, params, tokens):
-    rows = jnp.asarray(apply(params, tokens))
-    shape = (tokens.shape[0], tokens.shape[1] - 1)
+def _draft_rows(apply, params, recording):
+    rows = jnp.asarray(apply(params, recording.tokens))
+    shape = recording.target_prob.shape
     if rows.ndim != 3 or rows.shape[:2] != shape:
         raise ValueError(f"apply(params, tokens) must return (B, T, V) draft rows with (B, T) = "
                          f"{shape}, got shape {rows.shape}")
+    if recording.target_probs is not None and rows.shape != recording.target_probs.shape:
+        raise ValueError(f"apply(params, tokens) must return rows of the target's shape "
+                         f"{recording.target_probs.shape}, got {rows.shape}")
     return rows
 
 
@@ -144,56 +124,63 @@ def weighted_mean(values, weights) -> jax.Array:
     return jnp.sum(weights * values) / jnp.sum(weights)
 
 
-def _speculative_lookahead(decoder):
-    if not isinstance(decoder, Speculative):
-        raise ValueError(f"decoder must be specjax.Speculative(lookahead) (SD with a lookahead "
-                         f"K, or None for K = T), got {decoder!r}"[:300])
-    return decoder.lookahead
-
-
 def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
                        cost: CostModel | None = None, logits: bool = False) -> Callable:
-    """The expected rejections, calls or time of SD with a draft ``apply(params, .)``, estimated
-    on recorded target rollouts: a pure function of the parameters for ``jax.grad`` and optax.
+    """The expected rejections, calls or time of a lossless decoder with the draft
+    ``apply(params, .)``, estimated on recorded target rollouts: a pure function of the
+    parameters, for ``jax.grad`` and optax.
 
-    For each recorded sequence ``x``, ``r_t = rejection_rate(p_theta(x_t), q_t(x_t))`` along it
-    and the exact ``E[. | x]`` of ``call_structure(r, K)``; the value is their (weighted) mean.
+    For each recorded sequence ``x``: the rates ``r_t`` of the draft along ``x``
+    (``rejection_rate(p_theta(x_t), q_t(x_t))`` for SD; a multi-draft root's from its laws on
+    the full rows) and the exact ``E[. | x]`` of the phase filter
+    (``specjax.pairs.call_structure``); the value is their (weighted) mean over the recording.
 
     Args:
-      decoder: ``specjax.Speculative(lookahead=K)`` (``K = None``: draft to the horizon); static.
+      decoder: a token-wise lossless decoder with a draft, at the lookahead it will run at:
+        ``specjax.Speculative(lookahead=K)`` (``K = None``: draft to the horizon), or a
+        multi-draft root (``BatchSpeculative(M, lookahead=K)``, ``OptimalMultiDraft(M)``,
+        ``KSequential``, a lossless ``RejectionRule``: these need the target's rows in the
+        recording); static.
       apply: the draft, ``apply(params, tokens) -> (B, T, V)``: at index ``t - 1`` the draft's
         law of ``x_t`` given ``x_0..x_{t-1}``, along the ``(B, T + 1)`` recorded tokens (an
         equinox module's call, a flax ``model.apply``); probabilities, or logits with
-        ``logits=True``. Only each row's entry at the recorded token is used.
+        ``logits=True``. SD uses only each row's entry at the recorded token.
       measure: ``"rejections"``, ``"calls"`` or ``"time"`` (needs ``cost``): the ``value`` field.
       cost: a ``specjax.CostModel`` for ``expected_time`` (a call at ``n`` drafts
-        ``min(K, T - n + 1)`` tokens and scores one more, as ``specjax.theory.decoding_time``).
+        ``min(K, T - n + 1)`` levels and scores the decoder's ``call_work``, as
+        ``specjax.theory.decoding_time``).
       logits: whether ``apply`` returns logits.
 
     Returns:
-      ``loss(params, tokens, target_probs, weights=None) -> DistillLoss``: ``tokens``
-      ``(B, T + 1)`` target rollouts, ``target_probs`` ``(B, T)`` the target's probability of each
-      recorded token (or ``(B, T, V)`` its rows), ``weights`` ``(B,)`` optional (with every
-      sequence enumerated and weighted by its target probability, the value is exact). Values
-      and gradients are finite at ``p = q`` and at ``p_theta(x_t) = 0``.
+      ``loss(params, recording) -> DistillLoss`` for a ``specjax.Recording`` of target rollouts
+      (``specjax.record``, ``Recording.from_arrays``, ``Recording.from_statistics``: only its
+      tokens, ``target_prob``, ``weights`` and, for a multi-draft root, ``target_probs`` are
+      read; its draft columns belong to the draft it was recorded with). With every sequence
+      enumerated and weighted by its target probability, the value is exact. Values and
+      gradients are finite at ``p = q`` and at ``p_theta(x_t) = 0``.
 
     Raises:
-      ValueError: naming the argument: a decoder other than ``Speculative``, ``apply`` not
-        callable, an unknown ``measure``, ``"time"`` without a ``CostModel``; at call time,
-        arrays of the wrong shape, probabilities outside ``[0, 1]``, negative weights.
+      ValueError: naming the argument: a decoder that cannot be estimated from target rollouts
+        (lossy, call-level, bound to the whole models; see ``specjax.estimate``) or has no draft,
+        ``apply`` not callable, an unknown ``measure``, ``"time"`` without a ``CostModel``; at
+        call time, not a ``Recording``, no target rows for a multi-draft root, draft rows of the
+        wrong shape.
 
     Example:
       >>> import jax, jax.numpy as jnp, specjax
       >>> from specjax.pairs.distill import decoding_objective
-      >>> tokens = jnp.array([[0, 1, 1], [0, 0, 1]])        # two rollouts, T = 2
-      >>> target_probs = jnp.array([[0.5, 0.8], [0.5, 0.2]])
-      >>> apply = lambda params, tokens: jnp.broadcast_to(jax.nn.softmax(params), (2, 2, 2))
-      >>> loss = decoding_objective(specjax.Speculative(1), apply, logits=False)
-      >>> value = loss(jnp.zeros(2), tokens, target_probs).value
-      >>> round(float(value), 3)
-      0.375
+      >>> rec = specjax.Recording.from_statistics(            # two rollouts, T = 2
+      ...     jnp.array([[0, 1, 1], [0, 0, 1]]), jnp.full((2, 2), 0.5),
+      ...     jnp.array([[0.5, 0.8], [0.5, 0.2]]))
+      >>> apply = lambda params, tokens: jnp.broadcast_to(params, (2, 2, 2))  # context-free
+      >>> loss = decoding_objective(specjax.Speculative(), apply, logits=True)  # K = T
+      >>> round(float(loss(jnp.zeros(2), rec).value), 4)  # r = [0, 0.375] and [0, 0]
+      0.1875
+      >>> grad = jax.grad(lambda params: loss(params, rec).value)(jnp.zeros(2))
     """
-    lookahead = _speculative_lookahead(decoder)
+    check_estimable(decoder)
+    if isinstance(decoder, Autoregressive):
+        raise ValueError("decoder: Autoregressive() has no draft to distil")
     _check_apply(apply)
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
@@ -203,33 +190,31 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     if measure == "time" and cost is None:
         raise ValueError("measure='time' needs cost=specjax.CostModel(...)")
     logits = _check_logits(logits)
+    from_token = isinstance(decoder, Speculative)  # SD's rate needs p_theta(x_t) alone
 
-    def loss(params, tokens, target_probs, weights=None) -> DistillLoss:
-        tokens, target_probs, weights = check_recording(tokens, target_probs, weights,
-                                                        full_rows=False)
-        horizon = tokens.shape[1] - 1
-        times = None if cost is None else _call_times(cost, lookahead, horizon)
-        q = target_probs if target_probs.ndim == 2 else token_probs(target_probs, tokens)
-        p = token_probs(_draft_rows(apply, params, tokens), tokens, logits=logits)
-        rates = rejection_rate(p, q)
-        structure = call_structure(rates, lookahead)
-        rejections = weighted_mean(structure.rejections, weights)
-        calls = weighted_mean(structure.calls, weights)
-        time = None if times is None else weighted_mean(
-            expected_call_time(rates, lookahead, times.astype(rates.dtype)), weights)
-        value = {"rejections": rejections, "calls": calls, "time": time}[measure]
-        return DistillLoss(value=value, expected_rejections=rejections, expected_calls=calls,
-                           expected_time=time)
+    def loss(params, recording) -> DistillLoss:
+        _check_recording(recording, rows=not from_token,
+                         why=f"the root law of {decoder!r}")
+        horizon = recording.horizon
+        lookahead = decoder.resolve_lookahead(horizon)
+        rows = _draft_rows(apply, params, recording)
+        mine = recording._replace(  # this draft's columns; no rates of the recorded draft
+            rates=(), draft_prob=token_probs(rows, recording.tokens, logits=logits),
+            draft_probs=None if from_token else (
+                jax.nn.softmax(rows, axis=-1) if logits else rows))
+        root, inside = rates(decoder, mine)
+        dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+        columns = jnp.asarray(call_columns(decoder, horizon, lookahead, cost), dtype)
+        rejections, weighted, _ = phase_filter(inside.astype(dtype), root.astype(dtype),
+                                               lookahead, columns)
+        per = {"rejections": rejections, "calls": weighted[:, 0], "time": weighted[:, 2]}
+        means = {name: weighted_mean(values, recording.weights) for name, values in per.items()}
+        return DistillLoss(value=means[measure], expected_rejections=means["rejections"],
+                           expected_calls=means["calls"],
+                           expected_time=None if cost is None else means["time"],
+                           per_sequence=per[measure])
 
     return loss
-
-
-def _call_times(cost: CostModel, lookahead, horizon: int) -> np.ndarray:
-    """``(T,)``: the time of an SD call at ``n = 1..T`` under ``cost``."""
-    k = horizon if lookahead is None else min(lookahead, horizon)
-    passes, scored = call_works(Speculative(lookahead), horizon, k)
-    return np.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
-                       for d, s in zip(passes, scored)])
 
 
 def divergence_objective(apply: Callable, divergence: str = "kl", *,
@@ -239,8 +224,8 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
 
     ``"kl"``: ``sum_t KL(q_t || p_t)`` (maximum likelihood on the target's rows);
     ``"tv"``: ``sum_t TV(q_t, p_t)``, whose mean over rollouts is SD's expected rejections at
-    ``K = T`` (Theorem 1), the same quantity ``decoding_objective(Speculative(), apply)``
-    estimates from the recorded tokens alone.
+    ``K = T`` (Theorem 1): the quantity ``decoding_objective(Speculative(), apply)`` estimates
+    from the recorded tokens alone, here averaged over each row (a smaller variance).
 
     Args:
       apply: the draft, as for ``decoding_objective``.
@@ -249,18 +234,19 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
         draft's probability underflows).
 
     Returns:
-      ``loss(params, tokens, target_probs, weights=None) -> ()`` with ``target_probs``
-      ``(B, T, V)``, the target's full rows along the rollouts.
+      ``loss(params, recording) -> ()`` for a ``specjax.Recording`` that holds the target's full
+      rows (``keep_rows=True``).
 
     Raises:
-      ValueError: naming the argument (as ``decoding_objective``; ``target_probs`` must be rows).
+      ValueError: naming the argument (as ``decoding_objective``; a recording without rows).
 
     Example:
-      >>> import jax.numpy as jnp
+      >>> import jax.numpy as jnp, specjax
       >>> from specjax.pairs.distill import divergence_objective
+      >>> q = jnp.array([[[0.5, 0.5]]])
+      >>> rec = specjax.Recording.from_arrays(jnp.array([[0, 1]]), q, q, keep_rows=True)
       >>> tv = divergence_objective(lambda params, tokens: params, "tv")
-      >>> rows = jnp.array([[[0.5, 0.5]]])
-      >>> round(float(tv(jnp.array([[[0.8, 0.2]]]), jnp.array([[0, 1]]), rows)), 3)
+      >>> round(float(tv(jnp.array([[[0.8, 0.2]]]), rec)), 3)
       0.3
     """
     _check_apply(apply)
@@ -268,12 +254,10 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
     logits = _check_logits(logits)
 
-    def loss(params, tokens, target_probs, weights=None) -> jax.Array:
-        tokens, q, weights = check_recording(tokens, target_probs, weights, full_rows=True)
-        rows = _draft_rows(apply, params, tokens)
-        if rows.shape != q.shape:
-            raise ValueError(f"apply(params, tokens) must return rows of the target's shape "
-                             f"{q.shape}, got {rows.shape}")
+    def loss(params, recording) -> jax.Array:
+        _check_recording(recording, rows=True, why=f"the {divergence} divergence")
+        q = recording.target_probs
+        rows = _draft_rows(apply, params, recording)
         if divergence == "tv":
             p = jax.nn.softmax(rows, axis=-1) if logits else rows
             per_position = 0.5 * jnp.sum(jnp.abs(q - p.astype(q.dtype)), axis=-1)
@@ -283,7 +267,7 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
             log_q = _log(jnp.where(positive, q, 1))
             per_position = jnp.sum(jnp.where(positive, q * (log_q - log_p.astype(q.dtype)), 0),
                                    axis=-1)
-        return weighted_mean(jnp.sum(per_position, axis=-1), weights)
+        return weighted_mean(jnp.sum(per_position, axis=-1), recording.weights)
 
     return loss
 
