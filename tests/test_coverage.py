@@ -134,7 +134,7 @@ def api_md() -> pathlib.Path | None:
     return path if path.is_file() else None
 
 
-SUBPACKAGES = ("models", "decoders", "sampling", "theory", "tuning", "auditing", "compat")
+SUBPACKAGES = ("models", "decoders", "sampling", "theory", "tuning", "auditing", "pairs", "compat")
 
 
 def specjax_name(name: str) -> bool:

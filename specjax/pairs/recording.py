@@ -55,7 +55,7 @@ from specjax.numerics import safe_ratio
 from specjax.sampling import sharding as _sharding
 
 #: Working memory (bytes) one chunk's rows may take when scoring or reading rows.
-CHUNK_BYTES = 1 << 27
+CHUNK_BYTES = 1 << 28
 
 
 class DecoderRates(NamedTuple):
@@ -377,7 +377,7 @@ def check_decoders(decoders) -> tuple:
 
 def rows_chunk(horizon: int, num_states: int, dtype, num: int, decoders) -> int:
     """Sequences per chunk so that a chunk's rows and laws stay within ``CHUNK_BYTES``."""
-    copies = 4 + 6 * len(decoders)
+    copies = 3 + 6 * len(decoders)
     per_sequence = horizon * num_states * jnp.dtype(dtype).itemsize * copies
     return int(max(1, min(num, CHUNK_BYTES // max(per_sequence, 1))))
 
@@ -446,7 +446,7 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
       decoders: token-wise decoders whose rates to record (multi-draft roots, a
         ``RejectionRule``): a tuple.
       keep_rows: keep the full rows ``(B, T, V)`` (small models only).
-      chunk_size: sequences scored at once (default: rows of about 128 MiB).
+      chunk_size: sequences scored at once (default: rows of about 256 MiB).
       sharding: as ``decode``'s (``specjax.chain_sharding()``); ``num_sequences`` and the chunk
         size must be multiples of the number of shards.
       progress: show a progress bar over the chunks.
