@@ -41,6 +41,7 @@ from specjax.decoders.speculative import Speculative
 from specjax.pairs.calls import phase_filter
 from specjax.pairs.estimate import call_columns
 from specjax.pairs.estimate import rates
+from specjax.pairs.estimate import weighted_mean_se
 from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
 from specjax.theory.cost import CostModel
@@ -117,11 +118,9 @@ def _draft_rows(apply, params, recording):
 
 
 def weighted_mean(values, weights) -> jax.Array:
-    """The recording's mean of ``(B,)`` per-sequence values: plain, or ``weights``-weighted."""
-    if weights is None:
-        return jnp.mean(values)
-    weights = weights.astype(values.dtype)
-    return jnp.sum(weights * values) / jnp.sum(weights)
+    """The recording's mean of ``(B,)`` per-sequence values (``weights``-weighted when given),
+    as ``specjax.estimate`` takes it."""
+    return weighted_mean_se(values, weights)[0]
 
 
 def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
@@ -174,7 +173,7 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
       ...     jnp.array([[0.5, 0.8], [0.5, 0.2]]))
       >>> apply = lambda params, tokens: jnp.broadcast_to(params, (2, 2, 2))  # context-free
       >>> loss = decoding_objective(specjax.Speculative(), apply, logits=True)  # K = T
-      >>> round(float(loss(jnp.zeros(2), rec).value), 4)  # r = [0, 0.375] and [0, 0]
+      >>> round(float(loss(jnp.zeros(2), rec).value), 4)  # rates 0, 0.375 and 0, 0
       0.1875
       >>> grad = jax.grad(lambda params: loss(params, rec).value)(jnp.zeros(2))
     """
