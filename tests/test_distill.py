@@ -128,6 +128,38 @@ def test_divergences_are_the_exact_sums(x64, problem64):
             atol=1e-10)
 
 
+def test_equinox_module_draft(x64, problem64):
+    """A draft network as an equinox module (embedding and linear layer: logits of x_t given
+    x_{t-1}): its objective on the enumerated recording is exact for the chain it defines, and
+    eqx.filter_value_and_grad gives a finite gradient for every leaf."""
+    eqx = pytest.importorskip("equinox")
+    target, _, rec, _ = problem64
+
+    class Bigram(eqx.Module):
+        embed: eqx.nn.Embedding
+        out: eqx.nn.Linear
+
+        def __call__(self, token):
+            return self.out(jax.nn.tanh(self.embed(token)))
+
+    key_embed, key_out = jax.random.split(jax.random.key(7))
+    model = Bigram(eqx.nn.Embedding(V, 4, key=key_embed, dtype=jnp.float64),
+                   eqx.nn.Linear(4, V, key=key_out, dtype=jnp.float64))
+    sd = specjax.Speculative(2)
+    loss = decoding_objective(sd, lambda m, tokens: jax.vmap(jax.vmap(m))(tokens[:, :-1]),
+                              logits=True)
+
+    def chain(m):
+        rows = jax.nn.softmax(jax.vmap(m)(jnp.arange(V)), axis=-1)
+        return specjax.MarkovChain(jnp.full((V,), 1.0 / V), jnp.broadcast_to(rows, (T, V, V)))
+
+    value, grad = eqx.filter_value_and_grad(lambda m: loss(m, rec).value)(model)
+    exact = specjax.exact(sd, chain(model), target).expected_rejections
+    np.testing.assert_allclose(value, exact, rtol=0, atol=1e-10)
+    leaves = jax.tree_util.tree_leaves(grad)
+    assert len(leaves) == 3 and all(np.all(np.isfinite(g)) and np.any(g != 0) for g in leaves)
+
+
 @pytest.fixture(scope="module")
 def rollouts():
     """A recording of 2,000 target rollouts (float32) with the target's rows."""
