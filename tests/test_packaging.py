@@ -21,7 +21,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SUBPACKAGES = ["", "models", "decoders", "sampling", "theory", "tuning", "auditing",
-               "experiments"]
+               "experiments", "pairs"]
 TEST_HELPERS = ["conftest.py", "reference.py", "stats.py", "sampler_cases.py",
                 "sharded_check.py"]
 # Not part of a source distribution: environments, caches, build outputs, local results.

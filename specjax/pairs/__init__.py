@@ -4,7 +4,9 @@
   kernel every estimate (and a distillation objective) is built on;
 * ``recording``: ``Recording`` (from arrays, statistics or a ``.npz`` file) and ``record``;
 * ``estimate``: ``estimate`` and ``best_lookahead`` from a recording;
-* ``profiles``: engines' per-position acceptance vectors.
+* ``profiles``: engines' per-position acceptance vectors;
+* ``distill``: objectives to distill a draft for what decoding costs (``decoding_objective``)
+  and the forward-KL and total-variation baselines (``divergence_objective``).
 
 ``specjax.Recording``, ``specjax.record`` and ``specjax.estimate`` are also served from the top
 level. See the guide "Real model pairs".
@@ -14,6 +16,9 @@ from specjax.pairs.calls import CallStructure
 from specjax.pairs.calls import call_structure
 from specjax.pairs.calls import expected_call_time
 from specjax.pairs.calls import rejection_rate
+from specjax.pairs.distill import DistillLoss
+from specjax.pairs.distill import decoding_objective
+from specjax.pairs.distill import divergence_objective
 from specjax.pairs.estimate import Estimate
 from specjax.pairs.estimate import best_lookahead
 from specjax.pairs.estimate import estimate
@@ -30,12 +35,15 @@ from specjax.pairs.recording import record
 __all__ = [
     "CallStructure",
     "DecoderRates",
+    "DistillLoss",
     "Estimate",
     "ProfileChoice",
     "Recording",
     "acceptance_profile",
     "best_lookahead",
     "call_structure",
+    "decoding_objective",
+    "divergence_objective",
     "estimate",
     "expected_call_time",
     "profile_accepted_length",
