@@ -1449,27 +1449,28 @@ def _cases() -> list[Case]:
         "max_lookahead")
 
     # Real model pairs: recordings of target rollouts and the estimates from them.
-    tok = lambda: np.zeros((2, T + 1), np.int32)  # noqa: E731
-    rows = lambda: np.full((2, T, V), 1.0 / V)  # noqa: E731
+    pair_tokens = lambda: np.zeros((2, T + 1), np.int32)  # noqa: E731
+    pair_rows = lambda: np.full((2, T, V), 1.0 / V)  # noqa: E731
     add(kind, "Recording.from_arrays", "target_probs of another shape",
-        lambda: S.Recording.from_arrays(tok(), rows(), rows()[:, :-1]), "target_probs")
+        lambda: S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows()[:, :-1]),
+        "target_probs")
     add(kind, "Recording.from_arrays", "negative weights",
-        lambda: S.Recording.from_arrays(tok(), rows(), rows(), weights=np.array([1.0, -1.0])),
+        lambda: S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows(), weights=np.array([1.0, -1.0])),
         "weights")
     add(kind, "Recording.from_arrays", "draft rows summing to 2",
-        lambda: S.Recording.from_arrays(tok(), 2 * rows(), rows()), "draft_probs")
+        lambda: S.Recording.from_arrays(pair_tokens(), 2 * pair_rows(), pair_rows()), "draft_probs")
     add(kind, "Recording.from_arrays", "a token out of range",
-        lambda: S.Recording.from_arrays(tok() + V, rows(), rows()), "tokens")
+        lambda: S.Recording.from_arrays(pair_tokens() + V, pair_rows(), pair_rows()), "tokens")
     add(kind, "record", "num_sequences 0",
         lambda: S.record(k(), d(), t(), 0), "num_sequences")
     add(kind, "record", "chunk_size 0",
         lambda: S.record(k(), d(), t(), 4, chunk_size=0), "chunk_size")
     add(kind, "estimate", "a lossy decoder",
         lambda: S.estimate(S.BiasedSpeculative(0.5),
-                           S.Recording.from_arrays(tok(), rows(), rows())), "decoder")
+                           S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows())), "decoder")
     add(kind, "estimate", "cost a tuple",
         lambda: S.estimate(S.Speculative(lookahead=2),
-                           S.Recording.from_arrays(tok(), rows(), rows()), cost=(0.1, 1.0)),
+                           S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows()), cost=(0.1, 1.0)),
         "cost")
     add(kind, "estimate", "recording a string",
         lambda: S.estimate(S.Speculative(lookahead=2), "recording"), "recording")
