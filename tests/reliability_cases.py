@@ -1451,14 +1451,15 @@ def _cases() -> list[Case]:
     # Real model pairs: recordings of target rollouts and the estimates from them.
     pair_tokens = lambda: np.zeros((2, T + 1), np.int32)  # noqa: E731
     pair_rows = lambda: np.full((2, T, V), 1.0 / V)  # noqa: E731
+    from_arrays = S.Recording.from_arrays
     add(kind, "Recording.from_arrays", "target_probs of another shape",
         lambda: S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows()[:, :-1]),
         "target_probs")
     add(kind, "Recording.from_arrays", "negative weights",
-        lambda: S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows(), weights=np.array([1.0, -1.0])),
+        lambda: from_arrays(pair_tokens(), pair_rows(), pair_rows(), weights=np.array([1.0, -1.0])),
         "weights")
     add(kind, "Recording.from_arrays", "draft rows summing to 2",
-        lambda: S.Recording.from_arrays(pair_tokens(), 2 * pair_rows(), pair_rows()), "draft_probs")
+        lambda: from_arrays(pair_tokens(), 2 * pair_rows(), pair_rows()), "draft_probs")
     add(kind, "Recording.from_arrays", "a token out of range",
         lambda: S.Recording.from_arrays(pair_tokens() + V, pair_rows(), pair_rows()), "tokens")
     add(kind, "record", "num_sequences 0",
@@ -1467,10 +1468,11 @@ def _cases() -> list[Case]:
         lambda: S.record(k(), d(), t(), 4, chunk_size=0), "chunk_size")
     add(kind, "estimate", "a lossy decoder",
         lambda: S.estimate(S.BiasedSpeculative(0.5),
-                           S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows())), "decoder")
+                           from_arrays(pair_tokens(), pair_rows(), pair_rows())), "decoder")
     add(kind, "estimate", "cost a tuple",
         lambda: S.estimate(S.Speculative(lookahead=2),
-                           S.Recording.from_arrays(pair_tokens(), pair_rows(), pair_rows()), cost=(0.1, 1.0)),
+                           from_arrays(pair_tokens(), pair_rows(), pair_rows()),
+                           cost=(0.1, 1.0)),
         "cost")
     add(kind, "estimate", "recording a string",
         lambda: S.estimate(S.Speculative(lookahead=2), "recording"), "recording")
