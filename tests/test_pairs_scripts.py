@@ -1,23 +1,11 @@
 """Smoke tests: the scripts of "Real model pairs" run end to end at tiny sizes."""
 
-import importlib
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 
+from test_scripts import import_script
+
 pytestmark = pytest.mark.slow
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def import_script(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 def test_pairs_variance_tiny():

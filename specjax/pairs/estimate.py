@@ -18,7 +18,6 @@ call-level decoders (blocks, trees, adaptive lengths) are refused by name.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -40,6 +39,7 @@ from specjax.pairs.recording import lossless_tolerance
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import LookaheadChoice
 from specjax.theory.cost import call_works
+from specjax.theory.cost import sweep_lookahead
 from specjax.theory.metrics import EngineMetrics
 
 
@@ -281,18 +281,5 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
     _check_recording(recording)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
-    _checks.check_static_int("max_lookahead", max_lookahead)
-    if max_lookahead < 1:
-        raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
-    decoder = Speculative() if decoder is None else decoder
-    check_estimable(decoder)
-    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
-        raise ValueError(f"decoder must have a lookahead field to vary, got "
-                         f"{type(decoder).__name__}")
-    times = [float(estimate(Autoregressive(), recording, cost=cost).expected_time)]
-    for k in range(1, max_lookahead + 1):
-        candidate = dataclasses.replace(decoder, lookahead=k)
-        times.append(float(estimate(candidate, recording, cost=cost).expected_time))
-    times = np.asarray(times)
-    best = int(np.argmin(times))
-    return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)
+    return sweep_lookahead(decoder, max_lookahead, check_estimable,
+                           lambda d: estimate(d, recording, cost=cost).expected_time)

@@ -328,21 +328,31 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
       >>> choice.lookahead
       3
     """
+    _check_cost(cost)
+    return sweep_lookahead(
+        decoder, max_lookahead, check_decoder,
+        lambda d: expected_time(d, None if isinstance(d, Autoregressive) else draft, target, cost,
+                                horizon=horizon))
+
+
+def sweep_lookahead(decoder, max_lookahead: int, check, time_of) -> LookaheadChoice:
+    """The ``K = 0..max_lookahead`` of least ``time_of(decoder with lookahead K)`` (``K = 0``:
+    ``Autoregressive()``), ties to the smaller ``K``; ``decoder`` (default ``Speculative()``)
+    is checked with ``check`` first. Shared by ``best_lookahead`` here (exact times) and
+    ``specjax.pairs.best_lookahead`` (times estimated from a recording)."""
     from specjax.decoders.speculative import Speculative  # noqa: PLC0415
 
-    _check_cost(cost)
     _checks.check_static_int("max_lookahead", max_lookahead)
     if max_lookahead < 1:
         raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
     decoder = Speculative() if decoder is None else decoder
-    check_decoder(decoder)
+    check(decoder)
     if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
         raise ValueError(f"decoder must have a lookahead field to vary, got "
                          f"{type(decoder).__name__}")
-    times = [float(expected_time(Autoregressive(), None, target, cost, horizon=horizon))]
+    times = [float(time_of(Autoregressive()))]
     for k in range(1, max_lookahead + 1):
-        candidate = dataclasses.replace(decoder, lookahead=k)
-        times.append(float(expected_time(candidate, draft, target, cost, horizon=horizon)))
+        times.append(float(time_of(dataclasses.replace(decoder, lookahead=k))))
     times = np.asarray(times)
     best = int(np.argmin(times))
     return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)
