@@ -312,9 +312,15 @@ def test_from_arrays_processes_logits():
     np.testing.assert_array_equal(got.target_prob, want.target_prob)
 
 
-def test_record_scores_protocol_models_along_the_rollouts():
+@pytest.mark.parametrize("rollout_bytes", [None, 3 * V * 4 * 12], ids=["one run", "chunks of 3"])
+def test_record_scores_protocol_models_along_the_rollouts(rollout_bytes, monkeypatch):
     """``record`` on n-grams (the protocol path): the statistics are the models' rows at the
-    recorded tokens, the tokens the target's rollouts (``decode`` of autoregressive decoding)."""
+    recorded tokens, the tokens the target's rollouts (``decode`` of autoregressive decoding),
+    also when the rollouts run in chunks of chains (a smaller memory budget: chunks of 3 chains,
+    the last one of 1)."""
+    from specjax.pairs import recording
+    if rollout_bytes is not None:
+        monkeypatch.setattr(recording, "CHUNK_BYTES", rollout_bytes)
     rng = np.random.default_rng(2)
     table = rng.dirichlet(np.ones(V), size=V).astype(np.float32)
     draft = specjax.NGramModel(jnp.asarray(rng.dirichlet(np.ones(V), size=V), jnp.float32), 2)

@@ -56,6 +56,9 @@ from specjax.sampling import sharding as _sharding
 
 #: Working memory (bytes) one chunk's rows may take when scoring or reading rows.
 CHUNK_BYTES = 1 << 28
+#: Rows (V entries) alive per chain and step while a chunk of rollouts runs (measured about 10 at
+#: V = 32,000: a run of 1,000 chains peaked 1.29 GB above the process's start).
+ROLLOUT_COPIES = 12
 
 
 class DecoderRates(NamedTuple):
@@ -432,8 +435,9 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     """Records ``num_sequences`` target rollouts of JAX models, with the draft's and the
     target's probabilities of every emitted token (and the rates of ``decoders``).
 
-    The rollouts are ``specjax.decode(key, Autoregressive(), None, target, num_sequences)``
-    (sharded as ``decode`` is); both models then score each sequence in one batched evaluation
+    The rollouts are ``specjax.decode(key, Autoregressive(), None, target, num_sequences)``'s
+    tokens (sharded as ``decode`` is), run in chunks of chains so that only one chunk's rows are
+    in memory at a time; both models then score each sequence in one batched evaluation
     (``probs_block`` where the model has it, else a scan of ``probs``), in chunks of sequences,
     keeping only the statistics (module docstring).
 
@@ -466,7 +470,9 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
       ((64, 51), (64, 50))
     """
     from specjax.models.checks import model_kind  # noqa: PLC0415
-    from specjax.sampling.decoding import decode  # noqa: PLC0415
+    from specjax.sampling.decoding import plan  # noqa: PLC0415
+    from specjax.sampling.decoding import replicate  # noqa: PLC0415
+    from specjax.sampling.decoding import run_chunk  # noqa: PLC0415
 
     _checks.check_positive_int("num_sequences", num_sequences)
     _checks.check_positive_int("chunk_size", chunk_size, allow_none=True)
@@ -475,19 +481,24 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     target = with_static_leaves(as_probability_model(target))
     draft = target if same else with_static_leaves(as_probability_model(draft))
     model_kind(draft, target)
-    trace = decode(key, Autoregressive(), None, target, num_sequences, horizon=horizon,
-                   sharding=sharding)
-    tokens = trace.tokens
-    horizon = tokens.shape[1] - 1
-    num_states = target.num_states
+    run = replicate(plan(key, Autoregressive(), None, target, num_sequences, horizon=horizon,
+                         sharding=sharding))
+    horizon, num_states = run.horizon, target.num_states
     dtype = jnp.result_type(float)
+    shards = _sharding.num_shards(run.sharding)
+    # The rollouts, in chunks of chains: each chunk is chains start .. start + n - 1 of the one
+    # run decode(key, Autoregressive(), ...) would make (the same tokens), and only a chunk's
+    # rows are alive at a time (about ROLLOUT_COPIES of them per chain and step).
+    roll = max(1, CHUNK_BYTES // (num_states * jnp.dtype(dtype).itemsize * ROLLOUT_COPIES))
+    roll = min(num_sequences, max(shards, roll // shards * shards))
+    tokens = jnp.concatenate([
+        run_chunk(key, run, start, min(roll, num_sequences - start))[0].tokens
+        for start in range(0, num_sequences, roll)])
     if keep_rows:
         _memory.check_fits(2 * num_sequences * horizon * num_states * jnp.dtype(dtype).itemsize,
                            argument="keep_rows=True", what="the full rows",
                            remedy="keep statistics (keep_rows=False)")
     chunk = chunk_size or rows_chunk(horizon, num_states, dtype, num_sequences, decoders)
-    resolved = _sharding.resolve(sharding, None)
-    shards = _sharding.num_shards(resolved)
     if shards > 1:
         chunk = max(shards, chunk // shards * shards)
         if num_sequences % shards or chunk % shards:
@@ -498,7 +509,7 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
         for start in starts:
             block = tokens[start:start + chunk]
             if shards > 1:
-                block = jax.device_put(block, _sharding.along_chains(resolved, 2))
+                block = jax.device_put(block, _sharding.along_chains(run.sharding, 2))
             parts.append(_score_chunk(draft, target, block, decoders=decoders,
                                       keep_rows=keep_rows))
             bar.step(f"{min(start + chunk, num_sequences):,} of {num_sequences:,} sequences")
