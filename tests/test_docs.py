@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 
-import jax
 import pytest
 
 # End-to-end runs (every README and guide code block in a subprocess, and the site build): part
@@ -109,12 +108,8 @@ def run_pages(pages, tmp):
     pages = [{"path": _name(p), "blocks": python_blocks(p.read_text())} for p in pages]
     (tmp / "pages.json").write_text(json.dumps(pages))
     (tmp / "runner.py").write_text(RUNNER)
+    # The suite's compilation cache comes with the environment (tests/conftest.py sets it).
     env = dict(os.environ, MPLBACKEND="Agg")
-    cache = jax.config.jax_compilation_cache_dir  # the suite's (tests/conftest.py), if any
-    if cache:
-        env.update(JAX_COMPILATION_CACHE_DIR=str(cache),
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     # Run from an empty folder: a page may write files, never into the repository.
     out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "pages.json"),
                           str(tmp / "results.json")], cwd=tmp, env=env, capture_output=True,

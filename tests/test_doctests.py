@@ -44,10 +44,6 @@ warnings.filterwarnings("ignore", "Error writing persistent compilation cache en
 import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # as tests/conftest.py
-if sys.argv[3]:
-    jax.config.update("jax_compilation_cache_dir", sys.argv[3])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 results = {}
 for name in json.loads(open(sys.argv[1]).read()):
@@ -96,17 +92,16 @@ def test_every_module_is_run():
     assert len(with_examples) >= 20, with_examples  # the examples were found at all
 
 
-def test_docstring_examples_run(request, tmp_path):
-    """Runs every module's examples once, in one subprocess, and reports every failure."""
+def test_docstring_examples_run(tmp_path):
+    """Runs every module's examples once, in one subprocess, and reports every failure. The
+    suite's compilation cache comes with the environment (tests/conftest.py sets it)."""
     (tmp_path / "modules.json").write_text(json.dumps(sorted(MODULES)))
     (tmp_path / "runner.py").write_text(RUNNER)
-    cache = getattr(request.config, "cache", None)
-    folder = str(cache.mkdir("jax-compilation-cache")) if cache is not None else ""
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     # Run from an empty folder: an example may write files, never into the repository.
     out = subprocess.run([sys.executable, str(tmp_path / "runner.py"),
-                          str(tmp_path / "modules.json"), str(tmp_path / "results.json"), folder],
+                          str(tmp_path / "modules.json"), str(tmp_path / "results.json")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0 or not (tmp_path / "results.json").exists():
         pytest.fail(f"the doctest runner crashed:\n{out.stderr[-4000:]}")
