@@ -38,6 +38,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.numerics import safe_ratio
+from specjax.theory.cost import call_depths
 
 
 class CallStructure(NamedTuple):
@@ -90,11 +91,6 @@ def resolve_lookahead(lookahead, horizon: int) -> int:
         return horizon
     _checks.check_static_non_negative_int("lookahead", lookahead)
     return min(lookahead, horizon)
-
-
-def call_depths(lookahead: int, horizon: int) -> np.ndarray:
-    """``(T,)`` int array: the levels ``min(K, T - n + 1)`` a call at ``n = 1..T`` drafts."""
-    return np.minimum(lookahead, horizon - np.arange(horizon))
 
 
 def phase_filter(rejection, root_rejection, lookahead: int, call_weights):
@@ -154,6 +150,17 @@ def check_rates(name: str, rates, shape=None):
     return x
 
 
+def checked_rates(rejection, root_rejection, lookahead):
+    """``(rejection, root, K)``: both rate arrays checked and in one float dtype (``root``
+    defaults to ``rejection``), and the static ``K`` (``resolve_lookahead``)."""
+    rejection = check_rates("rejection", rejection)
+    root = rejection if root_rejection is None else check_rates(
+        "root_rejection", root_rejection, rejection.shape)
+    dtype = jnp.result_type(rejection.dtype, root.dtype)
+    rejection, root = rejection.astype(dtype), root.astype(dtype)
+    return rejection, root, resolve_lookahead(lookahead, rejection.shape[1])
+
+
 def call_structure(rejection, lookahead, *, root_rejection=None) -> CallStructure:
     """The expected call structure of a lossless decoder given its outputs.
 
@@ -181,13 +188,8 @@ def call_structure(rejection, lookahead, *, root_rejection=None) -> CallStructur
       >>> round(float(s.rejections[0]), 3), round(float(s.calls[0]), 3)
       (1.375, 2.0)
     """
-    rejection = check_rates("rejection", rejection)
-    root = rejection if root_rejection is None else check_rates(
-        "root_rejection", root_rejection, rejection.shape)
-    dtype = jnp.result_type(rejection.dtype, root.dtype)
-    rejection, root = rejection.astype(dtype), root.astype(dtype)
+    rejection, root, k = checked_rates(rejection, root_rejection, lookahead)
     horizon = rejection.shape[1]
-    k = resolve_lookahead(lookahead, horizon)
     weights = np.stack([np.ones(horizon), call_depths(k, horizon)], axis=-1)
     rejections, weighted, accepted_at = phase_filter(rejection, root, k, weights)
     return CallStructure(rejections=rejections, calls=weighted[:, 0], accepted_at=accepted_at,
@@ -198,13 +200,10 @@ def expected_call_time(rejection, lookahead, call_times, *, root_rejection=None)
     """``(B,)``: ``E[time | x] = sum_n P(a call starts at n | x) call_times[n - 1]``, with
     ``call_times`` ``(T,)`` the time of a call at each position (``CostModel.call_time`` of the
     decoder's ``call_work(min(K, T - n + 1))``, ``specjax.theory.cost.call_works``)."""
-    rejection = check_rates("rejection", rejection)
-    root = rejection if root_rejection is None else check_rates(
-        "root_rejection", root_rejection, rejection.shape)
+    rejection, root, k = checked_rates(rejection, root_rejection, lookahead)
     horizon = rejection.shape[1]
-    k = resolve_lookahead(lookahead, horizon)
     times = jnp.asarray(call_times)
     if times.shape != (horizon,):
         raise ValueError(f"call_times must have shape (T,) = ({horizon},), got {times.shape}")
-    _, weighted, _ = phase_filter(rejection, root.astype(rejection.dtype), k, times[:, None])
+    _, weighted, _ = phase_filter(rejection, root, k, times[:, None])
     return weighted[:, 0]

@@ -38,12 +38,12 @@ import jax.numpy as jnp
 
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.speculative import Speculative
-from specjax.pairs.calls import phase_filter
-from specjax.pairs.estimate import call_columns
-from specjax.pairs.estimate import rates
+from specjax.pairs.estimate import check_cost
+from specjax.pairs.estimate import check_recording
+from specjax.pairs.estimate import per_sequence
 from specjax.pairs.estimate import weighted_mean_se
-from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
+from specjax.pairs.recording import probs_at
 from specjax.theory.cost import CostModel
 
 MEASURES = ("rejections", "calls", "time")
@@ -83,10 +83,7 @@ def _check_logits(logits) -> bool:
 
 
 def _check_recording(recording, *, rows: bool, why: str = "") -> None:
-    if not isinstance(recording, Recording):
-        raise ValueError(f"recording must be a specjax.Recording (Recording.from_arrays, "
-                         f"Recording.from_statistics, specjax.record), got "
-                         f"{type(recording).__name__}")
+    check_recording(recording)
     if rows and recording.target_probs is None:
         raise ValueError(f"recording holds no target rows: {why} needs the target's full rows "
                          f"along the rollouts (keep_rows=True in specjax.record or "
@@ -97,12 +94,11 @@ def token_probs(rows, tokens, *, logits: bool = False) -> jax.Array:
     """``(B, T)``: the probability each ``(B, T, V)`` row gives the recorded token ``x_t``
     (``tokens[:, 1:]``); with ``logits=True`` the rows are logits (a ``log_softmax`` first, so a
     ``-inf`` logit gives probability 0 with finite gradients elsewhere)."""
-    targets = jnp.asarray(tokens)[:, 1:, None]
+    targets = jnp.asarray(tokens)[:, 1:]
     rows = jnp.asarray(rows)
     if logits:
-        return jnp.exp(jnp.take_along_axis(jax.nn.log_softmax(rows, axis=-1), targets,
-                                           axis=-1)[..., 0])
-    return jnp.take_along_axis(rows, targets, axis=-1)[..., 0]
+        return jnp.exp(probs_at(jax.nn.log_softmax(rows, axis=-1), targets))
+    return probs_at(rows, targets)
 
 
 def _draft_rows(apply, params, recording):
@@ -183,9 +179,7 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     _check_apply(apply)
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
-    if cost is not None and not isinstance(cost, CostModel):
-        raise ValueError(f"cost must be None or a specjax.CostModel, got "
-                         f"{type(cost).__name__} {cost!r}"[:300])
+    check_cost(cost)
     if measure == "time" and cost is None:
         raise ValueError("measure='time' needs cost=specjax.CostModel(...)")
     logits = _check_logits(logits)
@@ -194,18 +188,12 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     def loss(params, recording) -> DistillLoss:
         _check_recording(recording, rows=not from_token,
                          why=f"the root law of {decoder!r}")
-        horizon = recording.horizon
-        lookahead = decoder.resolve_lookahead(horizon)
         rows = _draft_rows(apply, params, recording)
         mine = recording._replace(  # this draft's columns; no rates of the recorded draft
             rates=(), draft_prob=token_probs(rows, recording.tokens, logits=logits),
             draft_probs=None if from_token else (
                 jax.nn.softmax(rows, axis=-1) if logits else rows))
-        root, inside = rates(decoder, mine)
-        dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
-        columns = jnp.asarray(call_columns(decoder, horizon, lookahead, cost), dtype)
-        rejections, weighted, _ = phase_filter(inside.astype(dtype), root.astype(dtype),
-                                               lookahead, columns)
+        rejections, weighted, _ = per_sequence(decoder, mine, cost)
         per = {"rejections": rejections, "calls": weighted[:, 0], "time": weighted[:, 2]}
         means = {name: weighted_mean(values, recording.weights) for name, values in per.items()}
         return DistillLoss(value=means[measure], expected_rejections=means["rejections"],

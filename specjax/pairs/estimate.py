@@ -38,6 +38,7 @@ from specjax.pairs.recording import decoder_rates
 from specjax.pairs.recording import lossless_tolerance
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import LookaheadChoice
+from specjax.theory.cost import call_depths
 from specjax.theory.cost import call_works
 from specjax.theory.cost import sweep_lookahead
 from specjax.theory.metrics import EngineMetrics
@@ -154,7 +155,7 @@ def call_columns(decoder, horizon: int, lookahead: int, cost: CostModel | None) 
     if decoder.num_drafts == math.inf:
         if cost is not None:
             decoder.call_work(1)  # raises: no finite work
-        drafted = np.where(np.minimum(lookahead, horizon - np.arange(horizon)) > 0, np.inf, 0)
+        drafted = np.where(call_depths(lookahead, horizon) > 0, np.inf, 0)
         return np.stack([ones, drafted, np.zeros(horizon)], axis=-1)
     passes, scored = call_works(decoder, horizon, lookahead)
     times = np.zeros(horizon) if cost is None else np.asarray(
@@ -163,15 +164,32 @@ def call_columns(decoder, horizon: int, lookahead: int, cost: CostModel | None) 
     return np.stack([ones, scored - 1, times], axis=-1)
 
 
-def _check_recording(recording) -> None:
+def check_recording(recording) -> None:
+    """``ValueError`` naming ``recording`` unless it is a ``Recording``."""
     if not isinstance(recording, Recording):
         raise ValueError(f"recording must be a specjax.Recording (Recording.from_arrays, "
-                         f"specjax.record, Recording.load), got {type(recording).__name__}")
+                         f"Recording.from_statistics, specjax.record, Recording.load), got "
+                         f"{type(recording).__name__}")
 
 
-def _check_cost(cost) -> None:
+def check_cost(cost) -> None:
+    """``ValueError`` naming ``cost`` unless it is ``None`` or a ``CostModel``."""
     if cost is not None and not isinstance(cost, CostModel):
-        raise ValueError(f"cost must be None or a specjax.CostModel, got {cost!r}"[:300])
+        raise ValueError(f"cost must be None or a specjax.CostModel, got "
+                         f"{type(cost).__name__} {cost!r}"[:300])
+
+
+def per_sequence(decoder, recording: Recording, cost: CostModel | None):
+    """The filter's exact conditional expectations for each recorded sequence:
+    ``(rejections (B,), weighted (B, 3): calls, drafted tokens, time; accepted_at (B, K))``.
+    What ``estimate`` averages and a distillation objective differentiates."""
+    horizon = recording.horizon
+    lookahead = decoder.resolve_lookahead(horizon)
+    root, inside = rates(decoder, recording)
+    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+    columns = call_columns(decoder, horizon, lookahead, cost)
+    return _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
+                   call_weights=jnp.asarray(columns, dtype))
 
 
 def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) -> Estimate:
@@ -203,19 +221,12 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
       True
     """
     check_estimable(decoder)
-    _check_recording(recording)
-    _check_cost(cost)
-    horizon = recording.horizon
-    lookahead = decoder.resolve_lookahead(horizon)
-    root, inside = rates(decoder, recording)
-    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
-    columns = call_columns(decoder, horizon, lookahead, cost)
-    rejections, weighted, accepted_at = _filter(
-        inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
-        call_weights=jnp.asarray(columns, dtype))
+    check_recording(recording)
+    check_cost(cost)
+    rejections, weighted, accepted_at = per_sequence(decoder, recording, cost)
     return summarise(rejections, weighted, accepted_at, recording.weights,
                      autoregressive_time=None if cost is None else
-                     horizon * (cost.target_time(1) + cost.call_overhead))
+                     recording.horizon * (cost.target_time(1) + cost.call_overhead))
 
 
 def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time=None):
@@ -278,7 +289,7 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
       >>> choice.lookahead
       3
     """
-    _check_recording(recording)
+    check_recording(recording)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
     return sweep_lookahead(decoder, max_lookahead, check_estimable,

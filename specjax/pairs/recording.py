@@ -109,17 +109,21 @@ def check_estimable(decoder) -> None:
             f"not only the recorded rows: use specjax.exact or specjax.decode on the models")
 
 
+def probs_at(rows, tokens) -> jax.Array:
+    """``rows[..., t, tokens[..., t]]``: each ``(..., T, V)`` row's entry at the token ``(..., T)``
+    it emitted."""
+    return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
+
+
 def decoder_rates(decoder, p, q, tokens):
     """``(root_rejection, rejection, loss)`` of a token-wise ``decoder`` on rows ``p``, ``q``
     ``(..., T, V)`` at ``tokens`` ``(..., T)``: its rates and the largest
     ``|accepted + rejected - q|`` of its laws (0 for a lossless rule)."""
     root, verify = decoder.laws(p, q)
-    index = tokens[..., None]
-    q_x = jnp.take_along_axis(q, index, axis=-1)[..., 0]
+    q_x = probs_at(q, tokens)
 
     def rate(mass):
-        at = jnp.take_along_axis(mass, index, axis=-1)[..., 0]
-        return jnp.clip(safe_ratio(at, q_x, 0), 0, 1)
+        return jnp.clip(safe_ratio(probs_at(mass, tokens), q_x, 0), 0, 1)
 
     loss = jnp.maximum(jnp.max(jnp.abs(root.accepted + root.rejected - q)),
                        jnp.max(jnp.abs(verify.accepted + verify.rejected - q)))
@@ -134,9 +138,7 @@ def lossless_tolerance(dtype) -> float:
 @functools.partial(jax.jit, static_argnames=("decoders", "keep_rows"))
 def _statistics(p, q, tokens, *, decoders, keep_rows):
     """Per-position statistics of rows ``p``, ``q`` ``(c, T, V)`` at ``tokens`` ``(c, T)``."""
-    index = tokens[..., None]
-    draft_prob = jnp.take_along_axis(p, index, axis=-1)[..., 0]
-    target_prob = jnp.take_along_axis(q, index, axis=-1)[..., 0]
+    draft_prob, target_prob = probs_at(p, tokens), probs_at(q, tokens)
     rates = tuple(decoder_rates(d, p, q, tokens) for d in decoders)
     rows = (p, q) if keep_rows else None
     return draft_prob, target_prob, rates, rows

@@ -182,11 +182,16 @@ def depth_works(decoder, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(passes, np.int64), np.asarray(scored, np.int64)
 
 
+def call_depths(lookahead: int, horizon: int) -> np.ndarray:
+    """``(T,)`` int array: the levels ``min(K, T - n + 1)`` a call at ``n = 1..T`` drafts."""
+    return np.minimum(lookahead, horizon - np.arange(horizon))
+
+
 def call_works(decoder, horizon: int, lookahead: int) -> tuple[np.ndarray, np.ndarray]:
     """``(draft passes, tokens scored)``, ``(T,)`` int arrays, of a call starting at each
     position ``n = 1..T``: the decoder's ``call_work(min(K, T - n + 1))``."""
     passes, scored = depth_works(decoder, lookahead)
-    depth = np.minimum(lookahead, horizon - np.arange(horizon))  # min(K, T - n + 1)
+    depth = call_depths(lookahead, horizon)
     return passes[depth], scored[depth]
 
 
