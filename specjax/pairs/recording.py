@@ -281,7 +281,19 @@ class Recording(NamedTuple):
                    check_weights(weights, num))
 
     def save(self, path) -> None:
-        """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring."""
+        """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring.
+
+        Raises:
+          ValueError: the recording's arrays span several processes (``record`` under
+            ``jax.distributed``): gather it first, on every process, with
+            ``specjax.sampling.sharding.gather(recording)``, and save that.
+        """
+        if any(isinstance(x, jax.Array) and not x.is_fully_addressable
+               for x in jax.tree.leaves(self)):
+            raise ValueError(
+                "recording: its arrays span several processes (jax.distributed), so no process "
+                "holds all of it; gather it on every process first, "
+                "specjax.sampling.sharding.gather(recording), and save that")
         arrays = {"tokens": np.asarray(self.tokens), "draft_prob": np.asarray(self.draft_prob),
                   "target_prob": np.asarray(self.target_prob)}
         if self.weights is not None:
@@ -454,7 +466,9 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
       keep_rows: keep the full rows ``(B, T, V)`` (small models only).
       chunk_size: sequences scored at once (default: rows of about 256 MiB).
       sharding: as ``decode``'s (``specjax.chain_sharding()``); ``num_sequences`` and the chunk
-        size must be multiples of the number of shards.
+        size must be multiples of the number of shards. Under ``jax.distributed`` (a mesh over
+        several processes) the recording's arrays are global: each process holds its own
+        sequences (``specjax.sampling.sharding``).
       progress: show a progress bar over the chunks.
 
     Returns:

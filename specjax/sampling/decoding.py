@@ -126,6 +126,7 @@ def plan(key, decoder, draft, target, num_chains, *, horizon=None, sharding=None
         raise ValueError(f"num_chains must be at most {limit}: chains are numbered with 32 bits; "
                          f"got {num_chains}")
     stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
+    _sharding.check_same_key(key, resolved_sharding)  # last: the one check that communicates
     return Plan(decoder, draft, target, num_chains, lookahead, mc_kind, horizon,
                 resolved_sharding, stop_tokens, batched_scoring)
 
@@ -189,12 +190,14 @@ def check_fits(run: Plan, size: RunBytes, *, chains_argument: str, chains_what: 
     """Raises ``ValueError`` (``specjax._memory.check_fits``) when a run of estimated ``size``
     cannot fit (on a CPU: all devices in the host's memory; on accelerators: one device's
     share): naming ``chains_argument`` with ``chains_remedy`` when the chains' arrays are the
-    larger part, the models' ``num_states`` when the law tables are."""
-    device = next(iter(run.sharding.device_set)) if run.sharding is not None else \
-        jax.devices()[0]
+    larger part, the models' ``num_states`` when the law tables are. Under ``jax.distributed`` a
+    host holds only its own devices' share, and an accelerator is checked on a device of this
+    process."""
+    device = _sharding.local_device(run.sharding)
     on_host = device.platform == "cpu"
-    needed = size.total if on_host else size.per_device
-    chains = size.chains if on_host else size.chains // size.devices
+    share = _sharding.local_share(run.sharding)
+    needed = int(size.total * share) if on_host else size.per_device
+    chains = int(size.chains * share) if on_host else size.chains // size.devices
     tables = needed - chains
     fmt = _memory.format_bytes
     if chains >= tables:
@@ -284,7 +287,9 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
       horizon: ``T``; required for models other than ``MarkovChain`` (which carries its own).
       sharding: ``None`` (the default device), a ``jax.sharding.Mesh`` or a ``NamedSharding`` of
         the chain axis (``specjax.chain_sharding()``); ``num_chains`` must be a multiple of the
-        number of shards. The tokens equal an unsharded run's with the same key.
+        number of shards. The tokens equal an unsharded run's with the same key. Under
+        ``jax.distributed`` the mesh may span processes: every process makes the same call and
+        holds its devices' chains of the global result (``specjax.sampling.sharding``).
       stop_tokens: ``None``, or end-of-sequence ids (an int or a sequence; static): a chain ends
         at its first stop token among ``x_1..x_T`` (the prompt ``x_0`` never ends it), as
         HuggingFace's and keras-hub's generation loops stop. The tokens after it repeat it,
