@@ -34,7 +34,7 @@ def run(sharding):
     stats = specjax.decoding_statistics(key, specjax.Speculative(3), draft, target, NUM_CHAINS,
                                         chunk_size=CHUNK_SIZE, sharding=sharding)
     recording = specjax.record(key, draft, target, NUM_CHAINS, chunk_size=CHUNK_SIZE,
-                               decoders=(specjax.BatchSpeculative(2),), sharding=sharding)
+                               sharding=sharding)
     return trace, stats, recording
 
 
@@ -44,9 +44,7 @@ def flatten(trace, stats, recording) -> dict:
     out.update({f"stats.{name}": np.asarray(x) for name, x in zip(stats._fields, stats)})
     out.update({"record.tokens": np.asarray(recording.tokens),
                 "record.draft_prob": np.asarray(recording.draft_prob),
-                "record.target_prob": np.asarray(recording.target_prob),
-                "record.rejection": np.asarray(recording.rates[0].rejection),
-                "record.root_rejection": np.asarray(recording.rates[0].root_rejection)})
+                "record.target_prob": np.asarray(recording.target_prob)})
     return out
 
 

@@ -70,21 +70,31 @@ def launch(out_dir: pathlib.Path) -> list[pathlib.Path]:
         log.close()
     report = "\n".join(f"--- process {i} (exit {p.returncode}):\n{text[-3000:]}"
                        for i, (p, text) in enumerate(zip(procs, texts)))
-    assert all(p.returncode == 0 for p in procs), report
-    return outs
+    if all(p.returncode == 0 for p in procs):
+        return outs
+    raise PortTaken(report) if "ddress already in use" in report else AssertionError(report)
+
+
+class PortTaken(AssertionError):
+    """The free port was taken by another program before the coordinator bound it."""
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    return [dict(np.load(path)) for path in launch(tmp_path_factory.mktemp("distributed"))]
+    try:
+        outs = launch(tmp_path_factory.mktemp("distributed"))
+    except PortTaken:  # a race with another program, not a failure of the run: once more
+        outs = launch(tmp_path_factory.mktemp("distributed"))
+    return [dict(np.load(path)) for path in outs]
 
 
+@pytest.mark.slow  # two more JAX processes start and compile (about 15 s on the loaded machine)
 @pytest.mark.skipif(sys.platform == "win32", reason="process groups")
 def test_two_processes_give_one_process_tokens_and_counts(two_processes):
     """``decode``, ``decoding_statistics`` (3 chunks, the last padded) and ``record`` on a mesh
     over two processes: every result, gathered on either process, equals one process's (tokens,
-    flags and counts exactly; the recorded probabilities and rates too, as they are read off
-    the same rows); each process held its own half of the chains. In the subprocesses: a key
+    flags and counts exactly; the recorded probabilities too, as they are read off the same
+    rows); each process held its own half of the chains. In the subprocesses: a key
     that differs between the processes is refused with a ValueError, and saving a recording
     spread over them says to gather it first."""
     expected = distributed_check.flatten(*distributed_check.run(None))

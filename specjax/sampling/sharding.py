@@ -16,8 +16,8 @@ replicated models and key, and nothing crosses processes on the trace path; the 
 all-reduces each chunk's counts. The results are global ``jax.Array``s: each process holds its
 devices' chains (``addressable_shards``), and the counts of ``decoding_statistics`` (NumPy) are
 the same on every process. ``gather(result)``, called on every process, gathers a result's
-per-chain arrays into NumPy arrays on each (``jax.experimental.multihost_utils.process_allgather``
-of each array that spans processes). A key that differs between processes would silently mix two runs,
+per-chain arrays into NumPy arrays on each (JAX's ``multihost_utils.process_allgather`` of each
+array that spans processes). A key that differs between processes would silently mix two runs,
 so it is checked first (``check_same_key``: one small all-gather).
 """
 
