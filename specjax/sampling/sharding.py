@@ -143,7 +143,8 @@ def local_device(sharding: NamedSharding | None):
     one), for the memory checks."""
     if sharding is None:
         return jax.devices()[0]
-    return min(sharding.addressable_devices, key=lambda device: device.id)
+    local = sharding.addressable_devices  # empty on a process outside the mesh
+    return min(local, key=lambda device: device.id) if local else jax.local_devices()[0]
 
 
 def check_same_key(key, sharding: NamedSharding | None) -> None:
