@@ -1,0 +1,572 @@
+"""``python -m specjax bench``: every benchmark's headline case in one run, on any device.
+
+Each case times a public specjax entry point beside its NumPy reference
+(``specjax.experiments.references``, the same code the scripts ``scripts/benchmark_*.py`` use) in
+the same process, best of a few runs with compilation excluded (``best_time``), and gives the
+ratio ``reference time / specjax time`` (above 1: specjax is faster). Samplers also give the
+fraction of the random-number floor: the time JAX takes just to draw one uniform per chain-step
+(accumulated in a ``lax.scan``), over specjax's time. The cases run one after another, each on
+its own: one that fails (out of memory on some device, say) is a ``failed`` row and the others
+still run. JAX runs on whatever device it finds (``jax.devices()[0]``); NumPy on the host.
+
+Two sizes (``Sizes``): the default, the scripts' headline settings where they fit about five
+minutes on a 2-core CPU (the exceptions are listed in ``Sizes``' docstring), and ``quick``, toy
+sizes that check the command end to end in the test suite (its timings mean little).
+
+The output: ``bench.md`` (one Markdown table, the device, JAX's version, the commit and the date
+above it) and ``bench.json`` (the same, with every figure in seconds), written whole into the
+output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax
+from specjax.experiments import references
+from specjax.experiments import report
+
+
+# ----------------------------------------------------------------------------------- timing
+def best_time(fn, repeats: int) -> float:
+    """Smallest wall time of ``fn(i)`` for ``i = 1..repeats``, after a warm-up call ``fn(0)``
+    (which compiles, and is not counted); every result is waited for (``block_until_ready``)."""
+    jax.block_until_ready(fn(0))
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(i + 1))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def timed(fn) -> float:
+    """Wall time of one call of ``fn()``."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def time_against_numpy(verify, arrays, numpy_fn, repeats: int):
+    """A verifier timed as a user calls it (``verify(*arrays)``, its checks included) and under
+    the caller's ``jit``, beside ``numpy_fn()``: ``(first call under jit, compilation included;
+    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats``."""
+    device = [jnp.asarray(a) for a in arrays]
+    jitted = jax.jit(verify)
+    start = time.perf_counter()
+    jax.block_until_ready(jitted(*device))
+    first = time.perf_counter() - start
+    t_checked = best_time(lambda i: verify(*device), repeats)
+    t_jitted = best_time(lambda i: jitted(*device), repeats)
+    t_numpy = best_time(lambda i: numpy_fn(), repeats)
+    return first, t_checked, t_jitted, t_numpy, np.asarray(jitted(*device))
+
+
+def uniform_floor(num_chains: int, horizon: int, repeats: int) -> float:
+    """Seconds JAX takes to draw one uniform per chain-step, ``num_chains`` chains over
+    ``horizon`` positions, accumulated inside a ``lax.scan`` (nothing materialised): the floor
+    of any sampler that needs one random number per step."""
+    def scan(k):
+        def step(acc, n):
+            return acc + jax.random.uniform(jax.random.fold_in(k, n), (num_chains,)), None
+        return jax.lax.scan(step, jnp.zeros(num_chains), jnp.arange(horizon))[0]
+    floor = jax.jit(scan)
+    key = jax.random.key(0)
+    return best_time(lambda i: floor(jax.random.fold_in(key, i)), repeats)
+
+
+# ----------------------------------------------------------------------------------- sizes
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The sizes of every case. The default is each script's headline setting, but for:
+
+    * ``theory``: ``V = 256`` (the script's default is 512), on the token-tree benchmark's two
+      random chains (built once for both; at ``V = 512`` the chains alone take over a minute
+      on a 2-core CPU);
+    * ``adaptive``: ``K = 4`` (the script's default ``K = 6`` keeps NumPy busy for minutes);
+    * ``pairs``: the script's ``--quick`` sizes (``V = 2,000``, ``T = 64``, ``B = 100``);
+    * fewer repeats (``repeats``; NumPy: ``numpy_repeats``).
+    """
+
+    repeats: int = 3
+    numpy_repeats: int = 2
+    samplers: tuple = (7, 50, 200_000)  # V, T, C
+    theory: tuple = (256, 128, 8)  # V, T, M
+    token_tree: tuple = (256, 128, 4096, 64, 8, (4, 2, 2, 1, 1, 1))  # V, T, C, budget, depth, b
+    optimal_acceptance: tuple = (1000, 32_000, (2, 4, 8))  # rows, V, drafts
+    verify: tuple = (256, 8, 32_000)  # B, K, V
+    verify_tree: tuple = (256, (4, 2, 1), 32_000)  # B, branching, V
+    stop_tokens: int = 200_000  # C
+    adaptive: tuple = (16, 64, 4)  # V, T, K
+    pairs: tuple = (2_000, 64, 100)  # V, T, B
+
+    @classmethod
+    def quick(cls) -> "Sizes":
+        """Toy sizes: every case end to end in seconds of run time (plus compilation)."""
+        return cls(repeats=1, numpy_repeats=1, samplers=(7, 8, 2_000), theory=(16, 6, 3),
+                   token_tree=(16, 6, 200, 8, 4, (2, 1, 1)),
+                   optimal_acceptance=(20, 300, (2,)), verify=(16, 4, 50),
+                   verify_tree=(16, (2, 1), 50), stop_tokens=2_000, adaptive=(4, 6, 2),
+                   pairs=(300, 12, 20))
+
+
+# ----------------------------------------------------------------------------------- rows
+class Row(NamedTuple):
+    """One line of the table: specjax's time beside its reference's, on the same run.
+
+    Attributes:
+      case: the benchmark (the script's name without ``benchmark_``).
+      name: what is timed.
+      size: its size, in words.
+      specjax_s: specjax's seconds (best of the repeats, compilation excluded); NaN if failed.
+      reference_s: the reference's seconds, or None where there is none.
+      reference: what the reference is (``NumPy``, or the same entry point without a feature).
+      work: the units of work one run does (chain-steps, rows, requests), or None.
+      unit: the name of that unit.
+      floor: for a sampler, the random-number floor's seconds over specjax's; else None.
+      error: why the case failed (its exception, one line), or None.
+    """
+
+    case: str
+    name: str
+    size: str
+    specjax_s: float
+    reference_s: float | None = None
+    reference: str = "NumPy"
+    work: float | None = None
+    unit: str = ""
+    floor: float | None = None
+    error: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """``reference_s / specjax_s`` (above 1: specjax is faster), or None."""
+        if self.reference_s is None or not self.specjax_s > 0:
+            return None
+        return self.reference_s / self.specjax_s
+
+
+class Result(NamedTuple):
+    """A whole bench run: where it ran and its rows.
+
+    Attributes:
+      device: the device JAX ran on, in words (``jax.devices()[0]``).
+      platform: ``cpu``, ``gpu`` or ``tpu``.
+      jax_version: JAX's version.
+      specjax_version: specjax's version.
+      commit: the git commit of specjax's checkout (``+modified`` if it has uncommitted
+        changes), or ``unknown``.
+      date: when the run started (UTC, ISO 8601).
+      mode: ``default`` or ``quick``.
+      cpu_count: the host's CPU cores.
+      load: the host's load averages (1, 5, 15 minutes) at the start, or None.
+      seconds: the run's wall time.
+      rows: one ``Row`` per case (or per line of a case).
+    """
+
+    device: str
+    platform: str
+    jax_version: str
+    specjax_version: str
+    commit: str
+    date: str
+    mode: str
+    cpu_count: int
+    load: tuple | None
+    seconds: float
+    rows: list
+
+
+def _fmt_size(**values) -> str:
+    return ", ".join(f"{k} = {v:,}" if isinstance(v, int) else f"{k} = {v}"
+                     for k, v in values.items())
+
+
+# ----------------------------------------------------------------------------------- cases
+class _Chains:
+    """Random chain pairs built once per run (``random_markov_chain``, the scripts' keys)."""
+
+    def __init__(self):
+        self._pairs = {}
+
+    def pair(self, num_states: int, horizon: int):
+        if (num_states, horizon) not in self._pairs:
+            key_draft, key_target = jax.random.split(jax.random.key(0))
+            pair = (specjax.random_markov_chain(key_draft, num_states, horizon),
+                    specjax.random_markov_chain(key_target, num_states, horizon))
+            self._pairs[(num_states, horizon)] = jax.block_until_ready(pair)
+        return self._pairs[(num_states, horizon)]
+
+
+def samplers(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """SD (``K = T``) and batch SD (``M = 4``) on the paper's instance shape against
+    ``references.NumpyDecoder`` (``scripts/benchmark_samplers.py``)."""
+    v, t, c = sizes.samplers
+    draft, target = specjax.paper_instance(num_states=v, horizon=t)
+    key = jax.random.key(0)
+    floor = uniform_floor(c, t, sizes.repeats)
+    cases = [("SD, K = T", dict(),
+              lambda k: specjax.speculative_decoding(k, draft, target, c)),
+             ("batch SD, M = 4", dict(num_drafts=4),
+              lambda k: specjax.batch_speculative_decoding(k, draft, target, c, num_drafts=4))]
+    rows = []
+    for name, np_kwargs, run in cases:
+        t_jax = best_time(lambda i: run(jax.random.fold_in(key, i)), sizes.repeats)
+        decoder = references.NumpyDecoder(draft, target, **np_kwargs)
+        decoder.run(0, min(c, 1000))
+        t_np = min(timed(lambda: decoder.run(i, c)) for i in range(sizes.numpy_repeats))
+        rows.append(Row("samplers", f"sampler: {name}", _fmt_size(V=v, T=t, C=c), t_jax, t_np,
+                        work=c * t, unit="chain-steps", floor=floor / t_jax))
+    return rows
+
+
+def theory(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``batch_expected_rejections`` (Theorem 3) under ``jit``, float32 and float64, against
+    ``references.numpy_batch_rejections`` in float64 (``scripts/benchmark_theory.py``)."""
+    v, t, m = sizes.theory
+    draft, target = chains.pair(v, t)
+    # The chains in float64, their rows renormalised there (float32 rows sum to one only to
+    # float32 rounding, and float64 inputs are checked to float64's).
+    init, p_np, q_np = (a / a.sum(-1, keepdims=True) for a in (
+        np.asarray(target.init, np.float64), np.asarray(draft.trans, np.float64),
+        np.asarray(target.trans, np.float64)))
+    draft_init = np.asarray(draft.init, np.float64)
+    draft_init = draft_init / draft_init.sum()
+    references.numpy_batch_rejections(init, p_np, q_np, m)
+    t_numpy = min(timed(lambda: references.numpy_batch_rejections(init, p_np, q_np, m))
+                  for _ in range(sizes.numpy_repeats))
+    rows = []
+    for dtype in ("float32", "float64"):
+        with jax.enable_x64(dtype == "float64"):
+            d = specjax.MarkovChain(jnp.asarray(draft_init, dtype), jnp.asarray(p_np, dtype))
+            tg = specjax.MarkovChain(jnp.asarray(init, dtype), jnp.asarray(q_np, dtype))
+            value = jax.jit(lambda d, tg: specjax.batch_expected_rejections(d, tg, num_drafts=m))
+            t_value = best_time(lambda i: value(d, tg), sizes.repeats)
+        rows.append(Row("theory", f"batch_expected_rejections, {dtype} (NumPy float64)",
+                        _fmt_size(V=v, T=t, M=m), t_value, t_numpy))
+    return rows
+
+
+def _sequoia_parents(draft, target, budget: int, max_depth: int) -> tuple:
+    acceptance = specjax.theory.positional_acceptance(draft, target, num_children=8)
+    _, parents = specjax.sequoia_tree(acceptance, budget=budget, max_depth=max_depth)
+    return tuple(int(x) for x in parents)
+
+
+def token_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """The token-tree sampler (``decoding_statistics`` with a ``TokenTree`` of i.i.d. children)
+    on Sequoia's tree and a uniform tree, against ``references.NumpyTreeSampler``
+    (``scripts/benchmark_token_tree.py``)."""
+    v, t, c, budget, max_depth, branching = sizes.token_tree
+    draft, target = chains.pair(v, t)
+    parents = _sequoia_parents(draft, target, budget, max_depth)
+    uniform = specjax.TokenTree(tuple(branching), children="iid")
+    trees = [(f"Sequoia tree ({len(parents)} nodes)",
+              specjax.TokenTree.from_parents(parents, children="iid"), parents),
+             (f"uniform tree {tuple(branching)} ({uniform.num_nodes} nodes)", uniform,
+              uniform.shape.parents)]
+    floor = uniform_floor(c, t, sizes.repeats)
+    key = jax.random.key(1)
+    rows = []
+    for name, tree, tree_parents in trees:
+        def run(i, tree=tree):
+            k = jax.random.fold_in(key, i)
+            return specjax.decoding_statistics(k, tree, draft, target, c).num_calls
+        t_jax = best_time(run, sizes.repeats)
+        sampler = references.NumpyTreeSampler(tree_parents, draft, target)
+        t_np = min(timed(lambda i=i: sampler.run(100 + i, c)) for i in range(sizes.numpy_repeats))
+        rows.append(Row("token_tree", f"token-tree sampler: {name}", _fmt_size(V=v, T=t, C=c),
+                        t_jax, t_np, work=c * t, unit="chain-steps", floor=floor / t_jax))
+    return rows
+
+
+def optimal_acceptance(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``optimal_acceptance`` (i.i.d. drafts) under ``jit`` on many rows against
+    ``references.numpy_optimal_acceptance`` in float32
+    (``scripts/benchmark_optimal_acceptance.py``)."""
+    num_rows, v, drafts = sizes.optimal_acceptance
+    rng = np.random.default_rng(0)
+    p_np = references.dirichlet_rows(rng, num_rows, v, 0.3, 0.1, np.float64).astype(np.float32)
+    q_np = references.dirichlet_rows(rng, num_rows, v, 0.3, 0.1, np.float64).astype(np.float32)
+    p, q = jnp.asarray(p_np), jnp.asarray(q_np)
+    rows = []
+    for m in drafts:
+        fn = jax.jit(lambda p, q, m=m: specjax.optimal_acceptance(p, q, num_drafts=m))
+        t_jax = best_time(lambda i: fn(p, q), sizes.repeats)
+        t_np = best_time(lambda i, m=m: references.numpy_optimal_acceptance(p_np, q_np, m),
+                         sizes.numpy_repeats)
+        rows.append(Row("optimal_acceptance", f"optimal_acceptance, M = {m}, float32",
+                        _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows"))
+    return rows
+
+
+def verify(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``verify_drafts`` (SD) as a user calls it and under ``jit`` against
+    ``references.numpy_verify`` (``scripts/benchmark_verify.py``)."""
+    b, k, v = sizes.verify
+    x, p, q, counts, u, w = references.verify_instance(0, b, k, v)
+    sd = specjax.Speculative()
+    _, t_checked, t_jitted, t_numpy, _ = time_against_numpy(
+        lambda x_, p_, q_, c_, u_, v_: specjax.verify_drafts(
+            None, sd, x_, p_, q_, num_drafts=c_, uniforms=(u_, v_)).tokens,
+        (x, p, q, counts, u, w), lambda: references.numpy_verify(x, p, q, counts, u, w),
+        sizes.repeats)
+    size = _fmt_size(B=b, K=k, V=v)
+    return [Row("verify", "verify_drafts (checked)", size, t_checked, t_numpy, work=b,
+                unit="requests"),
+            Row("verify", "verify_drafts under jit", size, t_jitted, t_numpy, work=b,
+                unit="requests")]
+
+
+def verify_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``verify_tree`` (i.i.d. children) as a user calls it and under ``jit`` against
+    ``references.numpy_verify_tree`` (``scripts/benchmark_verify_tree.py``)."""
+    b, branching, v = sizes.verify_tree
+    tree = specjax.TokenTree(tuple(branching))
+    parents = tree.shape.parents
+    x, p, q, counts, u, w = references.verify_tree_instance(0, b, parents, v)
+    _, t_checked, t_jitted, t_numpy, _ = time_against_numpy(
+        lambda x_, p_, q_, c_, u_, v_: specjax.verify_tree(
+            None, tree, x_, p_, q_, num_nodes=c_, uniforms=(u_, v_)).tokens,
+        (x, p, q, counts, u, w),
+        lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w), sizes.repeats)
+    size = _fmt_size(B=b, tree=tuple(branching), V=v)
+    return [Row("verify_tree", "verify_tree (checked)", size, t_checked, t_numpy, work=b,
+                unit="requests"),
+            Row("verify_tree", "verify_tree under jit", size, t_jitted, t_numpy, work=b,
+                unit="requests")]
+
+
+def stop_tokens(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``decode`` (SD, ``K = 4``) on the paper's instance with the stop token 6 against the same
+    call without stop tokens (``scripts/benchmark_stop_tokens.py``; no NumPy reference)."""
+    c = sizes.stop_tokens
+    draft, target = specjax.paper_instance()
+    decoder = specjax.Speculative(4)
+    key = jax.random.key(0)
+
+    def timing(stop):
+        return best_time(lambda i: specjax.decode(jax.random.fold_in(key, i), decoder, draft,
+                                                  target, c, stop_tokens=stop).tokens,
+                         sizes.repeats)
+    without = timing(None)
+    with_stop = timing(6)
+    return [Row("stop_tokens", "decode with a stop token", _fmt_size(V=7, T=50, C=c), with_stop,
+                without, reference="the same call without stop tokens",
+                work=c * target.horizon, unit="chain-steps")]
+
+
+def adaptive(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``theory.optimal_stopping`` (the optimal adaptive draft length) against
+    ``references.numpy_optimal_stopping`` in float64, timed once (``scripts/benchmark_adaptive.py``)."""
+    v, t, k = sizes.adaptive
+    draft = specjax.random_markov_chain(jax.random.key(1), v, t)
+    target = specjax.random_markov_chain(jax.random.key(2), v, t)
+    cost = specjax.CostModel(draft_cost=0.1, target_cost=1.0)
+    t_jax = best_time(lambda i: specjax.theory.optimal_stopping(draft, target, cost,
+                                                                max_lookahead=k).values,
+                      sizes.repeats)
+    stop_costs = [cost.call_time(draft_passes=0, tokens_scored=d + 1) for d in range(k + 1)]
+    t_np = timed(lambda: references.numpy_optimal_stopping(
+        draft.trans, target.trans, target.init, lookahead=k, draft_cost=cost.draft_cost,
+        stop_costs=stop_costs))
+    return [Row("adaptive", "optimal_stopping (NumPy float64, one run)",
+                _fmt_size(V=v, T=t, K=k), t_jax, t_np)]
+
+
+def pairs(sizes: Sizes, chains: _Chains) -> list[Row]:
+    """``record`` (target rollouts and scoring by two low-rank bigram protocol models) and
+    ``estimate`` (SD, ``K = 4``) from it (``scripts/benchmark_pairs.py``; no reference)."""
+    v, t, b = sizes.pairs
+    draft, target = references.low_rank_pair(v, 16)
+    key = jax.random.key(1)
+    recording = None
+
+    def run(i):
+        nonlocal recording
+        recording = specjax.record(jax.random.fold_in(key, i), draft, target, b, horizon=t)
+        return recording
+    t_record = best_time(run, sizes.repeats)
+    decoder = specjax.Speculative(4)
+    cost = specjax.CostModel(0.05, 1.0)
+    t_estimate = best_time(lambda i: specjax.estimate(decoder, recording, cost=cost)
+                           .expected_time, sizes.repeats)
+    size = _fmt_size(V=v, T=t, B=b)
+    return [Row("pairs", "record (rollouts + scoring)", size, t_record, reference="",
+                work=b * t, unit="tokens"),
+            Row("pairs", "estimate, SD K = 4", size, t_estimate, reference="")]
+
+
+CASES: dict[str, Callable] = {
+    "samplers": samplers, "theory": theory, "token_tree": token_tree,
+    "optimal_acceptance": optimal_acceptance, "verify": verify, "verify_tree": verify_tree,
+    "stop_tokens": stop_tokens, "adaptive": adaptive, "pairs": pairs,
+}
+
+
+# ----------------------------------------------------------------------------------- the run
+def commit() -> str:
+    """The git commit of the checkout specjax is imported from (``+modified`` where tracked
+    files have uncommitted changes), or ``unknown`` (an installed copy, no git)."""
+    root = pathlib.Path(specjax.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+modified" if dirty.stdout.strip() else "")
+
+
+def device_name() -> str:
+    """The first device JAX finds, in words, with how many there are."""
+    devices = jax.devices()
+    kind = devices[0].device_kind
+    return f"{kind} ({devices[0].platform}, {len(devices)} device{'s' * (len(devices) > 1)})"
+
+
+def _error(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
+        out=sys.stdout) -> Result:
+    """Runs the cases (default: all of ``CASES``, in order) and returns their rows.
+
+    Each case runs on its own: an exception in one (out of memory, a bug) gives one failed row
+    for it and the next case runs. Progress goes to ``out`` (a line per case, with its time).
+
+    Args:
+      sizes: the sizes of every case (default ``Sizes()``; ``Sizes.quick()`` for toy sizes).
+      cases: names of ``CASES`` to run (default all).
+      mode: the name of the sizes, as the table shows it.
+      out: where progress lines go (None: nowhere).
+
+    Raises:
+      ValueError: a name in ``cases`` that is not a case.
+    """
+    sizes = Sizes() if sizes is None else sizes
+    names = list(CASES) if cases is None else list(cases)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise ValueError(f"cases: unknown {unknown}; the cases are {', '.join(CASES)}")
+    start = time.perf_counter()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        load = tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        load = None
+    device = device_name()
+    if out is not None:
+        print(f"specjax bench ({mode}) on {device}, JAX {jax.__version__}", file=out, flush=True)
+    chains = _Chains()
+    rows = []
+    for i, name in enumerate(names):
+        case_start = time.perf_counter()
+        if out is not None:
+            print(f"[{i + 1}/{len(names)}] {name} ...", end=" ", file=out, flush=True)
+        try:
+            got = CASES[name](sizes, chains)
+            status = "ok"
+        except Exception as err:  # noqa: BLE001 - one case failing must not stop the others
+            got = [Row(name, name, "", math.nan, error=_error(err))]
+            status = f"FAILED ({got[0].error})"
+        rows.extend(got)
+        if out is not None:
+            ratios = ", ".join(f"{r.ratio:.2f}x" for r in got if r.ratio is not None)
+            print(f"{status} in {time.perf_counter() - case_start:.1f} s"
+                  + (f" (ratios {ratios})" if ratios else ""), file=out, flush=True)
+    return Result(device=device, platform=jax.devices()[0].platform,
+                  jax_version=jax.__version__, specjax_version=specjax.__version__,
+                  commit=commit(), date=date, mode=mode, cpu_count=os.cpu_count() or 0,
+                  load=load, seconds=time.perf_counter() - start, rows=rows)
+
+
+def _fmt_time(seconds) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def _fmt_rate(row: Row) -> str:
+    if row.work is None or not row.specjax_s > 0:
+        return ""
+    rate = row.work / row.specjax_s
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rate >= scale:
+            return f"{rate / scale:.3g} {prefix} {row.unit}/s"
+    return f"{rate:.3g} {row.unit}/s"
+
+
+def markdown(result: Result) -> str:
+    """The run as Markdown: a header line (device, versions, commit, date, load) and one table."""
+    load = "" if result.load is None else f", load average {result.load[0]:.2f}"
+    lines = [f"`python -m specjax bench{' --quick' if result.mode == 'quick' else ''}` on "
+             f"{result.device}; JAX {result.jax_version}, specjax {result.specjax_version}, "
+             f"commit {result.commit}; {result.date}; {result.cpu_count} CPU cores{load}; "
+             f"{result.seconds:.0f} s in all.",
+             "",
+             "| case | what | size | specjax | reference | ratio | % floor | specjax rate |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result.rows:
+        if r.error is not None:
+            lines.append(f"| {r.case} | failed: {r.error.replace('|', '/')} | | | | | | |")
+            continue
+        ref = "-" if r.reference_s is None else f"{_fmt_time(r.reference_s)} ({r.reference})"
+        ratio = "" if r.ratio is None else f"{r.ratio:.2f}x"
+        floor = "" if r.floor is None else f"{100 * r.floor:.0f}%"
+        lines.append(f"| {r.case} | {r.name} | {r.size} | {_fmt_time(r.specjax_s)} | {ref} | "
+                     f"{ratio} | {floor} | {_fmt_rate(r)} |")
+    lines += ["",
+              "specjax: best of the repeats, compilation excluded, on the device above; the "
+              "reference on the same run (NumPy on the host). ratio: reference time / specjax "
+              "time (above 1: specjax is faster). % floor: the time to draw one uniform per "
+              "chain-step in a scan over specjax's time."]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(result: Result) -> dict:
+    """The run as a JSON-ready dict (times in seconds; NaN as null)."""
+    def clean(x):
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+    out = result._asdict()
+    out["rows"] = [{**{k: clean(v) for k, v in r._asdict().items()}, "ratio": clean(r.ratio)}
+                   for r in result.rows]
+    return out
+
+
+def write(result: Result, out_dir) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes ``bench.md`` and ``bench.json`` into ``out_dir`` (created if needed), each file
+    whole; returns their paths."""
+    folder = pathlib.Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    md, js = folder / "bench.md", folder / "bench.json"
+    with report.atomic_write(md) as f:
+        f.write(markdown(result))
+    with report.atomic_write(js) as f:
+        json.dump(to_json(result), f, indent=2)
+        f.write("\n")
+    return md, js
