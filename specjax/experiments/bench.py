@@ -61,10 +61,11 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_against_numpy(verify, arrays, numpy_fn, repeats: int):
+def time_against_numpy(verify, arrays, numpy_fn, repeats: int, numpy_repeats: int | None = None):
     """A verifier timed as a user calls it (``verify(*arrays)``, its checks included) and under
     the caller's ``jit``, beside ``numpy_fn()``: ``(first call under jit, compilation included;
-    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats``."""
+    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats`` (NumPy:
+    of ``numpy_repeats``, default ``repeats``, without a warm-up: it compiles nothing)."""
     device = [jnp.asarray(a) for a in arrays]
     jitted = jax.jit(verify)
     start = time.perf_counter()
@@ -72,7 +73,8 @@ def time_against_numpy(verify, arrays, numpy_fn, repeats: int):
     first = time.perf_counter() - start
     t_checked = best_time(lambda i: verify(*device), repeats)
     t_jitted = best_time(lambda i: jitted(*device), repeats)
-    t_numpy = best_time(lambda i: numpy_fn(), repeats)
+    numpy_repeats = repeats if numpy_repeats is None else numpy_repeats
+    t_numpy = min(timed(numpy_fn) for _ in range(max(numpy_repeats, 1)))
     return first, t_checked, t_jitted, t_numpy, np.asarray(jitted(*device))
 
 
@@ -102,7 +104,7 @@ class Sizes:
     * fewer repeats (``repeats``; NumPy: ``numpy_repeats``).
     """
 
-    repeats: int = 3
+    repeats: int = 2
     numpy_repeats: int = 2
     samplers: tuple = (7, 50, 200_000)  # V, T, C
     theory: tuple = (256, 128, 8)  # V, T, M
@@ -307,8 +309,8 @@ def optimal_acceptance(sizes: Sizes, chains: _Chains) -> list[Row]:
     for m in drafts:
         fn = jax.jit(lambda p, q, m=m: specjax.optimal_acceptance(p, q, num_drafts=m))
         t_jax = best_time(lambda i: fn(p, q), sizes.repeats)
-        t_np = best_time(lambda i, m=m: references.numpy_optimal_acceptance(p_np, q_np, m),
-                         sizes.numpy_repeats)
+        t_np = min(timed(lambda m=m: references.numpy_optimal_acceptance(p_np, q_np, m))
+                   for _ in range(sizes.numpy_repeats))
         rows.append(Row("optimal_acceptance", f"optimal_acceptance, M = {m}, float32",
                         _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows"))
     return rows
@@ -324,7 +326,7 @@ def verify(sizes: Sizes, chains: _Chains) -> list[Row]:
         lambda x_, p_, q_, c_, u_, v_: specjax.verify_drafts(
             None, sd, x_, p_, q_, num_drafts=c_, uniforms=(u_, v_)).tokens,
         (x, p, q, counts, u, w), lambda: references.numpy_verify(x, p, q, counts, u, w),
-        sizes.repeats)
+        sizes.repeats, sizes.numpy_repeats)
     size = _fmt_size(B=b, K=k, V=v)
     return [Row("verify", "verify_drafts (checked)", size, t_checked, t_numpy, work=b,
                 unit="requests"),
@@ -343,7 +345,8 @@ def verify_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
         lambda x_, p_, q_, c_, u_, v_: specjax.verify_tree(
             None, tree, x_, p_, q_, num_nodes=c_, uniforms=(u_, v_)).tokens,
         (x, p, q, counts, u, w),
-        lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w), sizes.repeats)
+        lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w), sizes.repeats,
+        sizes.numpy_repeats)
     size = _fmt_size(B=b, tree=tuple(branching), V=v)
     return [Row("verify_tree", "verify_tree (checked)", size, t_checked, t_numpy, work=b,
                 unit="requests"),
@@ -372,7 +375,8 @@ def stop_tokens(sizes: Sizes, chains: _Chains) -> list[Row]:
 
 def adaptive(sizes: Sizes, chains: _Chains) -> list[Row]:
     """``theory.optimal_stopping`` (the optimal adaptive draft length) against
-    ``references.numpy_optimal_stopping`` in float64, timed once (``scripts/benchmark_adaptive.py``)."""
+    ``references.numpy_optimal_stopping`` in float64, timed once
+    (``scripts/benchmark_adaptive.py``)."""
     v, t, k = sizes.adaptive
     draft = specjax.random_markov_chain(jax.random.key(1), v, t)
     target = specjax.random_markov_chain(jax.random.key(2), v, t)
@@ -449,17 +453,18 @@ def _error(err: BaseException) -> str:
 
 
 def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
-        out=sys.stdout) -> Result:
+        progress: bool = True) -> Result:
     """Runs the cases (default: all of ``CASES``, in order) and returns their rows.
 
     Each case runs on its own: an exception in one (out of memory, a bug) gives one failed row
-    for it and the next case runs. Progress goes to ``out`` (a line per case, with its time).
+    for it and the next case runs. Progress goes to standard output: a line per case, with its
+    time and ratios.
 
     Args:
       sizes: the sizes of every case (default ``Sizes()``; ``Sizes.quick()`` for toy sizes).
       cases: names of ``CASES`` to run (default all).
       mode: the name of the sizes, as the table shows it.
-      out: where progress lines go (None: nowhere).
+      progress: print the progress lines.
 
     Raises:
       ValueError: a name in ``cases`` that is not a case.
@@ -476,6 +481,7 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
     except OSError:
         load = None
     device = device_name()
+    out = sys.stdout if progress else None
     if out is not None:
         print(f"specjax bench ({mode}) on {device}, JAX {jax.__version__}", file=out, flush=True)
     chains = _Chains()
