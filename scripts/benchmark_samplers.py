@@ -31,13 +31,13 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax
 from specjax._memory import peak_resident_bytes
 from _timing import best_time
 from _timing import timed
+from specjax.experiments.bench import uniform_floor
 from specjax.experiments.references import NumpyDecoder
 
 
@@ -190,11 +190,8 @@ def main(argv=None):
     draft, target = specjax.paper_instance(num_states=args.states, horizon=horizon)
     key = jax.random.key(0)
 
-    floor_scan = jax.jit(lambda k: jax.lax.scan(
-        lambda acc, n: (acc + jax.random.uniform(jax.random.fold_in(k, n), (c,)), None),
-        jnp.zeros(c), jnp.arange(horizon))[0])
     floor_mat = jax.jit(lambda k: jax.random.uniform(k, (horizon, c)))
-    t_floor = best_time(lambda i: floor_scan(jax.random.fold_in(key, i)), args.repeats)
+    t_floor = uniform_floor(c, horizon, args.repeats)
     t_floor_mat = best_time(lambda i: floor_mat(jax.random.fold_in(key, i)), args.repeats)
 
     cases = [

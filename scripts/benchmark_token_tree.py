@@ -53,18 +53,11 @@ import numpy as np
 import specjax
 from _timing import best_time
 from _timing import timed
+from specjax.experiments.bench import sequoia_parents
 from specjax.experiments.references import NumpyTreeSampler
 from specjax.experiments.references import depths
 from specjax.experiments.references import numpy_accepted_length
 from specjax.experiments.references import numpy_expected_calls
-
-
-# ----------------------------------------------------------------------------- the trees
-def sequoia_parents(draft, target, budget: int, max_depth: int):
-    """Sequoia's tree on the chains' positional acceptance (8 children)."""
-    acceptance = specjax.theory.positional_acceptance(draft, target, num_children=8)
-    _, parents = specjax.sequoia_tree(acceptance, budget=budget, max_depth=max_depth)
-    return tuple(int(x) for x in parents)
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -40,10 +40,11 @@ def test_bench_quick_runs_every_case_and_writes_one_table(tmp_path, capsys):
 def fake_cases(monkeypatch):
     """Two cheap cases around one that fails as an accelerator out of memory would."""
     def fine(sizes, chains):
-        return [bench.Row("fine", "a fast thing", "n = 1", 0.5, 2.0, work=10, unit="steps",
-                          floor=0.25)]
+        yield bench.Row("fine", "a fast thing", "n = 1", 0.5, 2.0, work=10, unit="steps",
+                        floor=0.25)
 
     def broken(sizes, chains):
+        yield bench.Row("broken", "the first part", "n = 1", 1.0, 1.0)
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate | 8 GB")
 
     monkeypatch.setattr(bench, "CASES", {"fine": fine, "broken": broken, "after": fine})
@@ -51,10 +52,11 @@ def fake_cases(monkeypatch):
 
 def test_a_failing_case_is_a_failed_row_and_the_others_still_run(fake_cases, tmp_path):
     result = bench.run(bench.Sizes.quick(), progress=False)
-    assert [r.case for r in result.rows] == ["fine", "broken", "fine"]
-    broken = result.rows[1]
+    assert [r.case for r in result.rows] == ["fine", "broken", "broken", "fine"]
+    assert result.rows[1].error is None and result.rows[1].ratio == 1.0  # finished before
+    broken = result.rows[2]
     assert broken.error.startswith("RuntimeError: RESOURCE_EXHAUSTED") and broken.ratio is None
-    assert result.rows[0].ratio == 4.0 and result.rows[2].ratio == 4.0
+    assert result.rows[0].ratio == 4.0 and result.rows[3].ratio == 4.0
     md, js = bench.write(result, tmp_path / "new")
     table = md.read_text()
     assert "| broken | failed: RuntimeError: RESOURCE_EXHAUSTED" in table
@@ -62,7 +64,7 @@ def test_a_failing_case_is_a_failed_row_and_the_others_still_run(fake_cases, tmp
     assert ("| fine | a fast thing | n = 1 | 500.0 ms | 2.00 s (NumPy) | 4.00x | 25% "
             "| 20 steps/s |") in table
     rows = json.loads(js.read_text())["rows"]
-    assert rows[1]["specjax_s"] is None and rows[1]["ratio"] is None  # NaN is null in JSON
+    assert rows[2]["specjax_s"] is None and rows[2]["ratio"] is None  # NaN is null in JSON
 
 
 def test_bench_flags_are_checked_before_any_work(fake_cases, tmp_path, capsys):

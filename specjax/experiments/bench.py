@@ -6,8 +6,8 @@ the same process, best of a few runs with compilation excluded (``best_time``), 
 ratio ``reference time / specjax time`` (above 1: specjax is faster). Samplers also give the
 fraction of the random-number floor: the time JAX takes just to draw one uniform per chain-step
 (accumulated in a ``lax.scan``), over specjax's time. The cases run one after another, each on
-its own: one that fails (out of memory on some device, say) is a ``failed`` row and the others
-still run. JAX runs on whatever device it finds (``jax.devices()[0]``); NumPy on the host.
+its own: one that fails (out of memory on some device, say) ends with a ``failed`` row, after
+the rows it finished, and the others still run. JAX runs on whatever device it finds (``jax.devices()[0]``); NumPy on the host.
 
 Two sizes (``Sizes``): the default, the scripts' headline settings where they fit about five
 minutes on a 2-core CPU (the exceptions are listed in ``Sizes``' docstring), and ``quick``, toy
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from typing import Callable
+from typing import Iterator
 from typing import NamedTuple
 
 import jax
@@ -101,7 +102,8 @@ class Sizes:
       on a 2-core CPU);
     * ``adaptive``: ``K = 4`` (the script's default ``K = 6`` keeps NumPy busy for minutes);
     * ``pairs``: the script's ``--quick`` sizes (``V = 2,000``, ``T = 64``, ``B = 100``);
-    * fewer repeats (``repeats``; NumPy: ``numpy_repeats``).
+    * fewer repeats: specjax's time is the best of ``repeats`` after a warm-up call, NumPy's
+      the best of ``numpy_repeats`` (no warm-up: it compiles nothing).
     """
 
     repeats: int = 2
@@ -156,7 +158,13 @@ class Row(NamedTuple):
 
     @property
     def ratio(self) -> float | None:
-        """``reference_s / specjax_s`` (above 1: specjax is faster), or None."""
+        """``reference_s / specjax_s`` (above 1: specjax is faster), or None.
+
+        Example:
+            >>> from specjax.experiments.bench import Row
+            >>> Row("samplers", "SD", "C = 10", specjax_s=0.5, reference_s=2.0).ratio
+            4.0
+        """
         if self.reference_s is None or not self.specjax_s > 0:
             return None
         return self.reference_s / self.specjax_s
@@ -177,7 +185,8 @@ class Result(NamedTuple):
       cpu_count: the host's CPU cores.
       load: the host's load averages (1, 5, 15 minutes) at the start, or None.
       seconds: the run's wall time.
-      rows: one ``Row`` per case (or per line of a case).
+      sizes: the ``Sizes`` of the run, as a dict.
+      rows: the ``Row``s of every case, in order (a case has one or more).
     """
 
     device: str
@@ -190,6 +199,7 @@ class Result(NamedTuple):
     cpu_count: int
     load: tuple | None
     seconds: float
+    sizes: dict
     rows: list
 
 
@@ -214,7 +224,7 @@ class _Chains:
         return self._pairs[(num_states, horizon)]
 
 
-def samplers(sizes: Sizes, chains: _Chains) -> list[Row]:
+def samplers(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """SD (``K = T``) and batch SD (``M = 4``) on the paper's instance shape against
     ``references.NumpyDecoder`` (``scripts/benchmark_samplers.py``)."""
     v, t, c = sizes.samplers
@@ -225,18 +235,16 @@ def samplers(sizes: Sizes, chains: _Chains) -> list[Row]:
               lambda k: specjax.speculative_decoding(k, draft, target, c)),
              ("batch SD, M = 4", dict(num_drafts=4),
               lambda k: specjax.batch_speculative_decoding(k, draft, target, c, num_drafts=4))]
-    rows = []
     for name, np_kwargs, run in cases:
         t_jax = best_time(lambda i: run(jax.random.fold_in(key, i)), sizes.repeats)
         decoder = references.NumpyDecoder(draft, target, **np_kwargs)
         decoder.run(0, min(c, 1000))
         t_np = min(timed(lambda: decoder.run(i, c)) for i in range(sizes.numpy_repeats))
-        rows.append(Row("samplers", f"sampler: {name}", _fmt_size(V=v, T=t, C=c), t_jax, t_np,
-                        work=c * t, unit="chain-steps", floor=floor / t_jax))
-    return rows
+        yield Row("samplers", f"sampler: {name}", _fmt_size(V=v, T=t, C=c), t_jax, t_np,
+                  work=c * t, unit="chain-steps", floor=floor / t_jax)
 
 
-def theory(sizes: Sizes, chains: _Chains) -> list[Row]:
+def theory(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``batch_expected_rejections`` (Theorem 3) under ``jit``, float32 and float64, against
     ``references.numpy_batch_rejections`` in float64 (``scripts/benchmark_theory.py``)."""
     v, t, m = sizes.theory
@@ -251,31 +259,31 @@ def theory(sizes: Sizes, chains: _Chains) -> list[Row]:
     references.numpy_batch_rejections(init, p_np, q_np, m)
     t_numpy = min(timed(lambda: references.numpy_batch_rejections(init, p_np, q_np, m))
                   for _ in range(sizes.numpy_repeats))
-    rows = []
     for dtype in ("float32", "float64"):
         with jax.enable_x64(dtype == "float64"):
             d = specjax.MarkovChain(jnp.asarray(draft_init, dtype), jnp.asarray(p_np, dtype))
             tg = specjax.MarkovChain(jnp.asarray(init, dtype), jnp.asarray(q_np, dtype))
             value = jax.jit(lambda d, tg: specjax.batch_expected_rejections(d, tg, num_drafts=m))
             t_value = best_time(lambda i: value(d, tg), sizes.repeats)
-        rows.append(Row("theory", f"batch_expected_rejections, {dtype} (NumPy float64)",
-                        _fmt_size(V=v, T=t, M=m), t_value, t_numpy))
-    return rows
+        yield Row("theory", f"batch_expected_rejections, {dtype} (NumPy float64)",
+                  _fmt_size(V=v, T=t, M=m), t_value, t_numpy)
 
 
-def _sequoia_parents(draft, target, budget: int, max_depth: int) -> tuple:
+def sequoia_parents(draft, target, budget: int, max_depth: int) -> tuple:
+    """The parents of Sequoia's tree (``sequoia_tree``, ``budget`` nodes, depth at most
+    ``max_depth``) on the chains' positional acceptance with 8 children."""
     acceptance = specjax.theory.positional_acceptance(draft, target, num_children=8)
     _, parents = specjax.sequoia_tree(acceptance, budget=budget, max_depth=max_depth)
     return tuple(int(x) for x in parents)
 
 
-def token_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
+def token_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """The token-tree sampler (``decoding_statistics`` with a ``TokenTree`` of i.i.d. children)
     on Sequoia's tree and a uniform tree, against ``references.NumpyTreeSampler``
     (``scripts/benchmark_token_tree.py``)."""
     v, t, c, budget, max_depth, branching = sizes.token_tree
     draft, target = chains.pair(v, t)
-    parents = _sequoia_parents(draft, target, budget, max_depth)
+    parents = sequoia_parents(draft, target, budget, max_depth)
     uniform = specjax.TokenTree(tuple(branching), children="iid")
     trees = [(f"Sequoia tree ({len(parents)} nodes)",
               specjax.TokenTree.from_parents(parents, children="iid"), parents),
@@ -283,7 +291,6 @@ def token_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
               uniform.shape.parents)]
     floor = uniform_floor(c, t, sizes.repeats)
     key = jax.random.key(1)
-    rows = []
     for name, tree, tree_parents in trees:
         def run(i, tree=tree):
             k = jax.random.fold_in(key, i)
@@ -291,12 +298,11 @@ def token_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
         t_jax = best_time(run, sizes.repeats)
         sampler = references.NumpyTreeSampler(tree_parents, draft, target)
         t_np = min(timed(lambda i=i: sampler.run(100 + i, c)) for i in range(sizes.numpy_repeats))
-        rows.append(Row("token_tree", f"token-tree sampler: {name}", _fmt_size(V=v, T=t, C=c),
-                        t_jax, t_np, work=c * t, unit="chain-steps", floor=floor / t_jax))
-    return rows
+        yield Row("token_tree", f"token-tree sampler: {name}", _fmt_size(V=v, T=t, C=c),
+                  t_jax, t_np, work=c * t, unit="chain-steps", floor=floor / t_jax)
 
 
-def optimal_acceptance(sizes: Sizes, chains: _Chains) -> list[Row]:
+def optimal_acceptance(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``optimal_acceptance`` (i.i.d. drafts) under ``jit`` on many rows against
     ``references.numpy_optimal_acceptance`` in float32
     (``scripts/benchmark_optimal_acceptance.py``)."""
@@ -305,18 +311,16 @@ def optimal_acceptance(sizes: Sizes, chains: _Chains) -> list[Row]:
     p_np = references.dirichlet_rows(rng, num_rows, v, 0.3, 0.1, np.float64).astype(np.float32)
     q_np = references.dirichlet_rows(rng, num_rows, v, 0.3, 0.1, np.float64).astype(np.float32)
     p, q = jnp.asarray(p_np), jnp.asarray(q_np)
-    rows = []
     for m in drafts:
         fn = jax.jit(lambda p, q, m=m: specjax.optimal_acceptance(p, q, num_drafts=m))
         t_jax = best_time(lambda i: fn(p, q), sizes.repeats)
         t_np = min(timed(lambda m=m: references.numpy_optimal_acceptance(p_np, q_np, m))
                    for _ in range(sizes.numpy_repeats))
-        rows.append(Row("optimal_acceptance", f"optimal_acceptance, M = {m}, float32",
-                        _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows"))
-    return rows
+        yield Row("optimal_acceptance", f"optimal_acceptance, M = {m}, float32",
+                  _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows")
 
 
-def verify(sizes: Sizes, chains: _Chains) -> list[Row]:
+def verify(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``verify_drafts`` (SD) as a user calls it and under ``jit`` against
     ``references.numpy_verify`` (``scripts/benchmark_verify.py``)."""
     b, k, v = sizes.verify
@@ -328,13 +332,13 @@ def verify(sizes: Sizes, chains: _Chains) -> list[Row]:
         (x, p, q, counts, u, w), lambda: references.numpy_verify(x, p, q, counts, u, w),
         sizes.repeats, sizes.numpy_repeats)
     size = _fmt_size(B=b, K=k, V=v)
-    return [Row("verify", "verify_drafts (checked)", size, t_checked, t_numpy, work=b,
-                unit="requests"),
-            Row("verify", "verify_drafts under jit", size, t_jitted, t_numpy, work=b,
-                unit="requests")]
+    yield Row("verify", "verify_drafts (checked)", size, t_checked, t_numpy, work=b,
+              unit="requests")
+    yield Row("verify", "verify_drafts under jit", size, t_jitted, t_numpy, work=b,
+              unit="requests")
 
 
-def verify_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
+def verify_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``verify_tree`` (i.i.d. children) as a user calls it and under ``jit`` against
     ``references.numpy_verify_tree`` (``scripts/benchmark_verify_tree.py``)."""
     b, branching, v = sizes.verify_tree
@@ -348,13 +352,13 @@ def verify_tree(sizes: Sizes, chains: _Chains) -> list[Row]:
         lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w), sizes.repeats,
         sizes.numpy_repeats)
     size = _fmt_size(B=b, tree=tuple(branching), V=v)
-    return [Row("verify_tree", "verify_tree (checked)", size, t_checked, t_numpy, work=b,
-                unit="requests"),
-            Row("verify_tree", "verify_tree under jit", size, t_jitted, t_numpy, work=b,
-                unit="requests")]
+    yield Row("verify_tree", "verify_tree (checked)", size, t_checked, t_numpy, work=b,
+              unit="requests")
+    yield Row("verify_tree", "verify_tree under jit", size, t_jitted, t_numpy, work=b,
+              unit="requests")
 
 
-def stop_tokens(sizes: Sizes, chains: _Chains) -> list[Row]:
+def stop_tokens(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``decode`` (SD, ``K = 4``) on the paper's instance with the stop token 6 against the same
     call without stop tokens (``scripts/benchmark_stop_tokens.py``; no NumPy reference)."""
     c = sizes.stop_tokens
@@ -368,12 +372,12 @@ def stop_tokens(sizes: Sizes, chains: _Chains) -> list[Row]:
                          sizes.repeats)
     without = timing(None)
     with_stop = timing(6)
-    return [Row("stop_tokens", "decode with a stop token", _fmt_size(V=7, T=50, C=c), with_stop,
-                without, reference="the same call without stop tokens",
-                work=c * target.horizon, unit="chain-steps")]
+    yield Row("stop_tokens", "decode with a stop token", _fmt_size(V=7, T=50, C=c), with_stop,
+              without, reference="the same call without stop tokens",
+              work=c * target.horizon, unit="chain-steps")
 
 
-def adaptive(sizes: Sizes, chains: _Chains) -> list[Row]:
+def adaptive(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``theory.optimal_stopping`` (the optimal adaptive draft length) against
     ``references.numpy_optimal_stopping`` in float64, timed once
     (``scripts/benchmark_adaptive.py``)."""
@@ -388,11 +392,11 @@ def adaptive(sizes: Sizes, chains: _Chains) -> list[Row]:
     t_np = timed(lambda: references.numpy_optimal_stopping(
         draft.trans, target.trans, target.init, lookahead=k, draft_cost=cost.draft_cost,
         stop_costs=stop_costs))
-    return [Row("adaptive", "optimal_stopping (NumPy float64, one run)",
-                _fmt_size(V=v, T=t, K=k), t_jax, t_np)]
+    yield Row("adaptive", "optimal_stopping (NumPy float64, one run)",
+              _fmt_size(V=v, T=t, K=k), t_jax, t_np)
 
 
-def pairs(sizes: Sizes, chains: _Chains) -> list[Row]:
+def pairs(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``record`` (target rollouts and scoring by two low-rank bigram protocol models) and
     ``estimate`` (SD, ``K = 4``) from it (``scripts/benchmark_pairs.py``; no reference)."""
     v, t, b = sizes.pairs
@@ -405,17 +409,18 @@ def pairs(sizes: Sizes, chains: _Chains) -> list[Row]:
         recording = specjax.record(jax.random.fold_in(key, i), draft, target, b, horizon=t)
         return recording
     t_record = best_time(run, sizes.repeats)
+    size = _fmt_size(V=v, T=t, B=b)
+    yield Row("pairs", "record (rollouts + scoring)", size, t_record, reference="",
+              work=b * t, unit="tokens")
     decoder = specjax.Speculative(4)
     cost = specjax.CostModel(0.05, 1.0)
     t_estimate = best_time(lambda i: specjax.estimate(decoder, recording, cost=cost)
                            .expected_time, sizes.repeats)
-    size = _fmt_size(V=v, T=t, B=b)
-    return [Row("pairs", "record (rollouts + scoring)", size, t_record, reference="",
-                work=b * t, unit="tokens"),
-            Row("pairs", "estimate, SD K = 4", size, t_estimate, reference="")]
+    yield Row("pairs", "estimate, SD K = 4", size, t_estimate, reference="")
 
 
-CASES: dict[str, Callable] = {
+# Each case is a generator of rows: the rows it finished stay when a later one fails.
+CASES: dict[str, Callable[[Sizes, _Chains], Iterator[Row]]] = {
     "samplers": samplers, "theory": theory, "token_tree": token_tree,
     "optimal_acceptance": optimal_acceptance, "verify": verify, "verify_tree": verify_tree,
     "stop_tokens": stop_tokens, "adaptive": adaptive, "pairs": pairs,
@@ -456,9 +461,9 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
         progress: bool = True) -> Result:
     """Runs the cases (default: all of ``CASES``, in order) and returns their rows.
 
-    Each case runs on its own: an exception in one (out of memory, a bug) gives one failed row
-    for it and the next case runs. Progress goes to standard output: a line per case, with its
-    time and ratios.
+    Each case runs on its own: an exception in one (out of memory, a bug) ends that case with a
+    failed row (after the rows it had finished) and the next case runs. Progress goes to
+    standard output: a line per case, with its time and ratios.
 
     Args:
       sizes: the sizes of every case (default ``Sizes()``; ``Sizes.quick()`` for toy sizes).
@@ -490,12 +495,14 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
         case_start = time.perf_counter()
         if out is not None:
             print(f"[{i + 1}/{len(names)}] {name} ...", end=" ", file=out, flush=True)
+        got = []
         try:
-            got = CASES[name](sizes, chains)
+            for row in CASES[name](sizes, chains):
+                got.append(row)
             status = "ok"
         except Exception as err:  # noqa: BLE001 - one case failing must not stop the others
-            got = [Row(name, name, "", math.nan, error=_error(err))]
-            status = f"FAILED ({got[0].error})"
+            got.append(Row(name, name, "", math.nan, error=_error(err)))
+            status = f"FAILED ({got[-1].error})"
         rows.extend(got)
         if out is not None:
             ratios = ", ".join(f"{r.ratio:.2f}x" for r in got if r.ratio is not None)
@@ -504,7 +511,8 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
     return Result(device=device, platform=jax.devices()[0].platform,
                   jax_version=jax.__version__, specjax_version=specjax.__version__,
                   commit=commit(), date=date, mode=mode, cpu_count=os.cpu_count() or 0,
-                  load=load, seconds=time.perf_counter() - start, rows=rows)
+                  load=load, seconds=time.perf_counter() - start,
+                  sizes=dataclasses.asdict(sizes), rows=rows)
 
 
 def _fmt_time(seconds) -> str:
@@ -543,7 +551,7 @@ def markdown(result: Result) -> str:
             continue
         ref = "-" if r.reference_s is None else f"{_fmt_time(r.reference_s)} ({r.reference})"
         ratio = "" if r.ratio is None else f"{r.ratio:.2f}x"
-        floor = "" if r.floor is None else f"{100 * r.floor:.0f}%"
+        floor = "" if r.floor is None else f"{100 * r.floor:.{0 if r.floor >= 0.01 else 2}f}%"
         lines.append(f"| {r.case} | {r.name} | {r.size} | {_fmt_time(r.specjax_s)} | {ref} | "
                      f"{ratio} | {floor} | {_fmt_rate(r)} |")
     lines += ["",
