@@ -7,7 +7,9 @@ ratio ``reference time / specjax time`` (above 1: specjax is faster). Samplers a
 fraction of the random-number floor: the time JAX takes just to draw one uniform per chain-step
 (accumulated in a ``lax.scan``), over specjax's time. The cases run one after another, each on
 its own: one that fails (out of memory on some device, say) ends with a ``failed`` row, after
-the rows it finished, and the others still run. JAX runs on whatever device it finds (``jax.devices()[0]``); NumPy on the host.
+the rows it finished, and the others still run. JAX runs on whatever device it finds
+(``jax.devices()[0]``); NumPy on the host. Beside the times, each row shows what the two
+computed on the run (means, exact values, the requests they agree on) and whether they agree.
 
 Two sizes (``Sizes``): the default, the scripts' headline settings where they fit about five
 minutes on a 2-core CPU (the exceptions are listed in ``Sizes``' docstring), and ``quick``, toy
@@ -142,6 +144,11 @@ class Row(NamedTuple):
       work: the units of work one run does (chain-steps, rows, requests), or None.
       unit: the name of that unit.
       floor: for a sampler, the random-number floor's seconds over specjax's; else None.
+      check: what specjax's and the reference's outputs on this run give, side by side (a
+        sampler's means with the difference in standard errors ``z``, an exact value's largest
+        difference, the requests on which two verifiers agree), or ``""``.
+      agree: whether they agree (``|z| < 5``; an exact value within ``1e-4`` relative, float32
+        rounding; a verifier on every request), or None where there is nothing to compare.
       error: why the case failed (its exception, one line), or None.
     """
 
@@ -154,6 +161,8 @@ class Row(NamedTuple):
     work: float | None = None
     unit: str = ""
     floor: float | None = None
+    check: str = ""
+    agree: bool | None = None
     error: str | None = None
 
     @property
@@ -208,6 +217,44 @@ def _fmt_size(**values) -> str:
                      for k, v in values.items())
 
 
+Z_LIMIT = 5.0  # two samplers of one law agree when their means differ by less than 5 se
+RTOL = 1e-4  # two exact values agree within float32 rounding of sums over many terms
+
+
+class _Last:
+    """``fn`` that keeps its last result (``value``): a timed call's output, compared after."""
+
+    def __init__(self, fn):
+        self.fn, self.value = fn, None
+
+    def __call__(self, *args):
+        self.value = self.fn(*args)
+        return self.value
+
+
+def _means(name: str, ours, theirs) -> tuple[str, bool]:
+    """Two samples' means and ``z``, their difference in standard errors."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    se = math.sqrt(ours.var() / ours.size + theirs.var() / theirs.size)
+    diff = ours.mean() - theirs.mean()
+    z = diff / se if se > 0 else (0.0 if diff == 0 else math.inf)
+    return (f"mean {name} {ours.mean():.4g} vs {theirs.mean():.4g} (z {z:+.2f})",
+            bool(abs(z) < Z_LIMIT))
+
+
+def _values(name: str, ours, theirs) -> tuple[str, bool]:
+    """Two computations of exact values: the largest absolute difference."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    diff = float(np.max(np.abs(ours - theirs)))
+    scale = max(1.0, float(np.max(np.abs(theirs))))
+    return f"{name} max abs diff {diff:.1e}", bool(diff <= RTOL * scale)
+
+
+def _requests(name: str, same, total: int) -> tuple[str, bool]:
+    same = int(np.sum(same))
+    return f"{name} agree on {same:,} of {total:,}", same == total
+
+
 # ----------------------------------------------------------------------------------- cases
 class _Chains:
     """Random chain pairs built once per run (``random_markov_chain``, the scripts' keys)."""
@@ -236,12 +283,16 @@ def samplers(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
              ("batch SD, M = 4", dict(num_drafts=4),
               lambda k: specjax.batch_speculative_decoding(k, draft, target, c, num_drafts=4))]
     for name, np_kwargs, run in cases:
-        t_jax = best_time(lambda i: run(jax.random.fold_in(key, i)), sizes.repeats)
+        ours = _Last(lambda i, run=run: run(jax.random.fold_in(key, i)).num_rejections)
+        t_jax = best_time(ours, sizes.repeats)
         decoder = references.NumpyDecoder(draft, target, **np_kwargs)
         decoder.run(0, min(c, 1000))
-        t_np = min(timed(lambda: decoder.run(i, c)) for i in range(sizes.numpy_repeats))
+        theirs = _Last(lambda i, decoder=decoder: decoder.run(i, c)[1])
+        t_np = min(timed(lambda i=i: theirs(i)) for i in range(sizes.numpy_repeats))
+        check, agree = _means("rejections", ours.value, theirs.value)
         yield Row("samplers", f"sampler: {name}", _fmt_size(V=v, T=t, C=c), t_jax, t_np,
-                  work=c * t, unit="chain-steps", floor=floor / t_jax)
+                  work=c * t, unit="chain-steps", floor=floor / t_jax, check=check,
+                  agree=agree)
 
 
 def theory(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -256,7 +307,7 @@ def theory(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
         np.asarray(target.trans, np.float64)))
     draft_init = np.asarray(draft.init, np.float64)
     draft_init = draft_init / draft_init.sum()
-    references.numpy_batch_rejections(init, p_np, q_np, m)
+    numpy_value = references.numpy_batch_rejections(init, p_np, q_np, m)
     t_numpy = min(timed(lambda: references.numpy_batch_rejections(init, p_np, q_np, m))
                   for _ in range(sizes.numpy_repeats))
     for dtype in ("float32", "float64"):
@@ -265,8 +316,10 @@ def theory(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
             tg = specjax.MarkovChain(jnp.asarray(init, dtype), jnp.asarray(q_np, dtype))
             value = jax.jit(lambda d, tg: specjax.batch_expected_rejections(d, tg, num_drafts=m))
             t_value = best_time(lambda i: value(d, tg), sizes.repeats)
+            got = float(value(d, tg))
+        check, agree = _values("E[rejections]", got, numpy_value)
         yield Row("theory", f"batch_expected_rejections, {dtype} (NumPy float64)",
-                  _fmt_size(V=v, T=t, M=m), t_value, t_numpy)
+                  _fmt_size(V=v, T=t, M=m), t_value, t_numpy, check=check, agree=agree)
 
 
 def sequoia_parents(draft, target, budget: int, max_depth: int) -> tuple:
@@ -292,14 +345,16 @@ def token_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     floor = uniform_floor(c, t, sizes.repeats)
     key = jax.random.key(1)
     for name, tree, tree_parents in trees:
-        def run(i, tree=tree):
-            k = jax.random.fold_in(key, i)
-            return specjax.decoding_statistics(k, tree, draft, target, c).num_calls
-        t_jax = best_time(run, sizes.repeats)
+        ours = _Last(lambda i, tree=tree: specjax.decoding_statistics(
+            jax.random.fold_in(key, i), tree, draft, target, c).num_calls)
+        t_jax = best_time(ours, sizes.repeats)
         sampler = references.NumpyTreeSampler(tree_parents, draft, target)
-        t_np = min(timed(lambda i=i: sampler.run(100 + i, c)) for i in range(sizes.numpy_repeats))
+        theirs = _Last(lambda i, sampler=sampler: sampler.run(100 + i, c)[0])
+        t_np = min(timed(lambda i=i: theirs(i)) for i in range(sizes.numpy_repeats))
+        check, agree = _means("calls", ours.value, theirs.value)
         yield Row("token_tree", f"token-tree sampler: {name}", _fmt_size(V=v, T=t, C=c),
-                  t_jax, t_np, work=c * t, unit="chain-steps", floor=floor / t_jax)
+                  t_jax, t_np, work=c * t, unit="chain-steps", floor=floor / t_jax,
+                  check=check, agree=agree)
 
 
 def optimal_acceptance(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -313,11 +368,14 @@ def optimal_acceptance(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     p, q = jnp.asarray(p_np), jnp.asarray(q_np)
     for m in drafts:
         fn = jax.jit(lambda p, q, m=m: specjax.optimal_acceptance(p, q, num_drafts=m))
-        t_jax = best_time(lambda i: fn(p, q), sizes.repeats)
-        t_np = min(timed(lambda m=m: references.numpy_optimal_acceptance(p_np, q_np, m))
-                   for _ in range(sizes.numpy_repeats))
+        ours = _Last(lambda i, fn=fn: fn(p, q))
+        t_jax = best_time(ours, sizes.repeats)
+        theirs = _Last(lambda m=m: references.numpy_optimal_acceptance(p_np, q_np, m))
+        t_np = min(timed(theirs) for _ in range(sizes.numpy_repeats))
+        check, agree = _values("alpha*", ours.value, theirs.value)
         yield Row("optimal_acceptance", f"optimal_acceptance, M = {m}, float32",
-                  _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows")
+                  _fmt_size(rows=num_rows, V=v), t_jax, t_np, work=num_rows, unit="rows",
+                  check=check, agree=agree)
 
 
 def verify(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -326,16 +384,19 @@ def verify(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     b, k, v = sizes.verify
     x, p, q, counts, u, w = references.verify_instance(0, b, k, v)
     sd = specjax.Speculative()
-    _, t_checked, t_jitted, t_numpy, _ = time_against_numpy(
+    theirs = _Last(lambda: references.numpy_verify(x, p, q, counts, u, w))
+    _, t_checked, t_jitted, t_numpy, ours = time_against_numpy(
         lambda x_, p_, q_, c_, u_, v_: specjax.verify_drafts(
             None, sd, x_, p_, q_, num_drafts=c_, uniforms=(u_, v_)).tokens,
-        (x, p, q, counts, u, w), lambda: references.numpy_verify(x, p, q, counts, u, w),
-        sizes.repeats, sizes.numpy_repeats)
+        (x, p, q, counts, u, w), theirs, sizes.repeats, sizes.numpy_repeats)
+    # The number accepted always agrees; the last token may not at large V in float32 (the
+    # inverse CDF's cumulative sums added in another order).
+    check, agree = _requests("accepted", (ours != -1).sum(1) - 1 == theirs.value[1], b)
     size = _fmt_size(B=b, K=k, V=v)
     yield Row("verify", "verify_drafts (checked)", size, t_checked, t_numpy, work=b,
-              unit="requests")
+              unit="requests", check=check, agree=agree)
     yield Row("verify", "verify_drafts under jit", size, t_jitted, t_numpy, work=b,
-              unit="requests")
+              unit="requests", check=check, agree=agree)
 
 
 def verify_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -345,17 +406,22 @@ def verify_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     tree = specjax.TokenTree(tuple(branching))
     parents = tree.shape.parents
     x, p, q, counts, u, w = references.verify_tree_instance(0, b, parents, v)
-    _, t_checked, t_jitted, t_numpy, _ = time_against_numpy(
+    theirs = _Last(lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w))
+    _, t_checked, t_jitted, t_numpy, ours = time_against_numpy(
         lambda x_, p_, q_, c_, u_, v_: specjax.verify_tree(
             None, tree, x_, p_, q_, num_nodes=c_, uniforms=(u_, v_)).tokens,
-        (x, p, q, counts, u, w),
-        lambda: references.numpy_verify_tree(parents, x, p, q, counts, u, w), sizes.repeats,
-        sizes.numpy_repeats)
+        (x, p, q, counts, u, w), theirs, sizes.repeats, sizes.numpy_repeats)
+    # The accepted path always agrees (its length and its tokens); the last token may not.
+    theirs_tokens, accepted = theirs.value
+    prefix = np.arange(ours.shape[1])[None] < accepted[:, None]
+    same = ((ours != -1).sum(1) - 1 == accepted) & np.all(
+        np.where(prefix, ours == theirs_tokens, True), axis=1)
+    check, agree = _requests("accepted path", same, b)
     size = _fmt_size(B=b, tree=tuple(branching), V=v)
     yield Row("verify_tree", "verify_tree (checked)", size, t_checked, t_numpy, work=b,
-              unit="requests")
+              unit="requests", check=check, agree=agree)
     yield Row("verify_tree", "verify_tree under jit", size, t_jitted, t_numpy, work=b,
-              unit="requests")
+              unit="requests", check=check, agree=agree)
 
 
 def stop_tokens(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -385,15 +451,17 @@ def adaptive(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     draft = specjax.random_markov_chain(jax.random.key(1), v, t)
     target = specjax.random_markov_chain(jax.random.key(2), v, t)
     cost = specjax.CostModel(draft_cost=0.1, target_cost=1.0)
-    t_jax = best_time(lambda i: specjax.theory.optimal_stopping(draft, target, cost,
-                                                                max_lookahead=k).values,
-                      sizes.repeats)
+    ours = _Last(lambda i: specjax.theory.optimal_stopping(draft, target, cost,
+                                                           max_lookahead=k).expected_time)
+    t_jax = best_time(ours, sizes.repeats)
     stop_costs = [cost.call_time(draft_passes=0, tokens_scored=d + 1) for d in range(k + 1)]
-    t_np = timed(lambda: references.numpy_optimal_stopping(
+    theirs = _Last(lambda: references.numpy_optimal_stopping(
         draft.trans, target.trans, target.init, lookahead=k, draft_cost=cost.draft_cost,
-        stop_costs=stop_costs))
+        stop_costs=stop_costs)[0])
+    t_np = timed(theirs)
+    check, agree = _values("E[time]", ours.value, theirs.value)
     yield Row("adaptive", "optimal_stopping (NumPy float64, one run)",
-              _fmt_size(V=v, T=t, K=k), t_jax, t_np)
+              _fmt_size(V=v, T=t, K=k), t_jax, t_np, check=check, agree=agree)
 
 
 def pairs(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
@@ -414,9 +482,12 @@ def pairs(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
               work=b * t, unit="tokens")
     decoder = specjax.Speculative(4)
     cost = specjax.CostModel(0.05, 1.0)
-    t_estimate = best_time(lambda i: specjax.estimate(decoder, recording, cost=cost)
-                           .expected_time, sizes.repeats)
-    yield Row("pairs", "estimate, SD K = 4", size, t_estimate, reference="")
+    estimate = _Last(lambda i: specjax.estimate(decoder, recording, cost=cost))
+    t_estimate = best_time(estimate, sizes.repeats)
+    calls = estimate.value
+    yield Row("pairs", "estimate, SD K = 4", size, t_estimate, reference="",
+              check=f"E[calls] {float(calls.expected_calls):.4g} "
+                    f"(se {float(calls.expected_calls_se):.2g})")
 
 
 # Each case is a generator of rows: the rows it finished stay when a later one fails.
@@ -543,22 +614,26 @@ def markdown(result: Result) -> str:
              f"commit {result.commit}; {result.date}; {result.cpu_count} CPU cores{load}; "
              f"{result.seconds:.0f} s in all.",
              "",
-             "| case | what | size | specjax | reference | ratio | % floor | specjax rate |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | what | size | specjax | reference | ratio | % floor | specjax rate "
+             "| outputs |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in result.rows:
         if r.error is not None:
-            lines.append(f"| {r.case} | failed: {r.error.replace('|', '/')} | | | | | | |")
+            lines.append(f"| {r.case} | failed: {r.error.replace('|', '/')} | | | | | | | |")
             continue
         ref = "-" if r.reference_s is None else f"{_fmt_time(r.reference_s)} ({r.reference})"
         ratio = "" if r.ratio is None else f"{r.ratio:.2f}x"
         floor = "" if r.floor is None else f"{100 * r.floor:.{0 if r.floor >= 0.01 else 2}f}%"
+        check = r.check + {None: "", True: "", False: " **DISAGREE**"}[r.agree]
         lines.append(f"| {r.case} | {r.name} | {r.size} | {_fmt_time(r.specjax_s)} | {ref} | "
-                     f"{ratio} | {floor} | {_fmt_rate(r)} |")
+                     f"{ratio} | {floor} | {_fmt_rate(r)} | {check} |")
     lines += ["",
               "specjax: best of the repeats, compilation excluded, on the device above; the "
               "reference on the same run (NumPy on the host). ratio: reference time / specjax "
               "time (above 1: specjax is faster). % floor: the time to draw one uniform per "
-              "chain-step in a scan over specjax's time."]
+              "chain-step in a scan over specjax's time. outputs: what the two computed on this "
+              f"run, side by side (z: the difference in standard errors; |z| < {Z_LIMIT:g} "
+              "agrees)."]
     return "\n".join(lines) + "\n"
 
 
