@@ -557,6 +557,7 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
     except OSError:
         load = None
     device = device_name()
+    checkout = commit()  # at the start: the code that runs is the code imported now
     out = sys.stdout if progress else None
     if out is not None:
         print(f"specjax bench ({mode}) on {device}, JAX {jax.__version__}", file=out, flush=True)
@@ -581,7 +582,7 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
                   + (f" (ratios {ratios})" if ratios else ""), file=out, flush=True)
     return Result(device=device, platform=jax.devices()[0].platform,
                   jax_version=jax.__version__, specjax_version=specjax.__version__,
-                  commit=commit(), date=date, mode=mode, cpu_count=os.cpu_count() or 0,
+                  commit=checkout, date=date, mode=mode, cpu_count=os.cpu_count() or 0,
                   load=load, seconds=time.perf_counter() - start,
                   sizes=dataclasses.asdict(sizes), rows=rows)
 
