@@ -5,13 +5,13 @@ On random chains (``specjax.random_markov_chain``, V = 16, T = 64 by default) wi
 max_lookahead=K)`` (K = 6 by default) solves the stopping policy of least expected time by
 backward induction over positions, previous tokens and the ``V**K`` drafted paths of a call.
 
-NumPy (written here, independently): the same backward induction with the drafted paths of one
-call flattened (a path of ``i`` drafts is an index in ``0..V**i - 1``, its children
-``index * V + x``), one previous token at a time: forward over depths the probability ``A`` that
-every draft is kept and the expected time-to-go ``R`` committed by the first rejection, then
-backward ``value_i = min(stop_i, draft_cost + sum_x p(x | last) value_{i+1})``. It runs in
-float64 (the reference) and is timed once (it takes minutes at the default size); specjax is
-timed as the best of ``--repeats`` after a first call that includes compilation.
+NumPy (``specjax.experiments.references``, written independently): the same backward induction with
+the drafted paths of one call flattened (a path of ``i`` drafts is an index in ``0..V**i - 1``, its
+children ``index * V + x``), one previous token at a time: forward over depths the probability ``A``
+that every draft is kept and the expected time-to-go ``R`` committed by the first rejection, then
+backward ``value_i = min(stop_i, draft_cost + sum_x p(x | last) value_{i+1})``. It runs in float64
+(the reference) and is timed once (it takes minutes at the default size); specjax is timed as the
+best of ``--repeats`` after a first call that includes compilation.
 
 The table gives both times, their ratio, the expected times and their difference, whether the
 thresholds reproduce every decision (``threshold_form``), and the time of the best fixed

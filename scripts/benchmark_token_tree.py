@@ -16,10 +16,11 @@ shown apart):
 1. Exact values. specjax: ``specjax.accepted_length(tree, draft, target, position=1)`` (``(V,)``
    expected drafts a call keeps after each previous token) and ``specjax.exact(tree, draft,
    target)`` (the forward recursion over call starts; the table shows its expected calls and
-   rejections), both under ``jax.jit``. NumPy (written here, independently): the per-child masses
-   of multi-step speculative sampling with i.i.d. children (un-normalised residual ``w_1 = q``,
-   ``W_j = sum w_j``, child ``j`` accepts ``min(W_j p, w_j)``, ``w_{j+1} = [w_j - W_j p]_+``, the
-   last token of a call that rejects every child ``w_{b+1}``);
+   rejections), both under ``jax.jit``. NumPy (``specjax.experiments.references``, written
+   independently): the per-child masses of multi-step speculative sampling with i.i.d.
+   children (un-normalised residual ``w_1 = q``, ``W_j = sum w_j``, child ``j`` accepts
+   ``min(W_j p, w_j)``, ``w_{j+1} = [w_j - W_j p]_+``, the last token of a call that rejects
+   every child ``w_{b+1}``);
    the accepted length by a backward recursion over the tree's nodes (``value(node) = sum_j
    accepted_j @ (1 + value(child_j))``, a leaf 0), and the whole-horizon expected calls and
    rejections by a forward recursion over (position, node, token) masses: every node of the

@@ -9,9 +9,10 @@ the random numbers are given, so every implementation must return the same token
   the argument checks (shapes, every row read summing to one, ids in range) on each call.
 * specjax, under the caller's ``jit``: the same function inside ``jax.jit`` (value checks cannot
   run on tracers; the engines' situation).
-* NumPy (written here, independently, vectorised over the batch): accept ``u p(x) < q(x)`` with
-  ``p(x) > 0``, the first rejection by ``cumprod``, the residual ``[q - p]_+`` of that row only, the
-  token by the inverse CDF convention of ``specjax.verify_drafts``.
+* NumPy (``specjax.experiments.references``, written independently, vectorised over the batch):
+  accept ``u p(x) < q(x)`` with ``p(x) > 0``, the first rejection by ``cumprod``, the residual
+  ``[q - p]_+`` of that row only, the token by the inverse CDF convention of
+  ``specjax.verify_drafts``.
 
 Times are the best of ``--repeats`` after a first call (the first call, which includes
 compilation, is reported apart). The table also gives on how many requests the two agree: the number

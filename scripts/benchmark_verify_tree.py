@@ -9,11 +9,11 @@ return the same tokens.
 
 * specjax: ``specjax.verify_tree(None, TokenTree(branching), ...)`` as a user calls it (with the
   argument checks on each call), and the same function under the caller's ``jit``.
-* NumPy (written here, independently, vectorised over the batch, node by node): child ``c`` of
-  node ``i`` is accepted iff ``u[c] p(t) < min(p(t), r(t))`` against the residual ``r`` (``q``,
-  then ``[r - p]_+`` normalised after each rejection); the first accepted child is taken; the last
-  token is the inverse CDF of the residual (or of ``q`` at a node without children) at
-  ``v[i]``.
+* NumPy (``specjax.experiments.references``, written independently, vectorised over the batch, node
+  by node): child ``c`` of node ``i`` is accepted iff ``u[c] p(t) < min(p(t), r(t))`` against the
+  residual ``r`` (``q``, then ``[r - p]_+`` normalised after each rejection); the first accepted
+  child is taken; the last token is the inverse CDF of the residual (or of ``q`` at a node without
+  children) at ``v[i]``.
 
 Times are the best of ``--repeats`` after a first call (reported apart). The table gives on how
 many requests the two agree: the path always should; the last token may not at large ``V`` in
