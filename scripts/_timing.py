@@ -1,45 +1,13 @@
-"""Timing helpers shared by the benchmark scripts (best of several runs, compilation excluded)."""
+"""Timing helpers shared by the benchmark scripts (best of several runs, compilation excluded).
+
+The timing itself is ``specjax.experiments.bench``'s (``python -m specjax bench`` uses the same
+functions); this module adds the scripts' speed table."""
 
 from __future__ import annotations
 
-import time
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-
-def best_time(fn, repeats: int) -> float:
-    """Smallest wall time of ``fn(i)`` for ``i = 1..repeats``, after a warm-up call ``fn(0)``."""
-    jax.block_until_ready(fn(0))
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(i + 1))
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def timed(fn) -> float:
-    """Wall time of one call of ``fn()``."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def time_against_numpy(verify, arrays, numpy_fn, repeats: int):
-    """A verifier timed as a user calls it (``verify(*arrays)``, its checks included) and under
-    the caller's ``jit``, beside ``numpy_fn()``: ``(first call under jit, compilation included;
-    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats``."""
-    device = [jnp.asarray(a) for a in arrays]
-    jitted = jax.jit(verify)
-    start = time.perf_counter()
-    jax.block_until_ready(jitted(*device))
-    first = time.perf_counter() - start
-    t_checked = best_time(lambda i: verify(*device), repeats)
-    t_jitted = best_time(lambda i: jitted(*device), repeats)
-    t_numpy = best_time(lambda i: numpy_fn(), repeats)
-    return first, t_checked, t_jitted, t_numpy, np.asarray(jitted(*device))
+from specjax.experiments.bench import best_time  # noqa: F401 - re-exported for the scripts
+from specjax.experiments.bench import time_against_numpy  # noqa: F401
+from specjax.experiments.bench import timed  # noqa: F401
 
 
 def print_speed_table(rows, batch: int, t_numpy: float) -> None:

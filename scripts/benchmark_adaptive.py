@@ -5,13 +5,13 @@ On random chains (``specjax.random_markov_chain``, V = 16, T = 64 by default) wi
 max_lookahead=K)`` (K = 6 by default) solves the stopping policy of least expected time by
 backward induction over positions, previous tokens and the ``V**K`` drafted paths of a call.
 
-NumPy (written here, independently): the same backward induction with the drafted paths of one
-call flattened (a path of ``i`` drafts is an index in ``0..V**i - 1``, its children
-``index * V + x``), one previous token at a time: forward over depths the probability ``A`` that
-every draft is kept and the expected time-to-go ``R`` committed by the first rejection, then
-backward ``value_i = min(stop_i, draft_cost + sum_x p(x | last) value_{i+1})``. It runs in
-float64 (the reference) and is timed once (it takes minutes at the default size); specjax is
-timed as the best of ``--repeats`` after a first call that includes compilation.
+NumPy (``specjax.experiments.references``, written independently): the same backward induction with
+the drafted paths of one call flattened (a path of ``i`` drafts is an index in ``0..V**i - 1``, its
+children ``index * V + x``), one previous token at a time: forward over depths the probability ``A``
+that every draft is kept and the expected time-to-go ``R`` committed by the first rejection, then
+backward ``value_i = min(stop_i, draft_cost + sum_x p(x | last) value_{i+1})``. It runs in float64
+(the reference) and is timed once (it takes minutes at the default size); specjax is timed as the
+best of ``--repeats`` after a first call that includes compilation.
 
 The table gives both times, their ratio, the expected times and their difference, whether the
 thresholds reproduce every decision (``threshold_form``), and the time of the best fixed
@@ -39,52 +39,7 @@ import numpy as np
 import specjax
 from _timing import best_time
 from _timing import timed
-
-
-def numpy_optimal_stopping(draft_trans, target_trans, init, *, lookahead, draft_cost,
-                           stop_costs):
-    """Least expected time to decode ``T`` tokens, and ``W`` (``(T + 1, V)``), in float64.
-
-    ``stop_costs[d]``: the time of a call that drafted ``d`` tokens, excluding the draft passes
-    (the target scoring ``d + 1`` tokens plus the overhead)."""
-    p_all = np.asarray(draft_trans, np.float64)
-    q_all = np.asarray(target_trans, np.float64)
-    horizon, num_states, _ = q_all.shape
-    with np.errstate(divide="ignore", invalid="ignore"):
-        alpha_all = np.where(p_all > 0, np.minimum(1.0, q_all / p_all), 1.0)
-    excess = np.maximum(q_all - p_all, 0.0)
-    total = excess.sum(-1, keepdims=True)
-    resid_all = np.divide(excess, total, out=np.zeros_like(excess), where=total > 0)
-    values = np.zeros((horizon + 2, num_states))  # values[m]: W(m, .), m = 1..T + 1
-    for n in range(horizon, 0, -1):
-        depth = min(lookahead, horizon - n + 1)
-        for a in range(num_states):
-            last = [np.array([a])]
-            all_acc = [np.ones(1)]
-            committed = [np.zeros(1)]
-            for i in range(depth):
-                row = n + i - 1  # 0-based row of position n + i
-                l = last[-1]
-                lost = resid_all[row] @ values[n + i + 1]  # (V,) by the rejected draft's row
-                alpha = alpha_all[row][l]  # (paths, V)
-                all_acc.append((all_acc[-1][:, None] * alpha).ravel())
-                committed.append((committed[-1][:, None]
-                                  + all_acc[-2][:, None] * (1 - alpha) * lost[l][:, None]).ravel())
-                last.append(np.tile(np.arange(num_states), len(l)))
-
-            def stop(i):
-                row = n + i - 1
-                bonus = (q_all[row] @ values[n + i + 1] if n + i <= horizon
-                         else np.zeros(num_states))
-                return stop_costs[i] + committed[i] + all_acc[i] * bonus[last[i]]
-
-            value = stop(depth)
-            for i in range(depth - 1, -1, -1):
-                p = p_all[n + i - 1][last[i]]  # (paths, V)
-                go = draft_cost + np.sum(p * value.reshape(-1, num_states), axis=-1)
-                value = np.minimum(stop(i), go)
-            values[n, a] = value[0]
-    return float(np.asarray(init, np.float64) @ values[1]), values[1:]
+from specjax.experiments.references import numpy_optimal_stopping
 
 
 def _seconds(value: float) -> str:

@@ -44,27 +44,8 @@ import numpy as np
 import specjax
 from _timing import best_time
 from _timing import timed
-
-
-def dirichlet_rows(rng, rows: int, states: int, concentration: float, zeros: float,
-                   dtype=np.float32) -> np.ndarray:
-    """``rows`` Dirichlet(concentration) rows of length ``states`` with a fraction ``zeros`` of
-    the entries set to exactly 0 (then renormalised; every row keeps at least one token)."""
-    x = rng.gamma(concentration, size=(rows, states))
-    x[rng.random((rows, states)) < zeros] = 0.0
-    x[:, 0] += (x.sum(-1) == 0)  # a row with no mass left keeps its first token
-    return (x / x.sum(-1, keepdims=True)).astype(dtype)
-
-
-def numpy_optimal_acceptance(p: np.ndarray, q: np.ndarray, num_drafts: int) -> np.ndarray:
-    """``1 - max_k [p(first k)^M - q(first k)]`` over prefixes sorted by ``q / p`` ascending."""
-    positive = p > 0
-    ratio = np.where(positive, q / np.where(positive, p, 1), np.where(q > 0, np.inf, 0))
-    order = np.argsort(ratio, axis=-1)
-    zero = np.zeros(p.shape[:-1] + (1,), p.dtype)
-    p_cum = np.concatenate([zero, np.cumsum(np.take_along_axis(p, order, -1), -1)], -1)
-    q_cum = np.concatenate([zero, np.cumsum(np.take_along_axis(q, order, -1), -1)], -1)
-    return 1 - np.max(p_cum ** num_drafts - q_cum, axis=-1)
+from specjax.experiments.references import dirichlet_rows
+from specjax.experiments.references import numpy_optimal_acceptance
 
 
 def breakdown(p, q, num_drafts: int, repeats: int) -> dict:

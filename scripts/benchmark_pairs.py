@@ -18,52 +18,10 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 import specjax
 from specjax import _memory
-
-
-@jax.tree_util.register_pytree_node_class
-class LowRankBigram:
-    """``P(x_t | x_{t-1}) = softmax(E[x_{t-1}] @ W)``: a protocol model whose state is the last
-    token, scoring a block of contexts in one evaluation."""
-
-    def __init__(self, embed, out):
-        self.embed, self.out = embed, out
-
-    def tree_flatten(self):
-        return (self.embed, self.out), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children)
-
-    @property
-    def num_states(self) -> int:
-        return self.out.shape[1]
-
-    def init_state(self):
-        return jnp.zeros((), jnp.int32)
-
-    def probs(self, state):
-        return jax.nn.softmax(self.embed[state] @ self.out)
-
-    def update(self, state, token):
-        return token
-
-    def probs_block(self, state, tokens):
-        contexts = jnp.concatenate([state[None], tokens])
-        return jax.nn.softmax(self.embed[contexts] @ self.out, axis=-1)
-
-
-def models(num_states: int, rank: int):
-    keys = jax.random.split(jax.random.key(0), 3)
-    embed = jax.random.normal(keys[0], (num_states, rank))
-    out = jax.random.normal(keys[1], (rank, num_states)) * 0.7
-    noise = jax.random.normal(keys[2], (rank, num_states)) * 0.3
-    return LowRankBigram(embed, out + noise), LowRankBigram(embed, out)
+from specjax.experiments.references import low_rank_pair as models
 
 
 def nbytes(tree) -> int:

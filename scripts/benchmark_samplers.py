@@ -31,100 +31,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax
 from specjax._memory import peak_resident_bytes
 from _timing import best_time
 from _timing import timed
-
-
-# ----------------------------------------------------------------------------- NumPy reference
-def _cdf(rows):
-    c = np.cumsum(rows, axis=-1)
-    return c / c[..., -1:]
-
-
-def _draw(rng, cdf_rows):
-    """One inverse-CDF draw per row of ``cdf_rows`` (C, V)."""
-    u = rng.random(cdf_rows.shape[0])[:, None]
-    return np.minimum((u >= cdf_rows).sum(-1), cdf_rows.shape[-1] - 1)
-
-
-def _residual_rows(w):
-    s = w.sum(-1, keepdims=True)
-    return np.where(s > 0, w / np.where(s > 0, s, 1), 1.0 / w.shape[-1])
-
-
-class NumpyDecoder:
-    """Speculative decoding in NumPy, vectorised over chains, one loop over positions."""
-
-    def __init__(self, draft, target, *, lookahead=None, num_drafts=1, epsilon=None):
-        self.p = np.asarray(draft.trans, np.float64)
-        self.q = np.asarray(target.trans, np.float64)
-        self.init_cdf = _cdf(np.asarray(target.init, np.float64))
-        self.horizon = self.q.shape[0]
-        self.k = self.horizon if lookahead is None else lookahead
-        self.m = num_drafts
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(self.p > 0, self.q / np.where(self.p > 0, self.p, 1), 1)
-        if epsilon is None:
-            self.accept = np.minimum(1, ratio)
-            self.residual_cdf = _cdf(_residual_rows(np.maximum(self.q - self.p, 0)))
-        else:  # Decoding-OPT
-            with np.errstate(divide="ignore", invalid="ignore"):
-                self.accept = np.minimum(1, np.where(
-                    self.p > 0, (self.q + epsilon) / np.where(self.p > 0, self.p, 1), 1))
-            self.residual_cdf = _cdf(_residual_rows(np.maximum(self.q - self.accept * self.p, 0)))
-        self.p_cdf, self.q_cdf = _cdf(self.p), _cdf(self.q)
-        if num_drafts > 1:  # residual chain q^1..q^{M+1} per (n, a)
-            chain = [self.q]
-            for _ in range(num_drafts):
-                chain.append(_residual_rows(np.maximum(chain[-1] - self.p, 0)))
-            self.q_chain = np.stack(chain)  # (M + 1, T, V, V)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                self.root_accept = np.minimum(1, np.where(
-                    self.p > 0, self.q_chain[:-1] / np.where(self.p > 0, self.p, 1), 1))
-            self.root_final_cdf = _cdf(self.q_chain[-1])
-
-    def run(self, seed: int, num_chains: int):
-        rng = np.random.default_rng(seed)
-        c = num_chains
-        x = _draw(rng, np.broadcast_to(self.init_cdf, (c, self.init_cdf.size)))
-        j = np.zeros(c, np.int64)
-        rejections = np.zeros(c, np.int64)
-        calls = np.zeros(c, np.int64)
-        tokens = np.empty((c, self.horizon + 1), np.int64)
-        tokens[:, 0] = x
-        for n in range(self.horizon):
-            calls += j == 0
-            draft = _draw(rng, self.p_cdf[n, x])
-            acc = rng.random(c) < self.accept[n, x, draft]
-            new = np.where(acc, draft, _draw(rng, self.residual_cdf[n, x]))
-            rejected = ~acc
-            if self.m > 1:  # roots: M drafts against the residual chain
-                root = j == 0
-                done = np.zeros(c, bool)
-                root_tok = np.zeros(c, np.int64)
-                for m in range(self.m):
-                    d = _draw(rng, self.p_cdf[n, x])
-                    a = ~done & (rng.random(c) < self.root_accept[m, n, x, d])
-                    root_tok = np.where(a, d, root_tok)
-                    done |= a
-                final = _draw(rng, self.root_final_cdf[n, x])
-                new = np.where(root, np.where(done, root_tok, final), new)
-                rejected = np.where(root, ~done, rejected)
-            bonus = j == self.k
-            if bonus.any():
-                new = np.where(bonus, _draw(rng, self.q_cdf[n, x]), new)
-                rejected &= ~bonus
-            rejections += rejected
-            j = np.where(rejected | bonus, 0, j + 1)
-            x = new
-            tokens[:, n + 1] = x
-        return tokens, rejections, calls
-
+from specjax.experiments.bench import uniform_floor
+from specjax.experiments.references import NumpyDecoder
 
 
 # ----------------------------------------------------------------------------- growth
@@ -276,11 +190,8 @@ def main(argv=None):
     draft, target = specjax.paper_instance(num_states=args.states, horizon=horizon)
     key = jax.random.key(0)
 
-    floor_scan = jax.jit(lambda k: jax.lax.scan(
-        lambda acc, n: (acc + jax.random.uniform(jax.random.fold_in(k, n), (c,)), None),
-        jnp.zeros(c), jnp.arange(horizon))[0])
     floor_mat = jax.jit(lambda k: jax.random.uniform(k, (horizon, c)))
-    t_floor = best_time(lambda i: floor_scan(jax.random.fold_in(key, i)), args.repeats)
+    t_floor = uniform_floor(c, horizon, args.repeats)
     t_floor_mat = best_time(lambda i: floor_mat(jax.random.fold_in(key, i)), args.repeats)
 
     cases = [

@@ -26,25 +26,7 @@ import numpy as np
 import specjax
 from _timing import best_time
 from _timing import timed
-
-
-def numpy_batch_rejections(init, p, q, num_drafts: int) -> float:
-    """Theorem 3's expected rejections in plain NumPy float64 (the reference a user would write)."""
-    w = q.copy()
-    for _ in range(num_drafts):
-        s = w.sum(-1, keepdims=True)
-        w = np.maximum(w - s * p, 0.0)
-    root_rej, root_acc = w, q - w
-    sd_rej = np.maximum(q - p, 0.0)
-    sd_acc = np.minimum(p, q)
-    root, inside = init.copy(), np.zeros_like(init)
-    total = 0.0
-    for n in range(p.shape[0]):
-        rej = root @ root_rej[n] + inside @ sd_rej[n]
-        acc = root @ root_acc[n] + inside @ sd_acc[n]
-        total += rej.sum()
-        root, inside = rej, acc
-    return float(total)
+from specjax.experiments.references import numpy_batch_rejections
 
 
 def temp_bytes(fn, *args) -> int | None:

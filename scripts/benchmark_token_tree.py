@@ -16,10 +16,11 @@ shown apart):
 1. Exact values. specjax: ``specjax.accepted_length(tree, draft, target, position=1)`` (``(V,)``
    expected drafts a call keeps after each previous token) and ``specjax.exact(tree, draft,
    target)`` (the forward recursion over call starts; the table shows its expected calls and
-   rejections), both under ``jax.jit``. NumPy (written here, independently): the per-child masses
-   of multi-step speculative sampling with i.i.d. children (un-normalised residual ``w_1 = q``,
-   ``W_j = sum w_j``, child ``j`` accepts ``min(W_j p, w_j)``, ``w_{j+1} = [w_j - W_j p]_+``, the
-   last token of a call that rejects every child ``w_{b+1}``);
+   rejections), both under ``jax.jit``. NumPy (``specjax.experiments.references``, written
+   independently): the per-child masses of multi-step speculative sampling with i.i.d.
+   children (un-normalised residual ``w_1 = q``, ``W_j = sum w_j``, child ``j`` accepts
+   ``min(W_j p, w_j)``, ``w_{j+1} = [w_j - W_j p]_+``, the last token of a call that rejects
+   every child ``w_{b+1}``);
    the accepted length by a backward recursion over the tree's nodes (``value(node) = sum_j
    accepted_j @ (1 + value(child_j))``, a leaf 0), and the whole-horizon expected calls and
    rejections by a forward recursion over (position, node, token) masses: every node of the
@@ -53,183 +54,11 @@ import numpy as np
 import specjax
 from _timing import best_time
 from _timing import timed
-
-
-# ----------------------------------------------------------------------------- tree facts
-def children_lists(parents) -> list:
-    """``children[i]``: the children of node ``i`` in order (index order)."""
-    children = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        children[parents[i]].append(i)
-    return children
-
-
-def depths(parents) -> list:
-    depth = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-    return depth
-
-
-# ----------------------------------------------------------------------------- NumPy exact
-def stage_laws(p, q, num_children: int):
-    """Multi-step speculative sampling with i.i.d. children on rows ``p``, ``q`` ``(..., V)``:
-    ``(accepted (b, ..., V), last (..., V))``, the mass child ``j`` accepts (token and all) and
-    the mass of the token drawn when every child is rejected."""
-    w = q
-    accepted = []
-    for _ in range(num_children):
-        scaled = w.sum(-1, keepdims=True) * p
-        accepted.append(np.minimum(scaled, w))
-        w = np.maximum(w - scaled, 0)
-    return np.stack(accepted), w
-
-
-def numpy_accepted_length(parents, p, q, position: int = 1) -> np.ndarray:
-    """``(V,)``: expected drafts kept by a call at ``position`` (1-based) after each previous
-    token; a node at depth ``d`` drafts its children from row ``position - 1 + d``, and only
-    while ``position + d <= T``. Backward recursion over the nodes (children after parents)."""
-    horizon, num_states = p.shape[0], p.shape[-1]
-    kids, depth = children_lists(parents), depths(parents)
-    laws = {}
-    value = [None] * len(parents)
-    for i in range(len(parents) - 1, -1, -1):
-        d, b = depth[i], len(kids[i])
-        if b == 0 or position + d > horizon:
-            value[i] = np.zeros(num_states, p.dtype)
-            continue
-        if (d, b) not in laws:
-            row = position - 1 + d
-            laws[(d, b)] = stage_laws(p[row], q[row], b)[0]
-        accepted = laws[(d, b)]
-        total = np.zeros(num_states, p.dtype)
-        for j, c in enumerate(kids[i]):
-            total += accepted[j] @ (1 + value[c])
-        value[i] = total
-    return value[0]
-
-
-def numpy_expected_calls(parents, init, p, q):
-    """``(expected calls, expected rejections)`` over the whole horizon: a forward recursion
-    over ``m[node, x]`` = P(the token at the current position is ``x`` and held by ``node``);
-    the root holds the token a call starts after. ``O(T N V^2)``."""
-    horizon = p.shape[0]
-    kids = children_lists(parents)
-    groups = {}  # branching factor -> (nodes (n,), their children (b, n))
-    for i, ks in enumerate(kids):
-        if ks:
-            nodes, children = groups.setdefault(len(ks), ([], []))
-            nodes.append(i)
-            children.append(ks)
-    groups = {b: (np.array(nodes), np.array(children).T) for b, (nodes, children) in
-              groups.items()}
-    leaves = np.array([i for i, ks in enumerate(kids) if not ks])
-    mass = np.zeros((len(parents), p.shape[-1]), p.dtype)
-    mass[0] = init
-    calls = rejections = 0.0
-    for n in range(horizon):
-        calls += mass[0].sum()
-        new = np.zeros_like(mass)
-        for b, (nodes, children) in groups.items():
-            accepted, last = stage_laws(p[n], q[n], b)
-            here = mass[nodes]
-            for j in range(b):
-                new[children[j]] += here @ accepted[j]
-            rejected = here.sum(0) @ last
-            rejections += rejected.sum()
-            new[0] += rejected
-        new[0] += mass[leaves].sum(0) @ q[n]
-        mass = new
-    return float(calls), float(rejections)
-
-
-# ----------------------------------------------------------------------------- NumPy sampler
-def _cdf(rows):
-    c = np.cumsum(rows, axis=-1)
-    total = c[..., -1:]
-    return np.where(total > 0, c / np.where(total > 0, total, 1), 1.0)
-
-
-def _offset_cdf(rows):
-    """Cumulative rows ``(R, V)`` offset by their index and flattened: one ``searchsorted`` then
-    draws from row ``r`` for ``r + u``."""
-    return (_cdf(rows) + np.arange(rows.shape[0])[:, None]).ravel()
-
-
-def _search(flat, rows, u, num_states):
-    k = np.searchsorted(flat, rows + u, side="right") - rows * num_states
-    return np.minimum(k, num_states - 1)
-
-
-class NumpyTreeSampler:
-    """The token-tree sampler in NumPy (i.i.d. children), vectorised over chains."""
-
-    def __init__(self, parents, draft, target):
-        self.p = np.asarray(draft.trans, np.float64)
-        self.q = np.asarray(target.trans, np.float64)
-        self.init_cdf = _offset_cdf(np.asarray(target.init, np.float64)[None])
-        kids = children_lists(parents)
-        self.num_kids = np.array([len(k) for k in kids])
-        self.width = int(self.num_kids.max())
-        self.table = np.zeros((len(parents), max(self.width, 1)), np.int64)
-        for i, k in enumerate(kids):
-            self.table[i, :len(k)] = k
-
-    def run(self, seed: int, num_chains: int):
-        """``(calls (C,), rejections (C,))`` of ``num_chains`` chains."""
-        rng = np.random.default_rng(seed)
-        horizon, num_states = self.q.shape[0], self.q.shape[-1]
-        c = num_chains
-        x = _search(self.init_cdf, np.zeros(c, np.int64), rng.random(c), num_states)
-        node = np.zeros(c, np.int64)
-        calls = np.zeros(c, np.int64)
-        rejections = np.zeros(c, np.int64)
-        for n in range(horizon):
-            p, q = self.p[n], self.q[n]
-            # The residual chain r_1 = q, r_{j+1} = [r_j - p]_+ (normalised), its CDFs (the token
-            # ending a call after j rejections; j = 0: the bonus at a leaf) and the acceptance
-            # ratios min(1, r_j / p).
-            residuals = [q]
-            for _ in range(self.width):
-                w = np.maximum(residuals[-1] - p, 0)
-                s = w.sum(-1, keepdims=True)
-                residuals.append(np.where(s > 0, w / np.where(s > 0, s, 1), 0.0))
-            residuals = np.stack(residuals)  # (b + 1, V, V)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(p > 0, np.minimum(residuals[:-1] / p, 1), 0.0)
-            end_cdf = _offset_cdf(residuals.reshape(-1, num_states))
-            p_cdf = _offset_cdf(p)
-            calls += node == 0
-            b = self.num_kids[node]
-            found = np.zeros(c, bool)
-            choice = np.zeros(c, np.int64)
-            token = np.zeros(c, np.int64)
-            for j in range(self.width):
-                idx = np.flatnonzero((j < b) & ~found)
-                if idx.size == 0:
-                    break
-                xs = x[idx]
-                t = _search(p_cdf, xs, rng.random(idx.size), num_states)
-                ok = rng.random(idx.size) < ratio[j, xs, t]
-                hit = idx[ok]
-                found[hit] = True
-                choice[hit] = j
-                token[hit] = t[ok]
-            ends = np.flatnonzero(~found)  # every child rejected, or a leaf (b = 0: the bonus)
-            token[ends] = _search(end_cdf, b[ends] * num_states + x[ends], rng.random(ends.size),
-                                  num_states)
-            rejections += ~found & (b > 0)
-            node = np.where(found, self.table[node, choice], 0)
-            x = token
-        return calls, rejections
-
-
-# ----------------------------------------------------------------------------- the trees
-def sequoia_parents(draft, target, budget: int, max_depth: int):
-    """Sequoia's tree on the chains' positional acceptance (8 children)."""
-    acceptance = specjax.theory.positional_acceptance(draft, target, num_children=8)
-    _, parents = specjax.sequoia_tree(acceptance, budget=budget, max_depth=max_depth)
-    return tuple(int(x) for x in parents)
+from specjax.experiments.bench import sequoia_parents
+from specjax.experiments.references import NumpyTreeSampler
+from specjax.experiments.references import depths
+from specjax.experiments.references import numpy_accepted_length
+from specjax.experiments.references import numpy_expected_calls
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -6,6 +6,9 @@
   paper's beside ours (``specjax.experiments.reproduce``).
 * ``python -m specjax simulate``: mean rejections and target calls of SD, SD with lookahead 4 and
   batch SD with their Monte Carlo standard errors beside the exact values (Theorem 1, Theorem 3).
+* ``python -m specjax bench [--quick] [--out DIR]``: every benchmark's headline case, specjax
+  beside its NumPy reference on the same run, on whatever device JAX finds; ``bench.md`` and
+  ``bench.json`` in ``DIR`` (``specjax.experiments.bench``).
 """
 
 from __future__ import annotations
@@ -66,7 +69,21 @@ def _parsers():
     sim.add_argument("--num-chains", type=int, default=200_000,
                      help="chains per decoder, at least 2 (default 200,000)")
     _instance_arguments(sim)
-    return parser, rep, sim
+    bench = commands.add_parser("bench", help="every benchmark's headline case, one table")
+    bench.add_argument("--out", default="bench",
+                       help="output folder for bench.md and bench.json, created if needed "
+                            "(default: bench)")
+    bench.add_argument("--quick", action="store_true",
+                       help="toy sizes (seconds plus compilation; for tests): the timings mean "
+                            "little")
+    bench.add_argument("--cases", nargs="+", default=None, metavar="CASE",
+                       help="run only these cases (default: all): " + ", ".join(_bench_cases()))
+    return parser, rep, sim, bench
+
+
+def _bench_cases() -> list:
+    from specjax.experiments import bench
+    return list(bench.CASES)
 
 
 def main(argv=None) -> None:
@@ -77,17 +94,20 @@ def main(argv=None) -> None:
     input it found later) is one ``error:`` line, also status 2, not a traceback; Ctrl-C is one
     ``interrupted`` line, status 130 (``reproduce`` writes every file whole or not at all).
     """
-    parser, rep, sim = _parsers()
+    parser, rep, sim, bench = _parsers()
     args = parser.parse_args(argv)
     if args.command is None:
         args = rep.parse_args([])
         args.command = "reproduce"
-    command = rep if args.command == "reproduce" else sim
+    command = {"reproduce": rep, "simulate": sim, "bench": bench}[args.command]
     interrupts = catch_lost_interrupts() if _is_program() else []
     try:
         if args.command == "reproduce":
             check_reproduce_args(rep, args)
             run_reproduce(args)
+        elif args.command == "bench":
+            check_bench_args(bench, args)
+            run_bench(args)
         else:
             check_simulate_args(sim, args)
             simulate(args)
@@ -251,6 +271,32 @@ def check_simulate_args(sim, args) -> None:
                   f"{_size(chains)} in all, which with the law tables' {_size(tables)} is more "
                   f"than {limit[1]}; use fewer chains, or specjax.decoding_statistics, which "
                   "keeps counts only and runs up to 2**32 chains in chunks of bounded memory")
+
+
+def check_bench_args(bench, args) -> None:
+    """Every flag of ``bench``, before any work: ``bench.error`` (exit 2) names the first wrong
+    one."""
+    cases = _bench_cases()
+    unknown = [c for c in args.cases or [] if c not in cases]
+    if unknown:
+        bench.error(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(cases)}")
+    from specjax.experiments import reproduce
+    try:
+        reproduce.check_out_dir(args.out)
+    except ValueError as err:
+        bench.error(f"--out {err}")
+
+
+def run_bench(args) -> None:
+    from specjax.experiments import bench
+    sizes = bench.Sizes.quick() if args.quick else bench.Sizes()
+    result = bench.run(sizes, cases=args.cases, mode="quick" if args.quick else "default")
+    md, js = bench.write(result, args.out)
+    print()
+    print(bench.markdown(result), end="")
+    failed = sum(r.error is not None for r in result.rows)
+    print(f"wrote {md} and {js} in {result.seconds:.0f} s"
+          + (f"; {failed} case{'s' * (failed > 1)} FAILED" if failed else "") + ".")
 
 
 def run_reproduce(args) -> None:

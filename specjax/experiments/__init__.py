@@ -1,2 +1,2 @@
-"""The paper's experiments: reproduction, report and figures."""
-
+"""The paper's experiments: reproduction, report and figures; and the benchmarks (``bench``, with
+their NumPy references in ``references``)."""
