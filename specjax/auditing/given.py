@@ -116,19 +116,29 @@ def _float_array(name, x, ndim):
 
 def _check_valid_rows(name, x, valid, batched):
     """Probability checks on the rows ``x[valid]`` (concrete arrays only); an error names the
-    first bad row by its place in ``x`` (``target_probs[b, j]``)."""
+    first bad row by its place in ``x`` (``target_probs[b, j]``). A large array is screened by
+    one compiled pass (``_checks.suspect_rows``, which flags every row that may fail) and only
+    the flagged rows are checked exactly, as a small one is checked whole."""
     if not _checks.is_concrete(x):
         return
-    values = np.asarray(x)
-    tol = _checks.row_sum_tolerance(values.dtype)
+    tol = _checks.row_sum_tolerance(x.dtype)
+    if x.size >= _checks.FUSED_CHECK_ENTRIES:
+        where = np.argwhere(_checks.suspect_rows(x, tol) & np.asarray(valid))
+        if not where.size:
+            return
+        values = np.asarray(x)[where[:, 0], where[:, 1]]
+    else:
+        where, values = None, np.asarray(x)
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(values).all(-1) | (values < 0).any(-1) \
             | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
-    bad &= np.asarray(valid)
+    if where is None:
+        bad &= np.asarray(valid)
     if bad.any():
-        b, j = np.argwhere(bad)[0]
-        where = f"{name}[{b}, {j}]" if batched else f"{name}[{j}]"
-        _checks.check_probabilities(where, values[b, j])
+        b, j = np.argwhere(bad)[0] if where is None else where[np.flatnonzero(bad)[0]]
+        row = np.asarray(x)[b, j]
+        place = f"{name}[{b}, {j}]" if batched else f"{name}[{j}]"
+        _checks.check_probabilities(place, row)
 
 
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
