@@ -99,32 +99,39 @@ def _levels(length: int) -> int:
 
 
 @jax.jit
-def _screen(x: jax.Array):
-    """``(minima, sums)`` of the rows, in float32 at least: two plain reductions, which XLA's
-    CPU backend vectorises (an elementwise select before a reduction, such as NaN at the
-    negative entries, runs about 20 times slower there)."""
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    return jnp.min(x, axis=-1), _chunked_sum(x)
+def _screen(arrays: tuple) -> tuple:
+    """``(minima, sums)`` of the rows of each array, in float32 at least: plain reductions,
+    which XLA's CPU backend vectorises (an elementwise select before a reduction, such as NaN
+    at the negative entries, runs about 20 times slower there), in one program for all the
+    arrays (one dispatch; independent reductions may run side by side)."""
+    out = []
+    for x in arrays:
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        out.append((jnp.min(x, axis=-1), _chunked_sum(x)))
+    return tuple(out)
 
 
-def suspect_rows(x, tolerance: float) -> np.ndarray:
-    """Boolean mask over the rows (last axis) of a concrete array, ``True`` on every row that
-    may fail ``check_probabilities(..., tolerance=tolerance)``: one compiled pass computes each
-    row's minimum and sum; a row is flagged when its minimum is NaN or has its sign bit set (a
-    negative entry, ``-inf``, ``-0.0``, or a negative subnormal, which the CPU flushes to
-    ``-0.0``) or when its sum (NaN or infinite with a NaN or an infinity) is not within
-    ``tolerance - margin`` of one, the margin bounding the pass's rounding (``_chunked_sum``)
-    with room. Every failing row is flagged (a row that passes may be flagged too, near the
-    tolerance): check the flagged rows exactly."""
-    x = jnp.asarray(x)
-    minima, sums = (np.asarray(a) for a in _screen(x))
-    eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
-    # 1.5 times the first-order bound of _chunked_sum, for sums near one (a row whose sum is
-    # far from one is flagged whatever the margin).
-    margin = 1.5 * _levels(x.shape[-1]) * (_CHUNK - 1) * eps / 2
-    with np.errstate(invalid="ignore"):
-        close = np.abs(sums.astype(np.float64) - 1) <= tolerance - margin
-    return np.signbit(minima) | np.isnan(minima) | ~close
+def suspect_rows(arrays, tolerances) -> list:
+    """For each concrete array of ``arrays``, a boolean mask over its rows (last axis),
+    ``True`` on every row that may fail ``check_probabilities(..., tolerance=t)`` with ``t``
+    its entry of ``tolerances``: one compiled pass computes each row's minimum and sum; a row
+    is flagged when its minimum is NaN or has its sign bit set (a negative entry, ``-inf``,
+    ``-0.0``, or a negative subnormal, which the CPU flushes to ``-0.0``) or when its sum (NaN
+    or infinite with a NaN or an infinity) is not within ``t - margin`` of one, the margin
+    bounding the pass's rounding (``_chunked_sum``) with room. Every failing row is flagged (a
+    row that passes may be flagged too, near the tolerance): check the flagged rows exactly."""
+    arrays = tuple(jnp.asarray(x) for x in arrays)
+    masks = []
+    for x, tolerance, (minima, sums) in zip(arrays, tolerances, _screen(arrays)):
+        minima, sums = np.asarray(minima), np.asarray(sums)
+        eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
+        # 1.5 times the first-order bound of _chunked_sum, for sums near one (a row whose sum
+        # is far from one is flagged whatever the margin).
+        margin = 1.5 * _levels(x.shape[-1]) * (_CHUNK - 1) * eps / 2
+        with np.errstate(invalid="ignore"):
+            close = np.abs(sums.astype(np.float64) - 1) <= tolerance - margin
+        masks.append(np.signbit(minima) | np.isnan(minima) | ~close)
+    return masks
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:

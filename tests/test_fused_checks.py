@@ -22,6 +22,10 @@ def rows(seed, shape, dtype=np.float32):
     return x.astype(dtype)
 
 
+def screen(x, tol):
+    return _checks.suspect_rows([x], [tol])[0]
+
+
 def exact_bad(x, tol):
     values = np.asarray(x)
     with np.errstate(invalid="ignore"):
@@ -40,7 +44,7 @@ def test_the_screen_flags_every_row_that_fails_near_the_tolerance():
     misses = np.concatenate([np.linspace(-3 * tol, 3 * tol, 61), [0.0, 1e-6, -1e-6]])
     x = (base[None] * (1 + misses[:, None, None])).astype(np.float32)
     bad = exact_bad(x, tol)
-    flagged = _checks.suspect_rows(x, tol)
+    flagged = screen(x, tol)
     assert bad.any() and (~bad).any()
     assert not (bad & ~flagged).any()  # no failing row passes the screen
     inside = np.abs(x.astype(np.float64).sum(-1) - 1) < tol / 4
@@ -54,7 +58,7 @@ def test_the_screen_flags_every_row_that_fails_near_the_tolerance():
 def test_bad_entries_are_flagged(entry, what):
     x = rows(1, (B, K + 1))
     x[2, 1, 5] = entry
-    flagged = _checks.suspect_rows(x, 1e-4)
+    flagged = screen(x, 1e-4)
     assert flagged[2, 1] and flagged.sum() == 1, what
 
 
@@ -63,7 +67,7 @@ def test_negative_zero_is_flagged_and_passes_the_exact_check(monkeypatch):
     x[0, 0, 3] = -0.0
     x[0, 0] /= x[0, 0].sum()  # -0.0 stays -0.0
     assert np.signbit(x[0, 0, 3])
-    assert _checks.suspect_rows(x, 1e-4)[0, 0]
+    assert screen(x, 1e-4)[0, 0]
     monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
     specjax.verify_drafts(jax.random.key(0), SD, np.zeros((B, K), np.int32) + 3,
                           rows(3, (B, K)), x)
@@ -77,6 +81,7 @@ def bad_requests():
     yield "sum 1.001 target", dict(q_scale=(0, 1, 1.001))
     yield "sum 1.00015 draft", dict(p_scale=(3, 2, 1.00015))
     yield "two bad, the first named", dict(q=(3, 0, 1, np.inf), q_scale=(1, 3, 2.0))
+    yield "bad draft and target rows", dict(q=(3, 1, 2, -1.0), p=(0, 0, 0, np.nan))
     yield "beyond num_drafts (valid)", dict(q=(0, 3, 1, np.nan), p=(0, 2, 0, -1.0))
 
 
@@ -133,9 +138,9 @@ def test_float64_and_bfloat16_rows_are_screened_in_their_precision(monkeypatch, 
     off[1, 2] *= 1 + 2e-9
     near = x.copy()
     near[1, 2] *= 1 + 1e-10
-    assert _checks.suspect_rows(off, 1e-9)[1, 2]
-    assert not _checks.suspect_rows(near, 1e-9).any()
+    assert screen(off, 1e-9)[1, 2]
+    assert not screen(near, 1e-9).any()
     low = jnp.asarray(x, jnp.bfloat16)
     tol = _checks.row_sum_tolerance(jnp.bfloat16)
-    np.testing.assert_array_equal(_checks.suspect_rows(low, tol),
+    np.testing.assert_array_equal(screen(low, tol),
                                   exact_bad(np.asarray(low, np.float32), tol))
