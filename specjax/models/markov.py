@@ -342,8 +342,8 @@ def _fast_rows(key, alpha, kind: str, start, num_rows: int, num_states: int, dty
     draws from ``fold_in(fold_in(fold_in(k2, i), r), column)``, rounds running on the refused
     entries alone (gathered, at most an eighth of the block at a time) until none is left. Each
     entry keeps its first accepted candidate of its own independent sequence of draws: exactly
-    ``Gamma(alpha)``, and the same numbers whatever the blocks. The row is the softmax of the log-gammas, as ``jax.random.dirichlet``
-    computes it."""
+    ``Gamma(alpha)``, and the same numbers whatever the blocks. The row is the softmax of the
+    log-gammas, as ``jax.random.dirichlet`` computes it."""
     k1, k2 = jax.random.split(key)
     row = jnp.asarray(start, jnp.int32) + jnp.arange(num_rows, dtype=jnp.int32)
     row_keys = jax.vmap(lambda r: jax.random.fold_in(k1, r))(row)
@@ -357,8 +357,9 @@ def _fast_rows(key, alpha, kind: str, start, num_rows: int, num_states: int, dty
 
     def candidates(x, u, u_boost):
         v = (1 + c * x) ** 3
-        ok = (v > 0) & (jnp.log(u) < 0.5 * x * x + d - d * v + d * jnp.log(jnp.where(v > 0, v, 1)))
-        log_g = jnp.log(d) + jnp.log(jnp.where(v > 0, v, 1))
+        log_v = jnp.log(jnp.where(v > 0, v, 1))
+        ok = (v > 0) & (jnp.log(u) < 0.5 * x * x + d - d * v + d * log_v)
+        log_g = jnp.log(d) + log_v
         if boost:  # static: False for a concrete concentration of 1 or more
             log_g = log_g + jnp.where(alpha < 1, jnp.log(u_boost) / alpha, 0)
         return log_g, ok
