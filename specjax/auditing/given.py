@@ -114,21 +114,36 @@ def _float_array(name, x, ndim):
     return x
 
 
-def _check_valid_rows(name, x, valid, batched):
-    """Probability checks on the rows ``x[valid]`` (concrete arrays only); an error names the
-    first bad row by its place in ``x`` (``target_probs[b, j]``)."""
-    if not _checks.is_concrete(x):
-        return
-    values = np.asarray(x)
-    tol = _checks.row_sum_tolerance(values.dtype)
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values).all(-1) | (values < 0).any(-1) \
-            | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
-    bad &= np.asarray(valid)
-    if bad.any():
-        b, j = np.argwhere(bad)[0]
-        where = f"{name}[{b}, {j}]" if batched else f"{name}[{j}]"
-        _checks.check_probabilities(where, values[b, j])
+def check_valid_rows(checks, batched):
+    """Probability checks on the rows ``x[valid]`` of each ``(name, x, valid)`` of ``checks``
+    (concrete arrays only), in order; an error names the first bad row by its place in ``x``
+    (``target_probs[b, j]``). Large arrays are screened together by one compiled pass
+    (``_checks.suspect_rows``, which flags every row that may fail) and only the flagged rows
+    are checked exactly, as small ones are checked whole: the same errors, the rows read once."""
+    checks = [(name, x, np.asarray(valid)) for name, x, valid in checks
+              if _checks.is_concrete(x)]
+    large = [x.size >= _checks.FUSED_CHECK_ENTRIES for _, x, _ in checks]
+    screened = iter(_checks.suspect_rows(
+        [x for (_, x, _), big in zip(checks, large) if big],
+        [_checks.row_sum_tolerance(x.dtype) for (_, x, _), big in zip(checks, large) if big]))
+    for (name, x, valid), big in zip(checks, large):
+        tol = _checks.row_sum_tolerance(x.dtype)
+        if big:
+            where = np.argwhere(next(screened) & valid)
+            if not where.size:
+                continue
+            values = np.asarray(x)[where[:, 0], where[:, 1]]
+        else:
+            where, values = None, np.asarray(x)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(values).all(-1) | (values < 0).any(-1) \
+                | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
+        if where is None:
+            bad &= valid
+        if bad.any():
+            b, j = np.argwhere(bad)[0] if where is None else where[np.flatnonzero(bad)[0]]
+            place = f"{name}[{b}, {j}]" if batched else f"{name}[{j}]"
+            _checks.check_probabilities(place, np.asarray(x)[b, j])
 
 
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
@@ -184,10 +199,11 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
             bad = ids[(ids < 0) | (ids >= num_tokens)][0]
             raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
                              f"each request's num_drafts, got {int(bad)}")
-        _check_valid_rows("target_probs", target,
-                          np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None], batched)
+        checks = [("target_probs", target,
+                   np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])]
         if draft is not None:
-            _check_valid_rows("draft_probs", draft, valid, batched)
+            checks.append(("draft_probs", draft, valid))
+        check_valid_rows(checks, batched)
     return Inputs(*computation_arrays(tokens, draft, target), counts, batched)
 
 

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.auditing.given import _check_valid_rows
+from specjax.auditing.given import check_valid_rows
 from specjax.auditing.given import _float_array
 from specjax.auditing.given import _unbatch
 from specjax.auditing.given import uniforms_or_key
@@ -197,11 +197,11 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
             bad = ids[(ids < 0) | (ids >= num_tokens)][0]
             raise ValueError(f"tree_tokens must be ids in [0, V) = [0, {num_tokens}) at the "
                              f"drafted nodes of each request, got {int(bad)}")
-        _check_valid_rows("target_probs", target, valid, batched)
+        checks = [("target_probs", target, valid)]
         if draft is not None:  # read only at nodes with a child in the request
-            _check_valid_rows("draft_probs", draft,
-                              valid & (_first_child(tree)[None] < np.asarray(counts)[:, None]),
-                              batched)
+            checks.append(("draft_probs", draft,
+                           valid & (_first_child(tree)[None] < np.asarray(counts)[:, None])))
+        check_valid_rows(checks, batched)
     return _TreeInputs(*computation_arrays(tokens, draft, target), counts, batched)
 
 

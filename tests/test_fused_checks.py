@@ -1,0 +1,146 @@
+"""The one-pass screen of probability rows (``specjax._checks.suspect_rows``) that
+``verify_drafts``, ``verify_tree`` and ``compare_outputs`` run on large arrays: it flags every
+row the exact check refuses, and the errors are the exact check's, word for word."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import _checks
+
+# One shape for every test: B = 4 requests, K = 3 drafts, V = 300 tokens (three levels of
+# partial sums: 300 -> 3 -> 1, with a tail chunk).
+B, K, V = 4, 3, 300
+SD = specjax.Speculative()
+
+
+def rows(seed, shape, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    x = rng.dirichlet(np.full(V, 0.5), size=shape)
+    return x.astype(dtype)
+
+
+def screen(x, tol):
+    return _checks.suspect_rows([x], [tol])[0]
+
+
+def exact_bad(x, tol):
+    values = np.asarray(x)
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(values).all(-1) | (values < 0).any(-1) \
+            | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
+
+
+def test_the_screen_flags_every_row_that_fails_near_the_tolerance():
+    """Rows scaled to miss one by ``d`` around the float32 tolerance (1e-4), both sides, with
+    mass spread (Dirichlet 0.5) or on one entry: every row the exact check refuses is flagged,
+    and rows well inside pass unflagged."""
+    tol = _checks.row_sum_tolerance(np.float32)
+    base = rows(0, (64,), np.float64)
+    base[::2, 0] += 50  # half the rows: most of the mass on one entry
+    base /= base.sum(-1, keepdims=True)
+    misses = np.concatenate([np.linspace(-3 * tol, 3 * tol, 61), [0.0, 1e-6, -1e-6]])
+    x = (base[None] * (1 + misses[:, None, None])).astype(np.float32)
+    bad = exact_bad(x, tol)
+    flagged = screen(x, tol)
+    assert bad.any() and (~bad).any()
+    assert not (bad & ~flagged).any()  # no failing row passes the screen
+    inside = np.abs(x.astype(np.float64).sum(-1) - 1) < tol / 4
+    assert not flagged[inside].any()
+
+
+@pytest.mark.parametrize("entry, what", [
+    (np.nan, "NaN"), (np.inf, "infinite"), (-np.inf, "infinite"), (-1e-3, "negative"),
+    (-1e-40, "negative"),  # a subnormal: the CPU flushes it to -0.0
+])
+def test_bad_entries_are_flagged(entry, what):
+    x = rows(1, (B, K + 1))
+    x[2, 1, 5] = entry
+    flagged = screen(x, 1e-4)
+    assert flagged[2, 1] and flagged.sum() == 1, what
+
+
+def test_negative_zero_is_flagged_and_passes_the_exact_check(monkeypatch):
+    x = rows(2, (B, K + 1))
+    x[0, 0, 3] = -0.0
+    x[0, 0] /= x[0, 0].sum()  # -0.0 stays -0.0
+    assert np.signbit(x[0, 0, 3])
+    assert screen(x, 1e-4)[0, 0]
+    monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
+    specjax.verify_drafts(jax.random.key(0), SD, np.zeros((B, K), np.int32) + 3,
+                          rows(3, (B, K)), x)
+
+
+def bad_requests():
+    """``(name, changes)``: bad rows at chosen places of the drafts, target rows, both, and
+    rows beyond ``num_drafts`` (which are not read: valid)."""
+    yield "nan target", dict(q=(1, 2, 7, np.nan))
+    yield "negative draft", dict(p=(2, 0, 4, -0.25))
+    yield "sum 1.001 target", dict(q_scale=(0, 1, 1.001))
+    yield "sum 1.00015 draft", dict(p_scale=(3, 2, 1.00015))
+    yield "two bad, the first named", dict(q=(3, 0, 1, np.inf), q_scale=(1, 3, 2.0))
+    yield "bad draft and target rows", dict(q=(3, 1, 2, -1.0), p=(0, 0, 0, np.nan))
+    yield "beyond num_drafts (valid)", dict(q=(0, 3, 1, np.nan), p=(0, 2, 0, -1.0))
+
+
+@pytest.mark.parametrize("name, changes", list(bad_requests()))
+@pytest.mark.parametrize("function", ["verify_drafts", "verify_tree", "compare_outputs"])
+def test_screened_and_exact_checks_raise_the_same_error(monkeypatch, name, changes, function):
+    p, q = rows(4, (B, K)), rows(5, (B, K + 1))
+    x = np.tile(np.arange(K, dtype=np.int32), (B, 1))
+    counts = np.array([2, 3, 3, 3], np.int32)
+    for key in ("p", "q"):
+        if key in changes:
+            b, j, v, value = changes[key]
+            (p if key == "p" else q)[b, j, v] = value
+        if key + "_scale" in changes:
+            b, j, factor = changes[key + "_scale"]
+            (p if key == "p" else q)[b, j] *= factor
+
+    def call():
+        if function == "verify_drafts":
+            return specjax.verify_drafts(jax.random.key(0), SD, x, p, q, num_drafts=counts)
+        if function == "verify_tree":  # a chain of K drafts as a tree of K + 1 nodes
+            tree = specjax.TokenTree((1,) * K)
+            tokens = np.concatenate([np.zeros((B, 1), np.int32), x], axis=1)
+            draft = np.concatenate([p, q[:, -1:]], axis=1)  # node i's children from p_i
+            return specjax.verify_tree(jax.random.key(0), tree, tokens, draft, q,
+                                       num_nodes=counts + 1)
+        return specjax.compare_outputs(SD, x, p, q, np.zeros((1, B, K + 1), np.int32) - 1,
+                                       num_drafts=counts)
+
+    def outcome():
+        try:
+            call()
+        except ValueError as error:
+            return str(error)
+        return None
+
+    exact = outcome()
+    monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
+    screened = outcome()
+    assert screened == exact
+    if name.endswith("(valid)"):
+        assert exact is None
+    else:
+        assert exact is not None and "_probs[" in exact, exact
+
+
+def test_float64_and_bfloat16_rows_are_screened_in_their_precision(monkeypatch, x64):
+    """float64 rows (tolerance 1e-9) that miss one by 2e-9 are refused, by 1e-10 accepted;
+    bfloat16 rows are screened in float32 with bfloat16's tolerance."""
+    monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
+    x = rows(6, (B, K + 1), np.float64)
+    x /= x.sum(-1, keepdims=True)
+    off = x.copy()
+    off[1, 2] *= 1 + 2e-9
+    near = x.copy()
+    near[1, 2] *= 1 + 1e-10
+    assert screen(off, 1e-9)[1, 2]
+    assert not screen(near, 1e-9).any()
+    low = jnp.asarray(x, jnp.bfloat16)
+    tol = _checks.row_sum_tolerance(jnp.bfloat16)
+    np.testing.assert_array_equal(screen(low, tol),
+                                  exact_bad(np.asarray(low, np.float32), tol))
