@@ -413,12 +413,12 @@ def _bucket_search(p: jax.Array, q: jax.Array, num_drafts: int, buffer: int) -> 
     lower = jnp.max(at_bounds, axis=-1)
     best_bound = jnp.argmax(at_bounds, axis=-1).astype(jnp.int32)
     ids = jnp.arange(num_buckets, dtype=jnp.int32)
-    low = jax.lax.bitcast_convert_type(ids << BUCKET_SHIFT, jnp.float32) * _SLOPE_SAFETY
+    low = jax.lax.bitcast_convert_type(ids << BUCKET_SHIFT, jnp.float32)[None] * _SLOPE_SAFETY
     inside_bound = p_cum[:, 1:] ** m - q_cum[:, :-1] - jnp.where(p_mass > 0, low * p_mass, 0)
     bound = jnp.maximum(at_bounds[:, :-1], inside_bound)
     open_ = (bound >= lower[:, None] - _MARGIN) & (p_mass > 0)
-    first_open = jnp.min(jnp.where(open_, ids, num_buckets), axis=-1)
-    last_open = jnp.max(jnp.where(open_, ids, -1), axis=-1)
+    first_open = jnp.min(jnp.where(open_, ids[None], num_buckets), axis=-1)
+    last_open = jnp.max(jnp.where(open_, ids[None], -1), axis=-1)
     any_open = last_open >= 0
     low_key = jnp.where(any_open, first_open << BUCKET_SHIFT, 0)[:, None]
     high_key = jnp.where(any_open, (last_open + 1) << BUCKET_SHIFT, 0)[:, None]
