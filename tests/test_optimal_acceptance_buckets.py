@@ -38,16 +38,20 @@ def _both(p, q):
     return out
 
 
+#: ``M`` for the gradients (their programs compile slowest).
+GRAD_DRAFTS = (1, 2, 8)
+
+
 @jax.jit
 def _gradients(p, q):
     out = []
     for method in oa.IID_METHODS:
-        for m in DRAFTS:
+        for m in GRAD_DRAFTS:
             def total(p, q, m=m, method=method):
                 return jnp.sum(oa.iid_optimal_acceptance(p, q, m, method=method,
                                                          buffer=BUFFER))
             out.append(jax.grad(total, argnums=(0, 1))(p, q))
-    return out[:len(DRAFTS)], out[len(DRAFTS):]
+    return out[:len(GRAD_DRAFTS)], out[len(GRAD_DRAFTS):]
 
 
 def numpy_optimum(p, q, m):
@@ -176,10 +180,10 @@ def test_gradients_equal_the_sorts():
         p[row, zero - 16: zero] = 0  # null tokens after the last one with p > 0 and q = 0
         q[row] /= q[row].sum()
         p[row] /= p[row].sum()
-    for m in DRAFTS:  # the buckets compute every row (no row takes the sort)
+    for m in GRAD_DRAFTS:  # the buckets compute every row (no row takes the sort)
         assert not oa._bucket_search(jnp.asarray(p), jnp.asarray(q), m, BUFFER).overflow.any()
     buckets, by_sort = _gradients(jnp.asarray(p), jnp.asarray(q))
-    for m, got, want in zip(DRAFTS, buckets, by_sort):
+    for m, got, want in zip(GRAD_DRAFTS, buckets, by_sort):
         rows = _separated(p, q, m, 2e-5)
         assert rows.sum() >= 5 and rows[4:].all(), (m, rows)
         for g, w, name in zip(got, want, "pq"):
@@ -211,13 +215,27 @@ def test_edge_rows_have_finite_values_and_gradients():
         assert all(np.isfinite(g).all() for g in grads)
 
 
-def test_batch_shapes_and_the_backend_choice():
+def _lowered_text(num_states, dtype="float32"):
+    rows = jax.ShapeDtypeStruct((2, num_states), jnp.dtype(dtype))
+    return jax.jit(lambda p, q: specjax.optimal_acceptance(p, q, num_drafts=2)).lower(
+        rows, rows).as_text()
+
+
+def test_the_backend_chooses_buckets_for_long_float32_rows():
+    """On this CPU ``optimal_acceptance`` lowers to the buckets (a ``top_k``, no sort outside
+    the overflow branch) for float32 rows of ``BUCKET_MIN_STATES`` tokens, and to the sort for
+    shorter rows."""
+    assert "top_k" in _lowered_text(oa.BUCKET_MIN_STATES)
+    short = _lowered_text(V)
+    assert "top_k" not in short and "sort" in short
+
+
+def test_batch_shapes():
     rng = np.random.default_rng(5)
     p, q = _rows(rng, ROWS, 0.1, 0.3)
     p3, q3 = p.reshape(2, 4, V), q[:4]  # broadcast (2, 4, V) against (4, V)
-    lowered = jax.jit(lambda p, q: specjax.optimal_acceptance(p, q, num_drafts=2)).lower(p3, q3)
-    assert "top_k" in lowered.as_text()  # the buckets run on this CPU
-    got = lowered.compile()(p3, q3)
+    got = jax.jit(lambda p, q: oa.iid_optimal_acceptance(p, q, 2, method="buckets",
+                                                         buffer=BUFFER))(p3, q3)
     assert got.shape == (2, 4)
     np.testing.assert_allclose(got, numpy_optimum(p3, np.broadcast_to(q3, p3.shape), 2)[0],
                                atol=TOL)

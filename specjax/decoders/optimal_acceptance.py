@@ -279,6 +279,9 @@ BUCKET_SHIFT = 20
 #: Tokens per row that ``method="buckets"`` orders itself; a row whose open buckets hold more is
 #: computed by the sort.
 BUCKET_BUFFER = 1024
+#: Shortest rows ``method=None`` computes by buckets on CPU: below it the sort is as fast (the
+#: buffer is then a large part of the row).
+BUCKET_MIN_STATES = 4 * BUCKET_BUFFER
 #: The values of ``method`` in ``iid_optimal_acceptance`` (``None``: chosen by the backend).
 IID_METHODS = ("sort", "buckets")
 
@@ -332,9 +335,10 @@ def iid_optimal_acceptance(p: jax.Array, q: jax.Array, num_drafts: int, *, metho
       p: ``(..., V)`` draft probabilities.
       q: ``(..., V)`` target probabilities.
       num_drafts: ``M >= 1``, an int (static).
-      method: ``"sort"``, ``"buckets"``, or ``None``: buckets for float32 rows on CPU (where
-        XLA's sort is slower than a scatter-add and a ``top_k``), the sort on other backends
-        and dtypes, chosen when the computation is lowered (``jax.lax.platform_dependent``).
+      method: ``"sort"``, ``"buckets"``, or ``None``: buckets for float32 rows of at least
+        ``BUCKET_MIN_STATES`` tokens on CPU (where XLA's sort is slower than a scatter-add and
+        a ``top_k``), the sort on other backends, dtypes and shorter rows, chosen when the
+        computation is lowered (``jax.lax.platform_dependent``).
       buffer: tokens per row ``method="buckets"`` orders itself (static).
 
     Returns:
@@ -366,7 +370,8 @@ def _iid_optimal_acceptance(p, q, num_drafts: int, method, buffer: int) -> jax.A
         return 1 - _bucketed_optimum(num_drafts, min(buffer, shape[-1]), *rows).reshape(
             shape[:-1])
 
-    if method == "sort" or p.dtype != jnp.float32:
+    if method == "sort" or p.dtype != jnp.float32 \
+            or (method is None and shape[-1] < BUCKET_MIN_STATES):
         return by_sort(p, q)
     if method == "buckets":
         return by_buckets(p, q)
@@ -416,7 +421,8 @@ def _bucket_search(p: jax.Array, q: jax.Array, num_drafts: int, buffer: int) -> 
     low = jax.lax.bitcast_convert_type(ids << BUCKET_SHIFT, jnp.float32)[None] * _SLOPE_SAFETY
     inside_bound = p_cum[:, 1:] ** m - q_cum[:, :-1] - jnp.where(p_mass > 0, low * p_mass, 0)
     bound = jnp.maximum(at_bounds[:, :-1], inside_bound)
-    open_ = (bound >= lower[:, None] - _MARGIN) & (p_mass > 0)
+    # a bucket of ratios >= M cannot beat its start (F' <= M on [0, 1]); nor one with p_b = 0
+    open_ = (bound >= lower[:, None] - _MARGIN) & (p_mass > 0) & (low < m)
     first_open = jnp.min(jnp.where(open_, ids[None], num_buckets), axis=-1)
     last_open = jnp.max(jnp.where(open_, ids[None], -1), axis=-1)
     any_open = last_open >= 0
@@ -467,11 +473,20 @@ def _cut_weights(p: jax.Array, q: jax.Array, cut: _Cut) -> jax.Array:
     return jnp.where(only_zero, tie, inside).astype(p.dtype)
 
 
+def _may_overflow(num_drafts: int, buffer: int, num_states: int) -> bool:
+    """Whether a row can need the sort: more tokens than the buffer, or open buckets too far
+    apart to code (only for ratios near ``M``, the largest an open bucket starts at, beyond
+    ``2^64``)."""
+    return buffer < num_states or num_drafts > 2**64
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _bucketed_optimum(num_drafts: int, buffer: int, p: jax.Array, q: jax.Array) -> jax.Array:
     """``max_k [P_k^M - Q_k]`` of ``(R, V)`` float32 rows by buckets (the sort for all rows
     when one overflows its buffer)."""
     cut = _bucket_search(p, q, num_drafts, buffer)
+    if not _may_overflow(num_drafts, buffer, p.shape[-1]):
+        return cut.value
     return jax.lax.cond(jnp.any(cut.overflow),
                         lambda p, q: _sorted_optimum(p, q, num_drafts, True),
                         lambda p, q: cut.value, p, q)
@@ -490,4 +505,6 @@ def _bucketed_optimum_jvp(num_drafts, buffer, primals, tangents):
         slope = num_drafts * jnp.sum(w * p, axis=-1) ** (num_drafts - 1)
         return cut.value, slope * jnp.sum(w * dp, axis=-1) - jnp.sum(w * dq, axis=-1)
 
+    if not _may_overflow(num_drafts, buffer, p.shape[-1]):
+        return by_cut(p, q, *tangents)
     return jax.lax.cond(jnp.any(cut.overflow), by_sort, by_cut, p, q, *tangents)
