@@ -1,8 +1,9 @@
 """The optimal verifier of ``M`` drafts at the root of a call: the best acceptance any lossless
 verifier reaches (``optimal_acceptance``) and the root law that reaches it (``optimal_root_law``),
 for drafts drawn with or without replacement; with the sorting helpers they share
-(``ratio_order``, ``stable_argsort_nonnegative``, ``inverse_permutation``, ``unpermute``,
-``prefix_with_zero``).
+(``ratio_order``, ``ratios``, ``stable_argsort_nonnegative``, ``inverse_permutation``,
+``unpermute``, ``prefix_with_zero``). For i.i.d. drafts the optimum is also found without a sort
+(``iid_optimal_acceptance``, ``method="buckets"``: the CPU's default for long float32 rows).
 
 ``specjax.decoders.optimal_multi_draft.OptimalMultiDraft`` verifies its root with this law; the
 sequence-optimal verifier (``specjax.decoders.sequence_optimal``) and the Gumbel list coupling
@@ -210,6 +211,9 @@ def optimal_acceptance(p: jax.Array, q: jax.Array, *, num_drafts,
     into the minimum above over token sets ``A``. The maximising ``A`` is a prefix of the tokens
     sorted by ``q / p`` ascending (an exchange argument for i.i.d. drafts; verified against every
     subset and a linear program without replacement), so ``alpha*`` costs one sort per row.
+    For i.i.d. drafts on CPU, float32 rows of at least ``BUCKET_MIN_STATES`` tokens need no sort:
+    ``iid_optimal_acceptance`` finds the same maximum from buckets of the ratio (one
+    scatter-add and one ``top_k``; proof there); other backends, dtypes and shorter rows sort.
 
     ``M = 1`` gives SD's ``sum min(p, q)``; ``alpha*`` grows with ``M`` to ``q(p > 0)`` and is at
     least batch SD's ``1 - sum w^{M+1}`` (tested).
