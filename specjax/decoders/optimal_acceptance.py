@@ -413,9 +413,15 @@ def _bucket_search(p: jax.Array, q: jax.Array, num_drafts: int, buffer: int) -> 
     m = num_drafts
     key = _ratio_keys(p, q)
     num_buckets = (_INF_BITS >> BUCKET_SHIFT) + 1
-    rows = jnp.arange(num_rows)[:, None]
-    mass = jnp.zeros((num_rows, num_buckets), jnp.complex64).at[
-        rows, key >> BUCKET_SHIFT].add(jax.lax.complex(p, q))  # one scatter for p and q
+    rows = jnp.arange(num_rows, dtype=jnp.int32)[:, None]
+    masses = jax.lax.complex(p, q)  # one scatter for p and q
+    if num_rows * num_buckets < 2**31:  # flat indices: about a fifth faster on CPU
+        flat = (key >> BUCKET_SHIFT) + rows * num_buckets
+        mass = jnp.zeros((num_rows * num_buckets,), jnp.complex64).at[flat.reshape(-1)].add(
+            masses.reshape(-1)).reshape((num_rows, num_buckets))
+    else:
+        mass = jnp.zeros((num_rows, num_buckets), jnp.complex64).at[
+            rows, key >> BUCKET_SHIFT].add(masses)
     p_mass, q_mass = jnp.real(mass), jnp.imag(mass)
     p_cum, q_cum = prefix_with_zero(p_mass), prefix_with_zero(q_mass)  # (R, B + 1)
     at_bounds = p_cum ** m - q_cum
