@@ -316,7 +316,10 @@ def iid_optimal_acceptance(p: jax.Array, q: jax.Array, num_drafts: int, *, metho
        ``q`` mass at least ``r_b d``: its value is at most ``h(d) = (P_b + d)^M - Q_b - r_b d``,
        convex in ``d``, so at most ``max(h(0), h(p_b)) = max(g_b, P_{b+1}^M - Q_b - r_b p_b)``.
        A bucket whose bound is below ``L`` holds no better prefix; nor does a bucket with
-       ``p_b = 0`` (its tokens only add ``q``). The rest are *open*.
+       ``p_b = 0`` (its tokens only add ``q``) or with ``r_b >= M`` (``d/dP P^M <= M`` on
+       ``[0, 1]``, so its tokens add at least as much ``q`` as ``P^M``). The rest are *open*.
+       Typically the open buckets are the few around the best boundary: on Dirichlet(0.3)
+       rows of ``V = 32,000`` their range holds 350-570 tokens on average (at most 664).
     3. The tokens whose keys lie between the first and the last open bucket are ordered by
        ``jax.lax.top_k`` (``buffer`` of them per row; its ties come in token order) on a code
        decreasing in ``key``; cumulative sums inside each bucket, started at ``P_b``, ``Q_b``,
@@ -325,15 +328,16 @@ def iid_optimal_acceptance(p: jax.Array, q: jax.Array, num_drafts: int, *, metho
 
     Float32 rounding: a token's exact ``q / p`` can be below its rounded ratio by a relative
     ``2^-24``, so ``r_b`` is taken ``2^-22`` smaller, and a bucket stays open when its bound is
-    within ``2^-20`` of ``L`` (the masses are float32 sums). Rows with more tokens in the open
-    range than ``buffer`` (ties, adversarial rows) are computed by the sort: the result is
-    exact on every input (to float32 rounding) and costs one scatter-add and one ``top_k`` pass
-    on the rows the sort is not needed for.
+    within ``2^-20`` of ``L`` (the masses are float32 sums). A batch with a row of more tokens
+    in its open range than ``buffer`` (ties, adversarial rows) is computed by the sort
+    (``jax.lax.cond``): the result is exact on every input (to float32 rounding), and costs one
+    scatter-add and one ``top_k`` pass when no row needs the sort.
 
     The gradient is that of ``method="sort"``: ``d alpha* = sum_{x in A} (dq_x - M P_A^{M-1}
     dp_x)`` for the maximising prefix ``A``, averaged over the prefixes that tie exactly (as
     ``jnp.max`` does) where they differ by tokens with ``p = q = 0``, which sit at ratio 0 in
-    token order.
+    token order. Where two prefixes tie only through float32 rounding, the sort's subgradient
+    averages them and the buckets take one: both are subgradients of the exact value.
 
     Args:
       p: ``(..., V)`` draft probabilities.
