@@ -250,7 +250,7 @@ def exact_values(decoders, draft_rows, target_rows, num_states, horizon, cost):
     for decoder in decoders:
         exact = specjax.exact(decoder, draft, target, horizon=horizon)
         timed = specjax.expected_time(decoder, draft, target, cost, horizon=horizon)
-        out[decoder.label] = (float(exact.expected_calls), float(exact.expected_rejections),
+        out[label(decoder)] = (float(exact.expected_calls), float(exact.expected_rejections),
                               float(timed))
     return out
 
@@ -259,9 +259,14 @@ def exact_values(decoders, draft_rows, target_rows, num_states, horizon, cost):
 # The run.
 
 
+def label(decoder) -> str:
+    """The decoder's label, ``SD (K = T)`` for SD drafting to the horizon."""
+    return "SD (K = T)" if decoder == specjax.Speculative() else decoder.label
+
+
 def estimates(decoders, recording, cost):
     """``{label: Estimate}``."""
-    return {d.label: specjax.estimate(d, recording, cost=cost) for d in decoders}
+    return {label(d): specjax.estimate(d, recording, cost=cost) for d in decoders}
 
 
 def dump_and_load(path, tokens, draft, target, num_states, decoders):
@@ -405,7 +410,7 @@ def main(argv=None):
             values = exact_values(decoders, draft_rows, target_rows, v, t, cost)
             enumerated = estimates(decoders, enumerated_recording(
                 draft_rows, target_rows, v, t, (batch,)), cost)
-            gap = max(abs(float(getattr(enumerated[d.label], f)) - values[d.label][i])
+            gap = max(abs(float(getattr(enumerated[label(d)], f)) - values[label(d)][i])
                       for d in decoders for i, f in enumerate(
                           ("expected_calls", "expected_rejections", "expected_time")))
             exact[name] = values, gap
@@ -422,27 +427,27 @@ def main(argv=None):
     print(head)
     print("| --- | --- |" + " ---: |" * (head.count("|") - 3))
     rows = []
-    for label, table, tag in [(d.label, before, "trained") for d in decoders] \
-            + [(d.label, after, "distilled") for d in decoders]:
-        est = table[label]
-        line = (f"| {label} | {tag} | {fmt(est.expected_calls, est.expected_calls_se)} | "
+    for name, table, tag in [(label(d), before, "trained") for d in decoders] \
+            + [(label(d), after, "distilled") for d in decoders]:
+        est = table[name]
+        line = (f"| {name} | {tag} | {fmt(est.expected_calls, est.expected_calls_se)} | "
                 f"{fmt(est.expected_rejections, est.expected_rejections_se)} | "
                 f"{fmt(est.expected_time, est.expected_time_se)} | "
                 f"{fmt(est.speedup, est.speedup_se)} |")
-        row = dict(decoder=label, draft=tag, **{
+        row = dict(decoder=name, draft=tag, **{
             f: float(getattr(est, f)) for f in (
                 "expected_calls", "expected_calls_se", "expected_rejections",
                 "expected_rejections_se", "expected_time", "expected_time_se", "speedup",
                 "speedup_se")})
         if exact:
-            calls, rejections, timed = exact["before" if tag == "trained" else "after"][0][label]
+            calls, rejections, timed = exact["before" if tag == "trained" else "after"][0][name]
             line += f" {calls:.3f} | {timed:.3f} |"
             row.update(exact_calls=calls, exact_rejections=rejections, exact_time=timed)
         print(line)
         rows.append(row)
     print(f"\nbest K (best_lookahead, K <= {args.max_lookahead}): trained draft "
           f"{int(choice.lookahead)}, distilled draft {int(choice_after.lookahead)}")
-    diff = max(abs(float(getattr(before[d.label], f)) - float(getattr(from_arrays[d.label], f)))
+    diff = max(abs(float(getattr(before[label(d)], f)) - float(getattr(from_arrays[label(d)], f)))
                for d in decoders for f in ("expected_calls", "expected_rejections",
                                            "expected_time", "expected_calls_se"))
     print(f"from_arrays (np.savez dump, loaded back) vs direct record: largest difference "

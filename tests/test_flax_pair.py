@@ -47,7 +47,7 @@ def test_table_is_complete_and_finite(output):
     assert 0 <= chosen <= 3  # best_lookahead over K <= 3 (K = 0: autoregressive decoding)
     # SD at K = 1 and at the chosen K (once if they agree), SD to the horizon, batch SD.
     labels = list(dict.fromkeys(["SD, K = 1", f"SD, K = {max(chosen, 1)}"])) \
-        + ["SD", "batch SD, M = 4, K = 4"]
+        + ["SD (K = T)", "batch SD, M = 4, K = 4"]
     assert [(r[0], r[1]) for r in rows] == [(label, draft) for draft in ("trained", "distilled")
                                             for label in labels]
     for _, _, cells in rows:
