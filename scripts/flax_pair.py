@@ -366,7 +366,7 @@ def main(argv=None):
     draft, target = models["draft"], models["target"]
     timings["train"] = time.perf_counter() - clock
     count = {n: sum(x.size for x in jax.tree.leaves(m.params)) for n, m in models.items()}
-    print(f"V = {v}, T = {t}; corpus {ids.size:,} characters; {args.steps} Adam steps each")
+    print(f"V = {v}, T = {t}; corpus {ids.size:,} characters; {args.steps} AdamW steps each")
     for name in ("target", "draft"):
         print(f"  {name}: {count[name]:,} parameters, training loss {losses[name]:.3f} nats")
 
