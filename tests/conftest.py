@@ -85,7 +85,8 @@ def _file(item):
 LONGEST_FIRST = ["test_docs.py", "test_notebooks.py", "test_scale.py", "test_reproduce.py",
                  "test_scripts.py", "test_benchmark_adaptive.py", "test_benchmark_token_tree.py",
                  "test_optimal_scripts.py", "test_adaptive_study.py", "test_lossy_study.py",
-                 "test_packaging.py", "test_decoders.py", "test_token_tree.py", "test_models.py"]
+                 "test_packaging.py", "test_flax_pair.py", "test_bench.py",
+                 "test_distributed.py", "test_decoders.py", "test_token_tree.py", "test_models.py"]
 SPREAD = ("tests/test_reliability.py::",)
 UNITS = SPREAD + ("tests/test_notebooks.py::test_notebook_runs_at_toy_sizes[",
                   "tests/test_scripts.py::")
