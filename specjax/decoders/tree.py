@@ -73,6 +73,8 @@ from specjax.decoders.base import CallLaw
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import cdf_search
+from specjax.decoders.draws import cumulative_masses
 from specjax.decoders.draws import draw
 # The tree's shape (parent arrays, depths, classes of nodes) lives in
 # specjax.decoders.tree_structure; its names are served from here too.
@@ -303,6 +305,98 @@ class TokenTree(CallDecoder):
         inputs = (jnp.arange(depth + 1), u.reshape(depth + 1, 2 * width + 1))
         (_, _, _, kept, last_rejected, emitted), _ = jax.lax.scan(level, carry, inputs)
         return emitted, kept, last_rejected
+
+    @property
+    def walk_uniforms(self) -> int:
+        """Uniforms of one position of one chain: one for ``"top_k"`` (the target's draw), two
+        for ``"iid"`` (which child is accepted, then the token), ``2 b + 1`` without replacement
+        (the drafts, their tests, the last token)."""
+        if self.children == "without_replacement":
+            return 2 * self.shape.max_children + 1
+        return 1 if self.children == "top_k" else 2
+
+    def walk_start(self):
+        return jnp.zeros((), jnp.int32)  # the root
+
+    def _end_factors(self) -> tuple:
+        """The branching factors of the tree's nodes, leaves (0) included, in increasing order:
+        the laws a call can end with."""
+        return tuple(sorted({len(kids) for kids in self.shape.children}))
+
+    def walk_tables(self, draft, target, row):
+        """The laws of position ``row`` for every previous token, built once for all chains.
+
+        ``"iid"``: the cumulative masses ``(V, b + F, V)`` of the rows a chain draws its token
+        from: ``accepted_j`` (``j = 1..b``), the mass the ``j``-th child accepts
+        (``multi_draft.with_replacement_stage_laws``: ``min(W_j p, w_j)``), then, for each
+        branching factor ``f`` of the tree (leaves' ``f = 0`` included), ``w_{f + 1} = [q - S_f
+        p]_+``, the token that ends a call when the node's ``f`` children are all rejected (``q``,
+        the bonus, at a leaf). ``"top_k"``: the draft's ``b`` most probable tokens ``(V, b)`` and
+        the cumulative target rows. ``"without_replacement"``: the rows ``(p, q)``.
+        """
+        p, q = draft.trans[row], target.trans[row]
+        width = self.shape.max_children
+        if self.children == "without_replacement":
+            return p, q
+        if self.children == "top_k":
+            top = jax.lax.top_k(p, min(width, p.shape[-1]))[1].astype(jnp.int32)
+            return top, cumulative_masses(q)
+        accepted, _ = multi_draft.with_replacement_stage_laws(p, q, width)  # (b, V, V)
+        _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
+        ends = [jnp.maximum(q - cums[:, f - 1:f] * p, 0) if f else q
+                for f in self._end_factors()]
+        return cumulative_masses(jnp.concatenate([jnp.moveaxis(accepted, 0, 1),
+                                                  jnp.stack(ends, axis=1)], axis=1))
+
+    def walk_step(self, tables, prev, state, u):
+        """One position of one chain at node ``state`` after token ``prev``: the node's children
+        are drafted and verified (the rules of ``sample_call``); an accepted child is descended
+        into, else the call ends there with a token from the last residual (the target's bonus
+        at a leaf) and the chain is back at the root.
+
+        ``"iid"`` draws the outcome of the whole node from its law, the one the exact values use
+        (``stage_laws``): the first accepted child ``j <= b`` with probability ``alpha_j = sum
+        accepted_j``, none with ``W_{b + 1} = sum w_{b + 1}`` (one uniform), then the child's
+        token from ``accepted_j``, or the last token from ``w_{b + 1}`` (a second uniform): two
+        draws per position whatever the branching factor.
+        """
+        node = state
+        kids = self._child_table()[node]
+        present = kids >= 0
+        num_states = tables[-1].shape[-1]
+        if self.children == "iid":
+            cdf = tables
+            width = kids.shape[-1]
+            num_kids = jnp.sum(present)
+            end_row = jnp.asarray([width + self._end_factors().index(len(k))
+                                   for k in self.shape.children], jnp.int32)[node]
+            # the first accepted child's law: alpha_j (j <= b), then none (index b)
+            first = cumulative_masses(jnp.concatenate([
+                jnp.where(present, cdf[prev, :width, num_states - 1], 0),
+                cdf[prev, end_row, num_states - 1][None]]))
+            choice = cdf_search(lambda i: first[i], u[0], width + 1)
+            accepted = choice < width  # a child of zero mass (j > b) is never drawn
+            source = jnp.where(accepted, choice, end_row)
+            token = cdf_search(lambda i: cdf[prev, source, i], u[1], num_states)
+            leaf = num_kids == 0
+            return (token, jnp.where(accepted, kids[jnp.minimum(choice, width - 1)], 0)
+                    .astype(jnp.int32), ~accepted & ~leaf, node == 0, ~accepted & leaf)
+        if self.children == "top_k":
+            top, q_cdf = tables
+            tokens = jnp.full(kids.shape, -1, jnp.int32).at[:top.shape[-1]].set(top[prev])
+            present = present & (tokens >= 0)
+            y = cdf_search(lambda i: q_cdf[prev, i], u[0], num_states)
+            hit = present & (tokens == y)
+        else:
+            p, q = tables
+            tokens, present, hit, residual = self._draft_and_verify(p[prev], q[prev], u, present)
+            y = draw(categorical_thresholds(residual), u[2 * kids.shape[-1]])
+        accepted = jnp.any(hit)
+        choice = jnp.argmax(hit)
+        token = jnp.where(accepted, tokens[choice], y).astype(jnp.int32)
+        leaf = ~jnp.any(present)
+        return (token, jnp.where(accepted, kids[choice], 0).astype(jnp.int32),
+                ~accepted & ~leaf, node == 0, ~accepted & leaf)
 
     def _child_table(self):
         """``(nodes, b)`` int32: the children of each node, ``-1``-padded."""
