@@ -45,8 +45,15 @@ beyond ``2**26`` elements, as batch SD without replacement).
 
 The sampler follows one path of the tree: the children of the current node are drafted, verified
 and one of them descended into (drafting the siblings' subtrees as well would not change the law:
-their tokens are independent of everything the path uses). A call of one chain consumes
-``(D + 1) (2 b + 1)`` uniforms, ``b`` the largest branching factor.
+their tokens are independent of everything the path uses). So a call is a walk, one node per
+position, and the engine advances all chains in lockstep one position per step, each from its own
+node (``walk_step``; ``specjax.sampling.calls``): the laws of a position are built once for all
+chains (``walk_tables``), and a chain-step reads them. With i.i.d. children a node's outcome is
+drawn from its exact law, the one the exact values use (``stage_laws``): which child is the first
+accepted (or none), then its token (or the last token), two uniforms per position and a search in
+the per-position cumulative rows, however many children the node has. Without replacement each
+child is drafted and tested in turn (``2 b + 1`` uniforms per position); ``top_k`` draws the
+target's token and looks it up among the draft's top tokens (one uniform).
 
 A chain ``(1,) * K`` with ``"iid"`` is speculative decoding with lookahead ``K``; a star
 ``(M,)`` is batch SD's root with one token per call, ``(M, 1, .., 1)`` batch SD with lookahead
@@ -251,29 +258,12 @@ class TokenTree(CallDecoder):
     def num_uniforms(self) -> int:
         return (self.lookahead + 1) * (2 * self.shape.max_children + 1)
 
-    def prepare(self, draft, target):
-        """The draft's thresholds and, for i.i.d. children, the residual scales ``(T, V, b +
-        1)``: child ``j`` is verified against ``w_j = [q - S_{j-1} p]_+`` (``S_0 = 0``), whose
-        mass is ``S_j - S_{j-1}`` (``multi_draft.batch_scale``), so a chain does scalar work per
-        child instead of updating a ``(V,)`` residual."""
-        if self.children != "iid":
-            return None, None, draft.trans, target.trans
-        p, q = draft.trans, target.trans
-        width = self.shape.max_children
-        zero = jnp.zeros(q.shape[:-1] + (1,), q.dtype)
-        if width == 0:
-            scales = zero
-        else:
-            _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
-            scales = jnp.concatenate([zero, cums], axis=-1)
-        return categorical_thresholds(p), scales, p, q
-
     def sample_call(self, tables, n, prev, u):
-        """One call of one chain from position ``n`` after ``prev``; ``u``: ``num_uniforms``
-        31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances, the last token)."""
-        if self.children == "iid":
-            return self._sample_iid_call(tables, n, prev, u)
-        _, _, p_trans, q_trans = tables
+        """One call of one chain from position ``n`` after ``prev``, level by level (the
+        literal rule; the engine walks the tree one position per step instead, ``walk_step``);
+        ``u``: ``num_uniforms`` 31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances,
+        the last token)."""
+        p_trans, q_trans = tables
         horizon = p_trans.shape[0]
         depth, width = self.shape.max_depth, self.shape.max_children
         table = self._child_table()
@@ -405,67 +395,13 @@ class TokenTree(CallDecoder):
             table[i, :len(kids)] = kids
         return jnp.asarray(table)
 
-    def _sample_iid_call(self, tables, n, prev, u):
-        """:meth:`sample_call` for i.i.d. children, with scalar work per child.
-
-        After ``j - 1`` rejected siblings the residual is ``w_j = [q - S_{j-1} p]_+`` of mass
-        ``W_j = S_j - S_{j-1}`` (``S_0 = 0``; ``scales`` holds ``S_0 .. S_b``), so child ``j``
-        (token ``t``) is accepted with ``min(1, w_j(t) / (W_j p(t)))``: a probability that
-        depends on ``j`` and ``t`` only, so the ``b`` tests run side by side and the first
-        accepted child is the one taken. The ``(V,)`` draw of the call's last token, from
-        ``w_{r+1}`` after ``r`` rejections, is made once, where the call ends.
-        """
-        p_thr, scales, p_trans, q_trans = tables
-        horizon = p_trans.shape[0]
-        depth, width = self.shape.max_depth, self.shape.max_children
-        table = self._child_table()
-
-        def level(carry, inputs):
-            node, x, done, kept, last_rejected, emitted, end = carry
-            d, u_d = inputs
-            row = jnp.clip(n - 1 + d, 0, horizon - 1)
-            kids = table[node]
-            present = (kids >= 0) & (n + d <= horizon)  # a prefix of the slots
-            if width:
-                tokens = jnp.stack([draw(p_thr[row, x], u_d[j]) for j in range(width)])
-                p_t, q_t = p_trans[row, x, tokens], q_trans[row, x, tokens]
-                scale = scales[row, x]
-                mass = jnp.maximum(q_t - scale[:-1] * p_t, 0)
-                ratio = jnp.minimum(safe_ratio(mass, (scale[1:] - scale[:-1]) * p_t, 1), 1)
-                hit = present & bernoulli(ratio, u_d[width:2 * width])
-            else:
-                tokens, hit = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
-            accepted = jnp.any(hit)
-            choice = jnp.argmax(hit) if width else jnp.zeros((), jnp.int32)
-            rejected = jnp.where(accepted, choice, jnp.sum(present)).astype(jnp.int32)
-            live = ~done
-            descend = live & accepted
-            ends = live & ~accepted
-            token = tokens[choice] if width else prev
-            emitted = emitted.at[d].set(jnp.where(descend, token, emitted[d]))
-            end = tuple(jnp.where(ends, a, b).astype(jnp.int32)
-                        for a, b in zip((row, x, rejected, d), end))
-            return (jnp.where(descend, kids[choice], node), jnp.where(descend, token, x),
-                    done | ~descend, kept + descend.astype(jnp.int32),
-                    jnp.where(ends, jnp.any(present), last_rejected), emitted, end), None
-
-        zero = jnp.zeros((), jnp.int32)
-        carry = (zero, prev, jnp.zeros((), bool), zero, jnp.zeros((), bool),
-                 jnp.zeros((depth + 1,), jnp.int32), (zero, prev, zero, zero))
-        uniforms = u.reshape(depth + 1, 2 * width + 1)
-        (_, _, _, kept, last_rejected, emitted, end), _ = jax.lax.scan(
-            level, carry, (jnp.arange(depth + 1), uniforms))
-        row, x, rejected, d = end  # the call ends at depth d: its last token from w_{r+1}
-        residual = jnp.maximum(q_trans[row, x] - scales[row, x, rejected] * p_trans[row, x], 0)
-        y = draw(categorical_thresholds(residual), uniforms[d, 2 * width])
-        return emitted.at[d].set(y), kept, last_rejected
-
     def _draft_and_verify(self, p_row, q_row, u_d, present):
         """Draft the children of one node and verify them in turn: ``(tokens (b,), present
         (b,), accepted (b,) bool, residual (V,))``, the last the law of the token that ends the
         call there (``q`` at a leaf). For ``top_k`` the drafts are deterministic and
-        ``accepted`` is decided by the caller's draw from ``q``; without replacement, each
-        child is drawn from the draft without the siblings drawn before it."""
+        ``accepted`` is decided by the caller's draw from ``q``; ``"iid"`` children are drawn
+        from the draft, without replacement each from the draft without the siblings drawn
+        before it."""
         width = self.shape.max_children
         if self.children == "top_k":
             chosen = min(width, p_row.shape[-1])
@@ -475,10 +411,11 @@ class TokenTree(CallDecoder):
                 present = present & (jnp.arange(width) < chosen)
             return tokens, present, None, q_row
         law, tokens = p_row, []
-        for j in range(width):  # each child from the draft without the siblings before it
+        for j in range(width):  # i.i.d., or from the draft without the siblings before it
             t = draw(categorical_thresholds(law), u_d[j])
             tokens.append(t)
-            law = safe_normalize(law * (jnp.arange(law.shape[-1]) != t))
+            if self.children == "without_replacement":
+                law = safe_normalize(law * (jnp.arange(law.shape[-1]) != t))
         tokens = jnp.stack(tokens).astype(jnp.int32)
 
         alive, d, r, residual = sibling_tests(self.children, p_row, q_row, tokens, present)
