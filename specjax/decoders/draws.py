@@ -5,6 +5,12 @@ uniform integer ``u`` in ``[0, 2**31)`` picks the first outcome whose threshold 
 (``search``, a branch-free binary search). Zero-mass outcomes get zero width, so a token of
 probability zero is never drawn whatever the rounding, and an event of probability one never
 fails (``bernoulli``).
+
+A sampler that draws once from each of many rows (a token tree's walk builds the rows of every
+previous token at each position) skips the thresholds: ``block_search`` draws from a row's masses
+and their ``block_totals`` (running sums of blocks of 16 entries), ``cdf_search`` from in-order
+running sums (``cumulative_masses``); both keep the guarantee that a zero-mass outcome is never
+drawn.
 """
 
 from __future__ import annotations
