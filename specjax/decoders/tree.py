@@ -355,10 +355,9 @@ class TokenTree(CallDecoder):
         node = state
         kids = self._child_table()[node]
         present = kids >= 0
-        num_states = tables[1].shape[-1]
         if self.children == "iid":
             rows, totals = tables
-            width = kids.shape[-1]
+            num_states, width = rows.shape[-1], kids.shape[-1]
             num_kids = jnp.sum(present)
             end_row = jnp.asarray([width + self._end_factors().index(len(k))
                                    for k in self.shape.children], jnp.int32)[node]
@@ -375,6 +374,7 @@ class TokenTree(CallDecoder):
                     .astype(jnp.int32), ~accepted & ~leaf, node == 0, ~accepted & leaf)
         if self.children == "top_k":
             top, q, totals = tables
+            num_states = q.shape[-1]
             tokens = jnp.full(kids.shape, -1, jnp.int32).at[:top.shape[-1]].set(top[prev])
             present = present & (tokens >= 0)
             y = block_search(lambda i: q[prev, i], lambda i: totals[prev, i], u[0], num_states)
