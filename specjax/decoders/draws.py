@@ -7,10 +7,8 @@ probability zero is never drawn whatever the rounding, and an event of probabili
 fails (``bernoulli``).
 
 A sampler that draws once from each of many rows (a token tree's walk builds the rows of every
-previous token at each position) skips the thresholds: ``block_search`` draws from a row's masses
-and their ``block_totals`` (running sums of blocks of 16 entries), ``cdf_search`` from in-order
-running sums (``cumulative_masses``); both keep the guarantee that a zero-mass outcome is never
-drawn.
+previous token at each position) skips the thresholds: ``cdf_search`` draws from in-order running
+sums (``cumulative_masses``), which keep the guarantee that a zero-mass outcome is never drawn.
 """
 
 from __future__ import annotations
@@ -146,7 +144,7 @@ def cumulative_masses(w: jax.Array, block: int = 16) -> jax.Array:
     blocks = -(-width // block)
     pad = [(0, 0)] * len(lead) + [(0, blocks * block - width)]
     within = in_order(jnp.pad(w, pad).reshape(*lead, blocks, block))
-    totals = in_order(within[..., -1])
+    totals = _running_sum(within[..., -1])
     offsets = jnp.concatenate([jnp.zeros_like(totals[..., :1]), totals[..., :-1]], axis=-1)
     return (offsets[..., None] + within).reshape(*lead, blocks * block)[..., :width]
 
@@ -166,54 +164,3 @@ def _running_sum(x: jax.Array) -> jax.Array:
     _, out = jax.lax.scan(step, jnp.zeros_like(x[..., 0]), jnp.moveaxis(x, -1, 0))
     return jnp.moveaxis(out, 0, -1)
 
-
-CDF_BLOCK = 16  # entries per block of ``block_totals``
-
-
-def block_totals(w: jax.Array, block: int = CDF_BLOCK) -> jax.Array:
-    """``(..., ceil(W / block))``: the running sums of ``w``'s blocks of ``block`` entries (the
-    last padded with zeros), each block's entries added in order and the blocks in order: the
-    table ``block_search`` draws from, ``block`` times smaller than a cumulative row."""
-    *lead, width = w.shape
-    blocks = -(-width // block)
-    pad = [(0, 0)] * len(lead) + [(0, blocks * block - width)]
-    parts = jnp.pad(w, pad).reshape(*lead, blocks, block)
-    total = parts[..., 0]
-    for k in range(1, block):
-        total = total + parts[..., k]
-    return _running_sum(total)
-
-
-def block_search(masses_at, totals_at, u: jax.Array, width: int,
-                 block: int = CDF_BLOCK) -> jax.Array:
-    """``cdf_search`` on a row given by its masses and its ``block_totals``: the block by a
-    binary search in the totals, then the entry by adding the block's masses in order. The sums
-    are the ones ``block_totals`` adds, in the same order, so a zero-mass entry repeats the
-    previous value exactly and is never drawn, as with ``cumulative_masses``.
-
-    Args:
-      masses_at: ``masses_at(i)`` reads mass ``i < width`` (a gather).
-      totals_at: ``totals_at(b)`` reads entry ``b`` of the row's ``block_totals``.
-      u: 31-bit uniform integers; width: ``W`` (static); block: as for ``block_totals``.
-    """
-    blocks = -(-width // block)
-    total = totals_at(jnp.full_like(u, blocks - 1))
-    bits = min(RESOLUTION_BITS, jnp.finfo(total.dtype).nmant + 1)
-    v = jax.lax.shift_right_logical(u, jnp.int32(RESOLUTION_BITS - bits)).astype(total.dtype)
-    s = v * jnp.asarray(2.0**-bits, total.dtype) * total
-    lo = jnp.zeros_like(u)  # the first block whose running total exceeds s
-    half = next_power_of_two(blocks) // 2
-    while half >= 1:
-        below = totals_at(jnp.minimum(lo + half - 1, blocks - 1)) <= s
-        lo = jnp.where(below, lo + half, lo)
-        half //= 2
-    lo = jnp.minimum(lo, blocks - 1)
-    offset = jnp.where(lo > 0, totals_at(jnp.maximum(lo - 1, 0)), jnp.zeros_like(total))
-    count = jnp.zeros_like(u)
-    within = None
-    for k in range(block):
-        i = lo * block + k
-        mass = jnp.where(i < width, masses_at(jnp.minimum(i, width - 1)), 0)
-        within = mass if within is None else within + mass
-        count = count + (offset + within <= s).astype(count.dtype)
-    return jnp.minimum(lo * block + count, width - 1)

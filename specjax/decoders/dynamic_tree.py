@@ -48,8 +48,8 @@ from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import categorical_thresholds
-from specjax.decoders.draws import block_search
-from specjax.decoders.draws import block_totals
+from specjax.decoders.draws import cdf_search
+from specjax.decoders.draws import cumulative_masses
 from specjax.decoders.draws import draw
 
 RANKS = ("draft", "target")
@@ -202,27 +202,25 @@ class DynamicTree(CallDecoder):
 
     def walk_tables(self, draft, target, row):
         """The ranking model's rows of the positions ``row .. row + D - 1`` (zero beyond the
-        horizon: no prefix there) and the target rows of position ``row`` with their
-        ``block_totals``."""
+        horizon: no prefix there) and the cumulative target rows of position ``row``."""
         rank_trans = draft.trans if self.rank == "draft" else target.trans
         horizon = rank_trans.shape[0]
         positions = row + jnp.arange(self.max_depth)
         fits = positions < horizon
         rank_rows = rank_trans[jnp.minimum(positions, horizon - 1)] * fits[:, None, None]
-        q = target.trans[row]
-        return rank_rows, q, block_totals(q)
+        return rank_rows, cumulative_masses(target.trans[row])
 
     def walk_step(self, tables, prev, state, u):
         """One position of one chain: at the root the call's tree is built from ``prev``; the
         token is drawn from the target at the chain's node; the chain descends into the child
         holding it, else the call ends (a rejection where the node has children)."""
-        rank_rows, q, totals = tables
+        rank_rows, q_cdf = tables
         depth, slot, *tree = state
         at_root = depth == 0
-        built = beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth, q.shape[-1],
+        built = beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth, q_cdf.shape[-1],
                            rank_rows.dtype, prev, self.budget - 1)
         tokens, parents, kept = (jnp.where(at_root, b, a) for a, b in zip(tree, built))
-        y = block_search(lambda i: q[prev, i], lambda i: totals[prev, i], u[0], q.shape[-1])
+        y = cdf_search(lambda i: q_cdf[prev, i], u[0], q_cdf.shape[-1])
         below = jnp.minimum(depth + 1, self.max_depth)
         children = kept[below] & (parents[below] == slot) & (depth < self.max_depth)
         hit = children & (tokens[below] == y)

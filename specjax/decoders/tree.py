@@ -51,7 +51,7 @@ node (``walk_step``; ``specjax.sampling.calls``): the laws of a position are bui
 chains (``walk_tables``), and a chain-step reads them. With i.i.d. children a node's outcome is
 drawn from its exact law, the one the exact values use (``stage_laws``): which child is the first
 accepted (or none), then its token (or the last token), two uniforms per position and a search in
-the per-position rows (``block_search``), however many children the node has. Without replacement each
+the per-position cumulative rows, however many children the node has. Without replacement each
 child is drafted and tested in turn (``2 b + 1`` uniforms per position); ``top_k`` draws the
 target's token and looks it up among the draft's top tokens (one uniform).
 
@@ -79,8 +79,6 @@ from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
-from specjax.decoders.draws import block_search
-from specjax.decoders.draws import block_totals
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import cdf_search
 from specjax.decoders.draws import cumulative_masses
@@ -318,13 +316,13 @@ class TokenTree(CallDecoder):
     def walk_tables(self, draft, target, row):
         """The laws of position ``row`` for every previous token, built once for all chains.
 
-        ``"iid"``: the rows ``(V, b + F, V)`` a chain draws its token from, with their
-        ``block_totals``: ``accepted_j`` (``j = 1..b``), the mass the ``j``-th child accepts
+        ``"iid"``: the cumulative masses ``(V, b + F, V)`` of the rows a chain draws its token
+        from: ``accepted_j`` (``j = 1..b``), the mass the ``j``-th child accepts
         (``multi_draft.with_replacement_stage_laws``: ``min(W_j p, w_j)``), then, for each
         branching factor ``f`` of the tree (leaves' ``f = 0`` included), ``w_{f + 1} = [q - S_f
         p]_+``, the token that ends a call when the node's ``f`` children are all rejected (``q``,
         the bonus, at a leaf). ``"top_k"``: the draft's ``b`` most probable tokens ``(V, b)`` and
-        the target rows with their block totals. ``"without_replacement"``: the rows ``(p, q)``.
+        the cumulative target rows. ``"without_replacement"``: the rows ``(p, q)``.
         """
         p, q = draft.trans[row], target.trans[row]
         width = self.shape.max_children
@@ -332,13 +330,13 @@ class TokenTree(CallDecoder):
             return p, q
         if self.children == "top_k":
             top = jax.lax.top_k(p, min(width, p.shape[-1]))[1].astype(jnp.int32)
-            return top, q, block_totals(q)
+            return top, cumulative_masses(q)
         accepted, _ = multi_draft.with_replacement_stage_laws(p, q, width)  # (b, V, V)
         _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
         ends = [jnp.maximum(q - cums[:, f - 1:f] * p, 0) if f else q
                 for f in self._end_factors()]
-        rows = jnp.concatenate([jnp.moveaxis(accepted, 0, 1), jnp.stack(ends, axis=1)], axis=1)
-        return rows, block_totals(rows)
+        return cumulative_masses(jnp.concatenate([jnp.moveaxis(accepted, 0, 1),
+                                                  jnp.stack(ends, axis=1)], axis=1))
 
     def walk_step(self, tables, prev, state, u):
         """One position of one chain at node ``state`` after token ``prev``: the node's children
@@ -355,29 +353,29 @@ class TokenTree(CallDecoder):
         node = state
         kids = self._child_table()[node]
         present = kids >= 0
+        num_states = tables[-1].shape[-1]
         if self.children == "iid":
-            rows, totals = tables
-            num_states, width = rows.shape[-1], kids.shape[-1]
+            cdf = tables
+            width = kids.shape[-1]
             num_kids = jnp.sum(present)
             end_row = jnp.asarray([width + self._end_factors().index(len(k))
                                    for k in self.shape.children], jnp.int32)[node]
             # the first accepted child's law: alpha_j (j <= b), then none (index b)
             first = cumulative_masses(jnp.concatenate([
-                jnp.where(present, totals[prev, :width, -1], 0), totals[prev, end_row, -1:]]))
+                jnp.where(present, cdf[prev, :width, num_states - 1], 0),
+                cdf[prev, end_row, num_states - 1][None]]))
             choice = cdf_search(lambda i: first[i], u[0], width + 1)
             accepted = choice < width  # a child of zero mass (j > b) is never drawn
             source = jnp.where(accepted, choice, end_row)
-            token = block_search(lambda i: rows[prev, source, i],
-                                 lambda i: totals[prev, source, i], u[1], num_states)
+            token = cdf_search(lambda i: cdf[prev, source, i], u[1], num_states)
             leaf = num_kids == 0
             return (token, jnp.where(accepted, kids[jnp.minimum(choice, width - 1)], 0)
                     .astype(jnp.int32), ~accepted & ~leaf, node == 0, ~accepted & leaf)
         if self.children == "top_k":
-            top, q, totals = tables
-            num_states = q.shape[-1]
+            top, q_cdf = tables
             tokens = jnp.full(kids.shape, -1, jnp.int32).at[:top.shape[-1]].set(top[prev])
             present = present & (tokens >= 0)
-            y = block_search(lambda i: q[prev, i], lambda i: totals[prev, i], u[0], num_states)
+            y = cdf_search(lambda i: q_cdf[prev, i], u[0], num_states)
             hit = present & (tokens == y)
         else:
             p, q = tables
