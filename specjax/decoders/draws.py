@@ -143,7 +143,8 @@ def cumulative_masses(w: jax.Array, block: int = 16) -> jax.Array:
     *lead, width = w.shape
     blocks = -(-width // block)
     pad = [(0, 0)] * len(lead) + [(0, blocks * block - width)]
-    within = in_order(jnp.pad(w, pad).reshape(*lead, blocks, block))
+    padded = jnp.pad(w, pad) if blocks * block > width else w
+    within = in_order(padded.reshape(*lead, blocks, block))
     totals = _running_sum(within[..., -1])
     offsets = jnp.concatenate([jnp.zeros_like(totals[..., :1]), totals[..., :-1]], axis=-1)
     return (offsets[..., None] + within).reshape(*lead, blocks * block)[..., :width]

@@ -316,7 +316,7 @@ class TokenTree(CallDecoder):
     def walk_tables(self, draft, target, row):
         """The laws of position ``row`` for every previous token, built once for all chains.
 
-        ``"iid"``: the cumulative masses ``(V, b + F, V)`` of the rows a chain draws its token
+        ``"iid"``: the cumulative masses ``(b + F, V, V)`` of the rows a chain draws its token
         from: ``accepted_j`` (``j = 1..b``), the mass the ``j``-th child accepts
         (``multi_draft.with_replacement_stage_laws``: ``min(W_j p, w_j)``), then, for each
         branching factor ``f`` of the tree (leaves' ``f = 0`` included), ``w_{f + 1} = [q - S_f
@@ -335,8 +335,7 @@ class TokenTree(CallDecoder):
         _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
         ends = [jnp.maximum(q - cums[:, f - 1:f] * p, 0) if f else q
                 for f in self._end_factors()]
-        return cumulative_masses(jnp.concatenate([jnp.moveaxis(accepted, 0, 1),
-                                                  jnp.stack(ends, axis=1)], axis=1))
+        return cumulative_masses(jnp.concatenate([accepted, jnp.stack(ends)]))  # (b + F, V, V)
 
     def walk_step(self, tables, prev, state, u):
         """One position of one chain at node ``state`` after token ``prev``: the node's children
@@ -362,12 +361,12 @@ class TokenTree(CallDecoder):
                                    for k in self.shape.children], jnp.int32)[node]
             # the first accepted child's law: alpha_j (j <= b), then none (index b)
             first = cumulative_masses(jnp.concatenate([
-                jnp.where(present, cdf[prev, :width, num_states - 1], 0),
-                cdf[prev, end_row, num_states - 1][None]]))
+                jnp.where(present, cdf[:width, prev, num_states - 1], 0),
+                cdf[end_row, prev, num_states - 1][None]]))
             choice = cdf_search(lambda i: first[i], u[0], width + 1)
             accepted = choice < width  # a child of zero mass (j > b) is never drawn
             source = jnp.where(accepted, choice, end_row)
-            token = cdf_search(lambda i: cdf[prev, source, i], u[1], num_states)
+            token = cdf_search(lambda i: cdf[source, prev, i], u[1], num_states)
             leaf = num_kids == 0
             return (token, jnp.where(accepted, kids[jnp.minimum(choice, width - 1)], 0)
                     .astype(jnp.int32), ~accepted & ~leaf, node == 0, ~accepted & leaf)
