@@ -298,6 +298,16 @@ class CallDecoder(Decoder):
       ``sample_call``, ``call_law``, ``call_law_from`` and ``drafted_call_law_from`` (an int32
       scalar, traced: the exact recursion vectorises the law over the states, one compilation,
       and carries the mass of call starts per state and previous token).
+    * ``has_walk = True`` with ``walk_uniforms``, ``walk_start()``, ``walk_tables(draft, target,
+      row)`` and ``walk_step(tables, prev, state, u)``: a call that is a walk down a tree, one
+      node per position (a token tree). The Monte Carlo engine then advances every chain one
+      position per step instead of one call (``specjax.sampling.calls``): ``walk_tables`` are
+      the laws of 0-based position ``row`` (traced) built once for all chains, ``walk_start()``
+      the state of a chain at the root of a call (a pytree of arrays), and ``walk_step`` draws
+      one position of one chain from ``walk_uniforms`` 31-bit uniforms ``u``: ``(token, state,
+      rejected, new_call, bonus)``, ``new_call`` whether the position opens a call (the chain
+      was at a root), ``bonus`` whether the token is the target's at a leaf. (A subclass that
+      defines ``walk_step`` has it.)
     """
 
     model_kinds: ClassVar[tuple] = ()
@@ -308,10 +318,16 @@ class CallDecoder(Decoder):
     has_drafted_call_law: ClassVar[bool] = False
     num_call_states: ClassVar[int] = 1
     initial_call_state: ClassVar[int] = 0
+    #: Whether the sampler walks a call one position at a time (set for a subclass that defines
+    #: ``walk_step``).
+    has_walk: ClassVar[bool] = False
+    #: 31-bit uniforms one position of one chain consumes when ``has_walk``.
+    walk_uniforms: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _flag_defined_hooks(cls, {"drafted_call_law_from": "has_drafted_call_law"})
+        _flag_defined_hooks(cls, {"drafted_call_law_from": "has_drafted_call_law",
+                                  "walk_step": "has_walk"})
 
     def next_call_state(self, state, kept):
         """The call state after a call that kept ``kept`` drafts (stateless: unchanged)."""
@@ -328,6 +344,18 @@ class CallDecoder(Decoder):
 
     def sample_call(self, tables, n, prev, u):
         raise NotImplementedError
+
+    def walk_start(self):
+        """The walk state of a chain at the root of a call, when ``has_walk``."""
+        raise NotImplementedError(f"{type(self).__name__} samples whole calls: it has no walk")
+
+    def walk_tables(self, draft, target, row):
+        """The laws every chain's walk reads at 0-based position ``row``, when ``has_walk``."""
+        raise NotImplementedError(f"{type(self).__name__} samples whole calls: it has no walk")
+
+    def walk_step(self, tables, prev, state, u):
+        """One position of one chain's walk: ``(token, state, rejected, new_call, bonus)``."""
+        raise NotImplementedError(f"{type(self).__name__} samples whole calls: it has no walk")
 
     def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
         raise NotImplementedError
@@ -380,7 +408,8 @@ PROTOCOL = {
                        "call_work"),
     CallDecoder: ("lookahead", "uses_position", "has_drafted_call_law", "num_call_states",
                   "initial_call_state", "next_call_state", "num_uniforms", "prepare",
-                  "sample_call", "call_law", "call_law_from", "drafted_call_law_from",
+                  "sample_call", "has_walk", "walk_uniforms", "walk_start", "walk_tables",
+                  "walk_step", "call_law", "call_law_from", "drafted_call_law_from",
                   "call_work", "check_exact", "resolve_lookahead", "truncate"),
 }
 

@@ -5,6 +5,10 @@ uniform integer ``u`` in ``[0, 2**31)`` picks the first outcome whose threshold 
 (``search``, a branch-free binary search). Zero-mass outcomes get zero width, so a token of
 probability zero is never drawn whatever the rounding, and an event of probability one never
 fails (``bernoulli``).
+
+A sampler that draws once from each of many rows (a token tree's walk builds the rows of every
+previous token at each position) skips the thresholds: ``cdf_search`` draws from in-order running
+sums (``cumulative_masses``), which keep the guarantee that a zero-mass outcome is never drawn.
 """
 
 from __future__ import annotations
@@ -97,3 +101,67 @@ def inverse_cdf(num: jax.Array, den: jax.Array, w: jax.Array) -> jax.Array:
     count = jnp.sum(num * cw[-1] >= den * cw).astype(jnp.int32)
     last = (w.shape[-1] - 1 - jnp.argmax(w[::-1] > 0)).astype(jnp.int32)
     return jnp.minimum(count, last)
+
+
+def cdf_search(cdf_at, u: jax.Array, width: int) -> jax.Array:
+    """The outcome of one row of un-normalised cumulative masses for the 31-bit uniform integer
+    ``u``, without building integer thresholds (a sampler that draws from many rows once each).
+
+    ``cdf_at(i)`` reads entry ``i < width`` of ``cdf = cumsum(w)`` (a gather); the outcome is the
+    first ``i`` with ``cdf[i] > s``, ``s = v cdf[width - 1]`` for ``v = u' 2**-b`` the top ``b``
+    bits of ``u`` (``b = 24`` in float32, ``31`` in float64: ``v < 1`` exactly, so ``s`` rounds
+    below the total). ``P(i) = w[i] / sum(w)`` up to the rounding of the cumulative sum and the
+    ``2**-b`` resolution of ``v``; an outcome of zero mass (``cdf[i] = cdf[i - 1]``) is never
+    drawn, and the outcome is always below ``width`` (an all-zero row gives the last outcome).
+    """
+    total = cdf_at(jnp.full_like(u, width - 1))
+    bits = min(RESOLUTION_BITS, jnp.finfo(total.dtype).nmant + 1)
+    v = jax.lax.shift_right_logical(u, jnp.int32(RESOLUTION_BITS - bits)).astype(total.dtype)
+    s = v * jnp.asarray(2.0**-bits, total.dtype) * total
+    lo = jnp.zeros_like(u)
+    half = next_power_of_two(width) // 2
+    while half >= 1:
+        below = cdf_at(jnp.minimum(lo + half - 1, width - 1)) <= s
+        lo = jnp.where(below, lo + half, lo)
+        half //= 2
+    return jnp.minimum(lo, width - 1)
+
+
+def cumulative_masses(w: jax.Array, block: int = 16) -> jax.Array:
+    """``cumsum(w)`` along the last axis, added in order: ``c[i] = c[i - 1] + w[i]`` within
+    blocks of ``block`` entries, each block offset by the running sum of the blocks before it.
+    An entry of zero mass repeats the previous value exactly and the result never decreases,
+    which ``cdf_search`` needs (``jnp.cumsum``'s tree of additions rounds differently at
+    different entries, so a zero-mass token could get a sliver of mass)."""
+
+    def in_order(x):
+        out = [x[..., 0]]
+        for k in range(1, x.shape[-1]):
+            out.append(out[-1] + x[..., k])
+        return jnp.stack(out, axis=-1)
+
+    *lead, width = w.shape
+    blocks = -(-width // block)
+    pad = [(0, 0)] * len(lead) + [(0, blocks * block - width)]
+    padded = jnp.pad(w, pad) if blocks * block > width else w
+    within = in_order(padded.reshape(*lead, blocks, block))
+    totals = _running_sum(within[..., -1])
+    offsets = jnp.concatenate([jnp.zeros_like(totals[..., :1]), totals[..., :-1]], axis=-1)
+    return (offsets[..., None] + within).reshape(*lead, blocks * block)[..., :width]
+
+
+def _running_sum(x: jax.Array) -> jax.Array:
+    """In-order running sums along the last axis: ``c[k] = c[k - 1] + x[k]``, ``c[0] = x[0]``."""
+    if x.shape[-1] <= 32:
+        out = [x[..., 0]]
+        for k in range(1, x.shape[-1]):
+            out.append(out[-1] + x[..., k])
+        return jnp.stack(out, axis=-1)
+
+    def step(c, xk):
+        c = c + xk
+        return c, c
+
+    _, out = jax.lax.scan(step, jnp.zeros_like(x[..., 0]), jnp.moveaxis(x, -1, 0))
+    return jnp.moveaxis(out, 0, -1)
+

@@ -37,6 +37,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 from typing import NamedTuple
 
 import jax
@@ -47,6 +48,8 @@ from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import cdf_search
+from specjax.decoders.draws import cumulative_masses
 from specjax.decoders.draws import draw
 
 RANKS = ("draft", "target")
@@ -63,27 +66,36 @@ class Beams(NamedTuple):
     child: jax.Array  # (D, B, V) int32: slot at depth d + 1 of node (d, j)'s child holding y, -1
 
 
-def build_tree(rank_rows: jax.Array, prev: jax.Array, width: int) -> Beams:
-    """The tree of the ``width`` most probable prefixes under ``rank_rows`` ``(D, V, V)`` (the
-    ranking model's rows at the call's positions) after token ``prev``."""
-    depth, num_states, _ = rank_rows.shape
-    dtype = rank_rows.dtype
+def beam_nodes(rows_at, depth: int, num_states: int, dtype, prev, width: int):
+    """``(tokens, parents, kept)`` of ``Beams``: the tree of the ``width`` most probable prefixes
+    after token ``prev``, ``rows_at(d, tokens)`` giving the ranking model's rows ``(B, V)`` after
+    the beam's tokens at depth ``d``."""
     slots = jnp.arange(width, dtype=jnp.int32)
     tokens = [jnp.zeros((width,), jnp.int32).at[0].set(jnp.asarray(prev).astype(jnp.int32))]
     parents = [jnp.full((width,), -1, jnp.int32)]
     scores = [jnp.zeros((width,), dtype).at[0].set(1)]
     for d in range(depth):
-        cand = scores[-1][:, None] * rank_rows[d][tokens[-1]]  # (B, V)
+        cand = scores[-1][:, None] * rows_at(d, tokens[-1])  # (B, V)
         best, flat = jax.lax.top_k(cand.reshape(-1), width)
         parents.append((flat // num_states).astype(jnp.int32))
         tokens.append((flat % num_states).astype(jnp.int32))
         scores.append(best)
+    if not depth:
+        return tokens[0][None], parents[0][None], (slots == 0)[None]
     scores = jnp.stack(scores[1:])  # (D, B); ranked by score, then depth, then beam order
     order = jnp.argsort(-scores.reshape(-1), stable=True)
     chosen = jnp.zeros((depth * width,), bool).at[order[:width]].set(True).reshape(depth, width)
     chosen = chosen & (scores > 0)
-    kept = jnp.concatenate([(slots == 0)[None], chosen])
-    tokens, parents = jnp.stack(tokens), jnp.stack(parents)
+    return jnp.stack(tokens), jnp.stack(parents), jnp.concatenate([(slots == 0)[None], chosen])
+
+
+def build_tree(rank_rows: jax.Array, prev: jax.Array, width: int) -> Beams:
+    """The tree of the ``width`` most probable prefixes under ``rank_rows`` ``(D, V, V)`` (the
+    ranking model's rows at the call's positions) after token ``prev``."""
+    depth, num_states, _ = rank_rows.shape
+    slots = jnp.arange(width, dtype=jnp.int32)
+    tokens, parents, kept = beam_nodes(lambda d, t: rank_rows[d][t], depth, num_states,
+                                       rank_rows.dtype, prev, width)
     child = []
     for d in range(depth):
         index = jnp.full((width, num_states), -1, jnp.int32)
@@ -177,6 +189,46 @@ class DynamicTree(CallDecoder):
         (_, _, _, kept, last_rejected, emitted), _ = jax.lax.scan(
             level, carry, (jnp.arange(depth + 1), u))
         return emitted, kept, last_rejected
+
+    walk_uniforms: ClassVar[int] = 1  # the target's draw at the chain's node
+
+    def walk_start(self):
+        """``(depth, slot, tokens, parents, kept)``: the chain's node and its call's tree (built
+        at the root, from the call's context)."""
+        width = self.budget - 1
+        zeros = jnp.zeros((self.max_depth + 1, width), jnp.int32)
+        return (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zeros, zeros,
+                zeros.astype(bool))
+
+    def walk_tables(self, draft, target, row):
+        """The ranking model's rows of the positions ``row .. row + D - 1`` (zero beyond the
+        horizon: no prefix there) and the cumulative target rows of position ``row``."""
+        rank_trans = draft.trans if self.rank == "draft" else target.trans
+        horizon = rank_trans.shape[0]
+        positions = row + jnp.arange(self.max_depth)
+        fits = positions < horizon
+        rank_rows = rank_trans[jnp.minimum(positions, horizon - 1)] * fits[:, None, None]
+        return rank_rows, cumulative_masses(target.trans[row])
+
+    def walk_step(self, tables, prev, state, u):
+        """One position of one chain: at the root the call's tree is built from ``prev``; the
+        token is drawn from the target at the chain's node; the chain descends into the child
+        holding it, else the call ends (a rejection where the node has children)."""
+        rank_rows, q_cdf = tables
+        depth, slot, *tree = state
+        at_root = depth == 0
+        built = beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth, q_cdf.shape[-1],
+                           rank_rows.dtype, prev, self.budget - 1)
+        tokens, parents, kept = (jnp.where(at_root, b, a) for a, b in zip(tree, built))
+        y = cdf_search(lambda i: q_cdf[prev, i], u[0], q_cdf.shape[-1])
+        below = jnp.minimum(depth + 1, self.max_depth)
+        children = kept[below] & (parents[below] == slot) & (depth < self.max_depth)
+        hit = children & (tokens[below] == y)
+        descend = jnp.any(hit)
+        leaf = ~jnp.any(children)
+        state = (jnp.where(descend, depth + 1, 0).astype(jnp.int32),
+                 jnp.where(descend, jnp.argmax(hit), 0).astype(jnp.int32), tokens, parents, kept)
+        return y, state, ~descend & ~leaf, at_root, ~descend & leaf
 
     def call_law(self, p_rows, q_rows, bonus_row, *, with_bonus: bool) -> CallLaw:
         """The exact law of one call: the tree for every previous token, then target path

@@ -45,8 +45,15 @@ beyond ``2**26`` elements, as batch SD without replacement).
 
 The sampler follows one path of the tree: the children of the current node are drafted, verified
 and one of them descended into (drafting the siblings' subtrees as well would not change the law:
-their tokens are independent of everything the path uses). A call of one chain consumes
-``(D + 1) (2 b + 1)`` uniforms, ``b`` the largest branching factor.
+their tokens are independent of everything the path uses). So a call is a walk, one node per
+position, and the engine advances all chains in lockstep one position per step, each from its own
+node (``walk_step``; ``specjax.sampling.calls``): the laws of a position are built once for all
+chains (``walk_tables``), and a chain-step reads them. With i.i.d. children a node's outcome is
+drawn from its exact law, the one the exact values use (``stage_laws``): which child is the first
+accepted (or none), then its token (or the last token), two uniforms per position and a search in
+the per-position cumulative rows, however many children the node has. Without replacement each
+child is drafted and tested in turn (``2 b + 1`` uniforms per position); ``top_k`` draws the
+target's token and looks it up among the draft's top tokens (one uniform).
 
 A chain ``(1,) * K`` with ``"iid"`` is speculative decoding with lookahead ``K``; a star
 ``(M,)`` is batch SD's root with one token per call, ``(M, 1, .., 1)`` batch SD with lookahead
@@ -73,6 +80,8 @@ from specjax.decoders.base import CallLaw
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
+from specjax.decoders.draws import cdf_search
+from specjax.decoders.draws import cumulative_masses
 from specjax.decoders.draws import draw
 # The tree's shape (parent arrays, depths, classes of nodes) lives in
 # specjax.decoders.tree_structure; its names are served from here too.
@@ -249,29 +258,12 @@ class TokenTree(CallDecoder):
     def num_uniforms(self) -> int:
         return (self.lookahead + 1) * (2 * self.shape.max_children + 1)
 
-    def prepare(self, draft, target):
-        """The draft's thresholds and, for i.i.d. children, the residual scales ``(T, V, b +
-        1)``: child ``j`` is verified against ``w_j = [q - S_{j-1} p]_+`` (``S_0 = 0``), whose
-        mass is ``S_j - S_{j-1}`` (``multi_draft.batch_scale``), so a chain does scalar work per
-        child instead of updating a ``(V,)`` residual."""
-        if self.children != "iid":
-            return None, None, draft.trans, target.trans
-        p, q = draft.trans, target.trans
-        width = self.shape.max_children
-        zero = jnp.zeros(q.shape[:-1] + (1,), q.dtype)
-        if width == 0:
-            scales = zero
-        else:
-            _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
-            scales = jnp.concatenate([zero, cums], axis=-1)
-        return categorical_thresholds(p), scales, p, q
-
     def sample_call(self, tables, n, prev, u):
-        """One call of one chain from position ``n`` after ``prev``; ``u``: ``num_uniforms``
-        31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances, the last token)."""
-        if self.children == "iid":
-            return self._sample_iid_call(tables, n, prev, u)
-        _, _, p_trans, q_trans = tables
+        """One call of one chain from position ``n`` after ``prev``, level by level (the
+        literal rule; the engine walks the tree one position per step instead, ``walk_step``);
+        ``u``: ``num_uniforms`` 31-bit uniforms, ``2 b + 1`` per depth (drafts, acceptances,
+        the last token)."""
+        p_trans, q_trans = tables
         horizon = p_trans.shape[0]
         depth, width = self.shape.max_depth, self.shape.max_children
         table = self._child_table()
@@ -304,6 +296,97 @@ class TokenTree(CallDecoder):
         (_, _, _, kept, last_rejected, emitted), _ = jax.lax.scan(level, carry, inputs)
         return emitted, kept, last_rejected
 
+    @property
+    def walk_uniforms(self) -> int:
+        """Uniforms of one position of one chain: one for ``"top_k"`` (the target's draw), two
+        for ``"iid"`` (which child is accepted, then the token), ``2 b + 1`` without replacement
+        (the drafts, their tests, the last token)."""
+        if self.children == "without_replacement":
+            return 2 * self.shape.max_children + 1
+        return 1 if self.children == "top_k" else 2
+
+    def walk_start(self):
+        return jnp.zeros((), jnp.int32)  # the root
+
+    def _end_factors(self) -> tuple:
+        """The branching factors of the tree's nodes, leaves (0) included, in increasing order:
+        the laws a call can end with."""
+        return tuple(sorted({len(kids) for kids in self.shape.children}))
+
+    def walk_tables(self, draft, target, row):
+        """The laws of position ``row`` for every previous token, built once for all chains.
+
+        ``"iid"``: the cumulative masses ``(b + F, V, V)`` of the rows a chain draws its token
+        from: ``accepted_j`` (``j = 1..b``), the mass the ``j``-th child accepts
+        (``multi_draft.with_replacement_stage_laws``: ``min(W_j p, w_j)``), then, for each
+        branching factor ``f`` of the tree (leaves' ``f = 0`` included), ``w_{f + 1} = [q - S_f
+        p]_+``, the token that ends a call when the node's ``f`` children are all rejected (``q``,
+        the bonus, at a leaf). ``"top_k"``: the draft's ``b`` most probable tokens ``(V, b)`` and
+        the cumulative target rows. ``"without_replacement"``: the rows ``(p, q)``.
+        """
+        p, q = draft.trans[row], target.trans[row]
+        width = self.shape.max_children
+        if self.children == "without_replacement":
+            return p, q
+        if self.children == "top_k":
+            top = jax.lax.top_k(p, min(width, p.shape[-1]))[1].astype(jnp.int32)
+            return top, cumulative_masses(q)
+        accepted, _ = multi_draft.with_replacement_stage_laws(p, q, width)  # (b, V, V)
+        _, cums = multi_draft.scale_sweep(p, q, width + 1)  # S_1 .. S_b
+        ends = [jnp.maximum(q - cums[:, f - 1:f] * p, 0) if f else q
+                for f in self._end_factors()]
+        return cumulative_masses(jnp.concatenate([accepted, jnp.stack(ends)]))  # (b + F, V, V)
+
+    def walk_step(self, tables, prev, state, u):
+        """One position of one chain at node ``state`` after token ``prev``: the node's children
+        are drafted and verified (the rules of ``sample_call``); an accepted child is descended
+        into, else the call ends there with a token from the last residual (the target's bonus
+        at a leaf) and the chain is back at the root.
+
+        ``"iid"`` draws the outcome of the whole node from its law, the one the exact values use
+        (``stage_laws``): the first accepted child ``j <= b`` with probability ``alpha_j = sum
+        accepted_j``, none with ``W_{b + 1} = sum w_{b + 1}`` (one uniform), then the child's
+        token from ``accepted_j``, or the last token from ``w_{b + 1}`` (a second uniform): two
+        draws per position whatever the branching factor.
+        """
+        node = state
+        kids = self._child_table()[node]
+        present = kids >= 0
+        num_states = tables[-1].shape[-1]
+        if self.children == "iid":
+            cdf = tables
+            width = kids.shape[-1]
+            num_kids = jnp.sum(present)
+            end_row = jnp.asarray([width + self._end_factors().index(len(k))
+                                   for k in self.shape.children], jnp.int32)[node]
+            # the first accepted child's law: alpha_j (j <= b), then none (index b)
+            first = cumulative_masses(jnp.concatenate([
+                jnp.where(present, cdf[:width, prev, num_states - 1], 0),
+                cdf[end_row, prev, num_states - 1][None]]))
+            choice = cdf_search(lambda i: first[i], u[0], width + 1)
+            accepted = choice < width  # a child of zero mass (j > b) is never drawn
+            source = jnp.where(accepted, choice, end_row)
+            token = cdf_search(lambda i: cdf[source, prev, i], u[1], num_states)
+            leaf = num_kids == 0
+            return (token, jnp.where(accepted, kids[jnp.minimum(choice, width - 1)], 0)
+                    .astype(jnp.int32), ~accepted & ~leaf, node == 0, ~accepted & leaf)
+        if self.children == "top_k":
+            top, q_cdf = tables
+            tokens = jnp.full(kids.shape, -1, jnp.int32).at[:top.shape[-1]].set(top[prev])
+            present = present & (tokens >= 0)
+            y = cdf_search(lambda i: q_cdf[prev, i], u[0], num_states)
+            hit = present & (tokens == y)
+        else:
+            p, q = tables
+            tokens, present, hit, residual = self._draft_and_verify(p[prev], q[prev], u, present)
+            y = draw(categorical_thresholds(residual), u[2 * kids.shape[-1]])
+        accepted = jnp.any(hit)
+        choice = jnp.argmax(hit)
+        token = jnp.where(accepted, tokens[choice], y).astype(jnp.int32)
+        leaf = ~jnp.any(present)
+        return (token, jnp.where(accepted, kids[choice], 0).astype(jnp.int32),
+                ~accepted & ~leaf, node == 0, ~accepted & leaf)
+
     def _child_table(self):
         """``(nodes, b)`` int32: the children of each node, ``-1``-padded."""
         table = np.full((len(self.shape.parents), self.shape.max_children), -1, np.int32)
@@ -311,67 +394,13 @@ class TokenTree(CallDecoder):
             table[i, :len(kids)] = kids
         return jnp.asarray(table)
 
-    def _sample_iid_call(self, tables, n, prev, u):
-        """:meth:`sample_call` for i.i.d. children, with scalar work per child.
-
-        After ``j - 1`` rejected siblings the residual is ``w_j = [q - S_{j-1} p]_+`` of mass
-        ``W_j = S_j - S_{j-1}`` (``S_0 = 0``; ``scales`` holds ``S_0 .. S_b``), so child ``j``
-        (token ``t``) is accepted with ``min(1, w_j(t) / (W_j p(t)))``: a probability that
-        depends on ``j`` and ``t`` only, so the ``b`` tests run side by side and the first
-        accepted child is the one taken. The ``(V,)`` draw of the call's last token, from
-        ``w_{r+1}`` after ``r`` rejections, is made once, where the call ends.
-        """
-        p_thr, scales, p_trans, q_trans = tables
-        horizon = p_trans.shape[0]
-        depth, width = self.shape.max_depth, self.shape.max_children
-        table = self._child_table()
-
-        def level(carry, inputs):
-            node, x, done, kept, last_rejected, emitted, end = carry
-            d, u_d = inputs
-            row = jnp.clip(n - 1 + d, 0, horizon - 1)
-            kids = table[node]
-            present = (kids >= 0) & (n + d <= horizon)  # a prefix of the slots
-            if width:
-                tokens = jnp.stack([draw(p_thr[row, x], u_d[j]) for j in range(width)])
-                p_t, q_t = p_trans[row, x, tokens], q_trans[row, x, tokens]
-                scale = scales[row, x]
-                mass = jnp.maximum(q_t - scale[:-1] * p_t, 0)
-                ratio = jnp.minimum(safe_ratio(mass, (scale[1:] - scale[:-1]) * p_t, 1), 1)
-                hit = present & bernoulli(ratio, u_d[width:2 * width])
-            else:
-                tokens, hit = jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
-            accepted = jnp.any(hit)
-            choice = jnp.argmax(hit) if width else jnp.zeros((), jnp.int32)
-            rejected = jnp.where(accepted, choice, jnp.sum(present)).astype(jnp.int32)
-            live = ~done
-            descend = live & accepted
-            ends = live & ~accepted
-            token = tokens[choice] if width else prev
-            emitted = emitted.at[d].set(jnp.where(descend, token, emitted[d]))
-            end = tuple(jnp.where(ends, a, b).astype(jnp.int32)
-                        for a, b in zip((row, x, rejected, d), end))
-            return (jnp.where(descend, kids[choice], node), jnp.where(descend, token, x),
-                    done | ~descend, kept + descend.astype(jnp.int32),
-                    jnp.where(ends, jnp.any(present), last_rejected), emitted, end), None
-
-        zero = jnp.zeros((), jnp.int32)
-        carry = (zero, prev, jnp.zeros((), bool), zero, jnp.zeros((), bool),
-                 jnp.zeros((depth + 1,), jnp.int32), (zero, prev, zero, zero))
-        uniforms = u.reshape(depth + 1, 2 * width + 1)
-        (_, _, _, kept, last_rejected, emitted, end), _ = jax.lax.scan(
-            level, carry, (jnp.arange(depth + 1), uniforms))
-        row, x, rejected, d = end  # the call ends at depth d: its last token from w_{r+1}
-        residual = jnp.maximum(q_trans[row, x] - scales[row, x, rejected] * p_trans[row, x], 0)
-        y = draw(categorical_thresholds(residual), uniforms[d, 2 * width])
-        return emitted.at[d].set(y), kept, last_rejected
-
     def _draft_and_verify(self, p_row, q_row, u_d, present):
         """Draft the children of one node and verify them in turn: ``(tokens (b,), present
         (b,), accepted (b,) bool, residual (V,))``, the last the law of the token that ends the
         call there (``q`` at a leaf). For ``top_k`` the drafts are deterministic and
-        ``accepted`` is decided by the caller's draw from ``q``; without replacement, each
-        child is drawn from the draft without the siblings drawn before it."""
+        ``accepted`` is decided by the caller's draw from ``q``; ``"iid"`` children are drawn
+        from the draft, without replacement each from the draft without the siblings drawn
+        before it."""
         width = self.shape.max_children
         if self.children == "top_k":
             chosen = min(width, p_row.shape[-1])
@@ -381,10 +410,11 @@ class TokenTree(CallDecoder):
                 present = present & (jnp.arange(width) < chosen)
             return tokens, present, None, q_row
         law, tokens = p_row, []
-        for j in range(width):  # each child from the draft without the siblings before it
+        for j in range(width):  # i.i.d., or from the draft without the siblings before it
             t = draw(categorical_thresholds(law), u_d[j])
             tokens.append(t)
-            law = safe_normalize(law * (jnp.arange(law.shape[-1]) != t))
+            if self.children == "without_replacement":
+                law = safe_normalize(law * (jnp.arange(law.shape[-1]) != t))
         tokens = jnp.stack(tokens).astype(jnp.int32)
 
         alive, d, r, residual = sibling_tests(self.children, p_row, q_row, tokens, present)

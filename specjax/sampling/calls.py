@@ -1,4 +1,4 @@
-"""The Monte Carlo engine of call-level decoders (block verification; trees next).
+"""The Monte Carlo engine of call-level decoders (block verification, token trees).
 
 A chain is a sequence of target calls. A call from position ``n`` after token ``prev`` draws its
 ``U = decoder.num_uniforms`` uniforms, asks the decoder for its outcome
@@ -10,6 +10,14 @@ at least one token; finished chains do nothing.
 Random numbers: call ``m`` of chain ``c`` uses the Threefry hash of the counters
 ``c U + j`` (``j < U``) under ``fold_in(key_calls, m)``, so a chain's numbers depend on its index
 alone: chunks and device layouts cannot change a token, as in the token-wise engine.
+
+Walks (``decoder.has_walk``: token trees). A call that is a walk down a tree, one node per
+position, needs no scan over calls: the chains advance in lockstep one *position* per step, as
+in the token-wise engine, each from its own node (the root opens a call). The laws of a position
+are built once for all chains (``decoder.walk_tables``), and a chain-step is integer work on them
+(``decoder.walk_step``): no work for levels or calls a chain does not reach. Position ``n`` of
+chain ``c`` uses the counters ``c U + j`` (``j < U = decoder.walk_uniforms``) under
+``fold_in(key_steps, n)``.
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
       ``(DecodingTrace, verified)``; ``verified (C, T)``: a draft was verified at the position
       (it is not a bonus token).
     """
+    if decoder.has_walk:
+        return _simulate_walks(key, decoder, draft, target, offset, num_chains, sharding)
     horizon = target.horizon
     uniforms = decoder.num_uniforms
     key_init, key_calls = jax.random.split(key)
@@ -103,6 +113,33 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
              ones * jnp.int32(decoder.initial_call_state))
     (tokens, rejected, bonus, new_call, *_), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
     return call_trace((tokens, rejected, bonus, new_call))
+
+
+def _simulate_walks(key, decoder, draft, target, offset, num_chains: int, sharding):
+    """``simulate_calls`` for a decoder that walks its calls one position at a time."""
+    horizon, num_states = target.horizon, target.num_states
+    uniforms = decoder.walk_uniforms
+    key_init, key_steps = jax.random.split(key)
+    x0 = engine.first_tokens(key_init, target.init, offset, num_chains, sharding)
+    first = jnp.asarray(offset, jnp.uint32) * jnp.uint32(uniforms)
+    token_dtype = engine.small_int_dtype(num_states)
+
+    def step(carry, n):
+        tables = decoder.walk_tables(draft, target, n)
+        bits = engine.chain_bits(jax.random.fold_in(key_steps, n), first, num_chains * uniforms)
+        u = _sharding.constrain(int31(bits).reshape(num_chains, uniforms), sharding)
+        token, state, rejected, new_call, bonus = jax.vmap(
+            functools.partial(decoder.walk_step, tables))(*carry, u)
+        return (token, state), (token.astype(token_dtype), rejected, new_call, bonus)
+
+    state = jax.tree_util.tree_map(
+        lambda a: _sharding.constrain(jnp.broadcast_to(a, (num_chains,) + a.shape), sharding),
+        decoder.walk_start())
+    _, (tokens, rejected, new_call, bonus) = jax.lax.scan(step, (x0, state),
+                                                           jnp.arange(horizon))
+    tokens = jnp.concatenate([x0[:, None], tokens.T.astype(jnp.int32)], axis=1)
+    return call_trace(tuple(_sharding.constrain(a, sharding)
+                            for a in (tokens, rejected.T, bonus.T, new_call.T)))
 
 
 def call_trace(record):

@@ -74,11 +74,13 @@ def check_same_prompt(draft, target) -> None:
 
 def counters_per_chain(decoder, lookahead: int = 0, batched_scoring: bool = False) -> int:
     """How many 32-bit counters one chain uses per step of the engine: 1, or the uniforms of one
-    call of a call-level decoder or of batched scoring (its chains' counters are
-    ``c U .. c U + U - 1``)."""
+    call of a call-level decoder (of one position where it walks its calls) or of batched
+    scoring (its chains' counters are ``c U .. c U + U - 1``)."""
     if batched_scoring:
         return blocks.uniforms_per_call(lookahead)
-    return decoder.num_uniforms if isinstance(decoder, CallDecoder) else 1
+    if not isinstance(decoder, CallDecoder):
+        return 1
+    return decoder.walk_uniforms if decoder.has_walk else decoder.num_uniforms
 
 
 def check_batched_scoring(batched_scoring, decoder, kind: str, lookahead: int) -> bool:
