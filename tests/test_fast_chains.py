@@ -91,9 +91,10 @@ def test_fast_draw_memory_estimate():
     ``T = 2`` is estimated at less than 1.5 times its size (float32), the validation's booleans
     included."""
     num_rows = markov.FAST_BLOCK_ENTRIES // 256
-    compiled = markov._fast_block.lower(
+    compiled = markov._draw_block.lower(
         jax.ShapeDtypeStruct((2 * num_rows, 256), jnp.float32), jax.random.key(0),
-        jnp.float32(0.5), np.int32(0), num_rows=num_rows, kind="any").compile()
+        jnp.float32(0.5), np.int32(0), draw=markov._fast_rows, num_rows=num_rows,
+        options=("any", 256, jnp.dtype(jnp.float32))).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
     assert temp <= markov._FAST_BYTES_PER_ENTRY * markov.FAST_BLOCK_ENTRIES
     table = 2 * 16384**2 * 4

@@ -273,11 +273,13 @@ def _dirichlet_rows(key, alpha: jax.Array, start, num_rows: int) -> jax.Array:
     return jax.nn.softmax(log_gamma.reshape(num_rows, num_states), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_rows",), donate_argnums=(0,))
-def _draw_block(out, key, alpha, start, *, num_rows):
-    """``out`` (donated, updated in place) with rows ``start ..`` drawn by ``_dirichlet_rows``:
-    a program of its own per block, so XLA compiles the block as it compiles the direct draw."""
-    rows = _dirichlet_rows(key, alpha, start, num_rows)
+@functools.partial(jax.jit, static_argnames=("draw", "num_rows", "options"),
+                   donate_argnums=(0,))
+def _draw_block(out, key, alpha, start, *, draw, num_rows, options=()):
+    """``out`` (donated, updated in place) with rows ``start ..`` drawn by ``draw(key, alpha,
+    start, num_rows, *options)``: a program of its own per block, so XLA compiles the block as
+    it compiles a direct draw."""
+    rows = draw(key, alpha, start, num_rows, *options)
     return jax.lax.dynamic_update_slice_in_dim(out, rows.astype(out.dtype), start, axis=0)
 
 
@@ -286,28 +288,39 @@ def _reshape(out, *, shape):
     return out.reshape(shape)
 
 
-def _draw_in_blocks(key, alpha: jax.Array, horizon: int) -> jax.Array:
-    """``jax.random.dirichlet(key, alpha, (T, V))`` drawn ``num_rows`` rows at a time into the
-    result (the last block moved back to end at row ``T V``; the rows it draws again are equal):
-    the temporaries of one block are live, not those of the table. With a concrete key, each
-    block is one call of a compiled program (the same numbers as the direct draw, tested); under
-    a caller's transformation the blocks are a ``fori_loop``."""
-    num_states = alpha.shape[-1]
+def _fill_in_blocks(draw, key, alpha, horizon: int, num_states: int, block_entries: int,
+                    dtype, options=()) -> jax.Array:
+    """The ``(T, V, V)`` table whose rows ``start .. start + num_rows - 1`` (flattened over
+    ``(T, V)``) are ``draw(key, alpha, start, num_rows, *options)``, drawn about
+    ``block_entries`` entries at a time into the result (the last block moved back to end at
+    row ``T V``; the rows it draws again are equal): the temporaries of one block are live, not
+    those of the table. With a concrete key, each block is one call of a compiled program
+    (``_draw_block``); under a caller's transformation the blocks are a ``fori_loop``."""
     rows = horizon * num_states
-    num_rows = max(1, min(rows, DRAW_BLOCK_ENTRIES // num_states))
+    num_rows = max(1, min(rows, block_entries // num_states))
     starts = [min(i, rows - num_rows) for i in range(0, rows, num_rows)]
     if not all(_checks.is_concrete(x) for x in (key, alpha)):
         def fill(i, out):
             start = jnp.minimum(i * num_rows, rows - num_rows)
-            block = _dirichlet_rows(key, alpha, start, num_rows)
+            block = draw(key, alpha, start, num_rows, *options).astype(dtype)
             return jax.lax.dynamic_update_slice_in_dim(out, block, start, axis=0)
 
-        out = jax.lax.fori_loop(0, len(starts), fill, jnp.zeros((rows, num_states), alpha.dtype))
+        out = jax.lax.fori_loop(0, len(starts), fill, jnp.zeros((rows, num_states), dtype))
         return out.reshape(horizon, num_states, num_states)
-    out = jnp.zeros((rows, num_states), alpha.dtype)
+    out = jnp.zeros((rows, num_states), dtype)
     for start in starts:
-        out = _draw_block(out, key, alpha, np.int32(start), num_rows=num_rows)
+        out = _draw_block(out, key, alpha, np.int32(start), draw=draw, num_rows=num_rows,
+                          options=options)
     return _reshape(out, shape=(horizon, num_states, num_states))
+
+
+def _draw_in_blocks(key, alpha: jax.Array, horizon: int) -> jax.Array:
+    """``jax.random.dirichlet(key, alpha, (T, V))`` drawn ``DRAW_BLOCK_ENTRIES`` entries at a
+    time (``_fill_in_blocks`` of ``_dirichlet_rows``: the same numbers as the direct draw,
+    tested)."""
+    num_states = alpha.shape[-1]
+    return _fill_in_blocks(_dirichlet_rows, key, alpha, horizon, num_states,
+                           DRAW_BLOCK_ENTRIES, alpha.dtype)
 
 
 #: ``method="auto"`` (the default) draws tables of more than this many entries with
@@ -324,7 +337,7 @@ _FAST_BYTES_PER_ENTRY = 64
 _METHODS = ("auto", "jax", "fast")
 
 
-def _fast_rows(key, alpha, kind: str, start, num_rows: int, num_states: int, dtype):
+def _fast_rows(key, alpha, start, num_rows: int, kind: str, num_states: int, dtype):
     """Rows ``start .. start + num_rows - 1`` of the fast draw (``random_markov_chain``'s
     ``method="fast"``): row ``r`` from the key ``fold_in(k1, r)``, so a row's numbers do not
     depend on the blocks.
@@ -392,39 +405,16 @@ def _fast_rows(key, alpha, kind: str, start, num_rows: int, num_states: int, dty
     return jax.nn.softmax(log_g.reshape(num_rows, num_states), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_rows", "kind"), donate_argnums=(0,))
-def _fast_block(out, key, alpha, start, *, num_rows, kind):
-    rows = _fast_rows(key, alpha, kind, start, num_rows, out.shape[-1], out.dtype)
-    return jax.lax.dynamic_update_slice_in_dim(out, rows, start, axis=0)
-
-
 def _draw_fast(key, concentration, num_states: int, horizon: int, dtype) -> jax.Array:
-    """The ``(T, V, V)`` table of ``method="fast"`` (``_fast_rows``), drawn in blocks of rows
-    into the result (the last block moved back to end at row ``T V``; the rows it draws again
-    are equal): one compiled program per block with a concrete key, a ``fori_loop`` under a
-    caller's transformation."""
-    rows = horizon * num_states
-    num_rows = max(1, min(rows, FAST_BLOCK_ENTRIES // num_states))
-    num_blocks = -(-rows // num_rows)
+    """The ``(T, V, V)`` table of ``method="fast"`` (``_fast_rows``), drawn
+    ``FAST_BLOCK_ENTRIES`` entries at a time (``_fill_in_blocks``)."""
     kind = "any"  # the static path of _fast_rows
     if _checks.is_concrete(concentration):
         kind = "one" if float(concentration) == 1.0 else "above" if float(concentration) > 1 \
             else "any"
-    alpha = jnp.asarray(concentration, dtype)
-    if not all(_checks.is_concrete(x) for x in (key, alpha)):
-        def fill(i, out):
-            start = jnp.minimum(i * num_rows, rows - num_rows)
-            block = _fast_rows(key, alpha, kind, start, num_rows, num_states, dtype)
-            return jax.lax.dynamic_update_slice_in_dim(out, block, start, axis=0)
-
-        out = jax.lax.fori_loop(0, num_blocks, fill, jnp.zeros((rows, num_states), dtype))
-        return out.reshape(horizon, num_states, num_states)
-    out = jnp.zeros((rows, num_states), dtype)
-    for i in range(num_blocks):
-        start = min(i * num_rows, rows - num_rows)
-        out = _fast_block(out, key, alpha, np.int32(start), num_rows=num_rows,
-                          kind=kind)
-    return _reshape(out, shape=(horizon, num_states, num_states))
+    return _fill_in_blocks(_fast_rows, key, jnp.asarray(concentration, dtype), horizon,
+                           num_states, FAST_BLOCK_ENTRIES, dtype,
+                           options=(kind, num_states, jnp.dtype(dtype)))
 
 
 def _resolve_method(method, entries: int) -> str:
