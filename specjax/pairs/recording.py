@@ -358,7 +358,7 @@ def check_tokens(tokens, num: int, horizon: int, num_states: int | None):
         raise ValueError(f"tokens must have shape (B, T + 1) = ({num}, {horizon + 1}) (x_0..x_T "
                          f"of each sequence), got {tokens.shape}")
     if (tokens < 0).any() or (num_states is not None and (tokens >= num_states).any()):
-        raise ValueError(f"tokens must lie in [0, V)"
+        raise ValueError("tokens must lie in [0, V)"
                          + ("" if num_states is None else f" = [0, {num_states})"))
     return jnp.asarray(tokens, jnp.int32)
 
