@@ -133,18 +133,11 @@ def cumulative_masses(w: jax.Array, block: int = 16) -> jax.Array:
     An entry of zero mass repeats the previous value exactly and the result never decreases,
     which ``cdf_search`` needs (``jnp.cumsum``'s tree of additions rounds differently at
     different entries, so a zero-mass token could get a sliver of mass)."""
-
-    def in_order(x):
-        out = [x[..., 0]]
-        for k in range(1, x.shape[-1]):
-            out.append(out[-1] + x[..., k])
-        return jnp.stack(out, axis=-1)
-
     *lead, width = w.shape
     blocks = -(-width // block)
     pad = [(0, 0)] * len(lead) + [(0, blocks * block - width)]
     padded = jnp.pad(w, pad) if blocks * block > width else w
-    within = in_order(padded.reshape(*lead, blocks, block))
+    within = _running_sum(padded.reshape(*lead, blocks, block))
     totals = _running_sum(within[..., -1])
     offsets = jnp.concatenate([jnp.zeros_like(totals[..., :1]), totals[..., :-1]], axis=-1)
     return (offsets[..., None] + within).reshape(*lead, blocks * block)[..., :width]
