@@ -201,25 +201,29 @@ class DynamicTree(CallDecoder):
                 zeros.astype(bool))
 
     def walk_tables(self, draft, target, row):
-        """The ranking model's rows of the positions ``row .. row + D - 1`` (zero beyond the
-        horizon: no prefix there) and the cumulative target rows of position ``row``."""
+        """The trees of a call opened at position ``row``, one per previous token (``beam_nodes``
+        on the ranking model's rows of the positions ``row .. row + D - 1``, zero beyond the
+        horizon: no prefix there), built once for all chains, and the cumulative target rows
+        of position ``row``."""
         rank_trans = draft.trans if self.rank == "draft" else target.trans
-        horizon = rank_trans.shape[0]
+        horizon, num_states = rank_trans.shape[0], rank_trans.shape[-1]
         positions = row + jnp.arange(self.max_depth)
         fits = positions < horizon
         rank_rows = rank_trans[jnp.minimum(positions, horizon - 1)] * fits[:, None, None]
-        return rank_rows, cumulative_masses(target.trans[row])
+        trees = jax.vmap(lambda prev: beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth,
+                                                 num_states, rank_rows.dtype, prev,
+                                                 self.budget - 1))(jnp.arange(num_states))
+        return trees, cumulative_masses(target.trans[row])
 
     def walk_step(self, tables, prev, state, u):
-        """One position of one chain: at the root the call's tree is built from ``prev``; the
-        token is drawn from the target at the chain's node; the chain descends into the child
-        holding it, else the call ends (a rejection where the node has children)."""
-        rank_rows, q_cdf = tables
+        """One position of one chain: at the root the call's tree is the one ``walk_tables``
+        built for ``prev``; the token is drawn from the target at the chain's node; the chain
+        descends into the child holding it, else the call ends (a rejection where the node has
+        children)."""
+        trees, q_cdf = tables
         depth, slot, *tree = state
         at_root = depth == 0
-        built = beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth, q_cdf.shape[-1],
-                           rank_rows.dtype, prev, self.budget - 1)
-        tokens, parents, kept = (jnp.where(at_root, b, a) for a, b in zip(tree, built))
+        tokens, parents, kept = (jnp.where(at_root, b[prev], a) for a, b in zip(tree, trees))
         y = cdf_search(lambda i: q_cdf[prev, i], u[0], q_cdf.shape[-1])
         below = jnp.minimum(depth + 1, self.max_depth)
         children = kept[below] & (parents[below] == slot) & (depth < self.max_depth)
