@@ -111,7 +111,7 @@ def test_the_case_driven_tests_consume_every_case():
     import test_decoders
     import test_scale
     assert _parametrized_names(
-        test_scale.test_statistics_equal_trace_counts_in_one_shot_and_in_chunks) == list(CASES)
+        test_scale.test_statistics_equal_trace_counts_in_padded_chunks) == list(CASES)
     assert _parametrized_names(
         test_decoders.test_every_decoder_entry_point_and_model_kind_works_or_is_refused) \
         == list(CASES)

@@ -72,7 +72,7 @@ def expected_counts(trace, num_states, lookahead):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_statistics_equal_trace_counts_in_one_shot_and_in_chunks(name):
+def test_statistics_equal_trace_counts_in_padded_chunks(name):
     """Every case: the counts equal the trace's, chain for chain and position for position (for
     a case outside ``REPRODUCIBLE``: all chains but ``MAX_DIFFERING`` of them, and the counts
     consistent with their own chains).
