@@ -14,6 +14,12 @@ from specjax.auditing.audit_exact import audit_exact
 from specjax.auditing.compare import EngineComparison
 from specjax.auditing.compare import compare_outputs
 from specjax.auditing.given import DraftsLaw
+from specjax.auditing.history import SequenceFit
+from specjax.auditing.history import SequenceLaw
+from specjax.auditing.history import history_law
+from specjax.auditing.history import sample_history
+from specjax.auditing.history import sequence_fit
+from specjax.auditing.history import sequence_law
 from specjax.auditing.given import Verified
 from specjax.auditing.given import verify_drafts
 from specjax.auditing.given import verify_drafts_law
@@ -52,6 +58,13 @@ __all__ = [
     "VerifiedTree",
     "verify_tree",
     "verify_tree_law",
+    # penalties and grammar masks under SD (specjax.auditing.history)
+    "SequenceFit",
+    "SequenceLaw",
+    "history_law",
+    "sample_history",
+    "sequence_fit",
+    "sequence_law",
     # the example rules
     "BROKEN_RULES",
     "CORRECT_RULES",

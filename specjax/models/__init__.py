@@ -1,4 +1,5 @@
-"""Models: Markov chains (the paper's setting) and any autoregressive model (n-grams, finite-state models, the protocol)."""
+"""Models: Markov chains (the paper's setting) and any autoregressive model (n-grams, finite-state models, the protocol),
+and history-dependent processing (penalties, grammar masks) as finite-state models."""
 
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import paper_instance
@@ -17,6 +18,11 @@ from specjax.models.logits import ProcessedModel
 from specjax.models.logits import process_chain
 from specjax.models.logits import process_model
 from specjax.models.logits import process_logits
+from specjax.models.processing import Grammar
+from specjax.models.processing import Penalties
+from specjax.models.processing import apply_penalties
+from specjax.models.processing import constrain
+from specjax.models.processing import penalize
 from specjax.models.prompt import PromptedModel
 from specjax.models.prompt import with_prompt
 
@@ -24,9 +30,13 @@ __all__ = [
     "AutoregressiveModel",
     "FiniteStateModel",
     "GreedyModel",
+    "Grammar",
     "MAX_TABLE_SIZE",
     "MarkovChain",
     "NGramModel",
+    "Penalties",
+    "apply_penalties",
+    "constrain",
     "greedy_draft",
     "is_autoregressive_model",
     "ngram_counts",
@@ -37,6 +47,7 @@ __all__ = [
     "ProcessedModel",
     "PromptedModel",
     "paper_instance",
+    "penalize",
     "random_markov_chain",
     "with_prompt",
 ]
