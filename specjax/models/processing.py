@@ -178,7 +178,7 @@ def penalty_processor(num_states: int, cap: int) -> tuple[Processor, np.ndarray,
     num = (v + 1) * cube
     index = np.arange(num)
     first = index // cube
-    counts = (index[:, None] % cube) // base ** np.arange(v)[None, :]
+    counts = (index[:, None] // base ** np.arange(v)[None, :]) % base
     seen = (counts > 0) | (first[:, None] == np.arange(v)[None, :])
     nxt = np.empty((num, v), np.int64)
     for x in range(v):
