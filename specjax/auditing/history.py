@@ -198,14 +198,14 @@ def _processed_rows(model, spec, processor_num, seen_counts):
         return jnp.broadcast_to(model.table[:, None, :], (model.table.shape[0], processor_num,
                                                           model.table.shape[1]))
     if isinstance(spec, processing.Penalties):
-        return processing.penalized_rows(processing._safe_log(model.table), spec, *seen_counts)
+        return processing.penalized_rows(processing.safe_log(model.table), spec, *seen_counts)
     return processing.masked_rows(model.table, spec.allowed)
 
 
 def _engine(draft, target, target_processing, draft_processing, horizon, lookahead, rows,
             record) -> _Engine:
-    draft = processing._check_model("draft", draft)
-    target = processing._check_model("target", target)
+    draft = processing.check_model("draft", draft)
+    target = processing.check_model("target", target)
     v = target.num_states
     if draft.num_states != v:
         raise ValueError(f"draft and target must have the same V, got {draft.num_states} and {v}")

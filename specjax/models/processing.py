@@ -131,7 +131,7 @@ class Processor(NamedTuple):
     next: np.ndarray
 
 
-def _check_model(name, model) -> FiniteStateModel:
+def check_model(name, model) -> FiniteStateModel:
     if isinstance(model, MarkovChain):
         return FiniteStateModel.from_markov_chain(model)
     if not isinstance(model, FiniteStateModel):
@@ -143,7 +143,7 @@ def _check_model(name, model) -> FiniteStateModel:
     return model
 
 
-def _safe_log(table):
+def safe_log(table):
     positive = table > 0
     return jnp.where(positive, jnp.log(jnp.where(positive, table, 1)), -jnp.inf)
 
@@ -274,11 +274,11 @@ def penalize(model, penalties: Penalties, *, logits=None) -> FiniteStateModel:
       >>> [round(float(v), 3) for v in model.probs(state)]
       [0.731, 0.269]
     """
-    model = _check_model("model", model)
+    model = check_model("model", model)
     s, v = model.table.shape
     penalties = check_penalties(penalties, v)
     if logits is None:
-        logits = _safe_log(model.table)
+        logits = safe_log(model.table)
     else:
         logits = jnp.asarray(logits)
         if logits.shape != (s, v) or not jnp.issubdtype(logits.dtype, jnp.floating):
@@ -317,7 +317,7 @@ def constrain(model, grammar: Grammar) -> FiniteStateModel:
       >>> [round(float(v), 3) for v in model.probs(model.update(model.init_state(), 0))]
       [0.0, 0.6, 0.4]
     """
-    model = _check_model("model", model)
+    model = check_model("model", model)
     grammar = check_grammar(grammar, model.table.shape[1])
     processor = Processor(grammar.allowed.shape[0], grammar.start, grammar.transitions)
     return product_model(model, processor, masked_rows(model.table, grammar.allowed))
