@@ -367,3 +367,46 @@ def test_decode_on_penalised_models_is_lossless(models, x64):
     assert np.isfinite(float(theory.expected_rejections))
     stats.assert_mean(np.asarray(trace.num_rejections), float(theory.expected_rejections),
                       "rejections on penalised models")
+
+
+def test_compare_outputs_sees_wrong_rows_only_when_handed_the_right_ones(models, x64):
+    """``compare_outputs`` tests verification given the rows the engine declares. A call whose
+    target rows carry the penalties of the call's start (``rows="call_start"``) verifies them
+    correctly: with those rows declared it passes; with the rows of the penalised target (the
+    auditor's, from the history and the drafts) it flags the call. The record bugs change the
+    state a later call starts from, which the engine's declared rows hide the same way."""
+    draft, target = models
+    proc, _, _ = penalty_processor(V, CAP)
+    pen_target, pen_draft = penalize(target, PEN), penalize(draft, Penalties(cap=CAP))
+    x0, drafts = 1, (0, 0)
+    nxt = np.asarray(pen_target.next_state)
+    states = [nxt[pen_target.start, x0]]
+    for d in drafts:
+        states.append(nxt[states[-1], d])
+    c0 = states[0] % proc.num
+    engine_states = [s - s % proc.num + c0 for s in states]   # base state moves, penalties not
+    table, draft_table = np.asarray(pen_target.table), np.asarray(pen_draft.table)
+    q_right, q_engine = table[states], table[engine_states]
+    p = draft_table[states[:K]]
+    right = np.asarray(specjax.verify_drafts_law(specjax.Speculative(), np.array(drafts), p,
+                                                 q_right).outcome, np.float64).ravel()
+    wrong = np.asarray(specjax.verify_drafts_law(specjax.Speculative(), np.array(drafts), p,
+                                                 q_engine).outcome, np.float64).ravel()
+    num_tests = K + 3   # compare_outputs' Bonferroni split; its outcome test alone gives power
+    runs = 200
+    while True:
+        pp, qq = pooled(wrong, right, runs)
+        df, lam = len(qq) - 1, runs * float(((pp - qq) ** 2 / qq).sum())
+        if sps.ncx2.cdf(sps.chi2.isf(ALPHA_DETECT / num_tests, df), df, lam) <= DETECT_MISS:
+            break
+        runs = int(runs * 1.05) + 1
+    assert runs <= 20_000
+    out = specjax.verify_drafts(jax.random.key(11), specjax.Speculative(),
+                                np.tile(drafts, (runs, 1)), np.tile(p, (runs, 1, 1)),
+                                np.tile(q_engine, (runs, 1, 1))).tokens
+    declared = specjax.compare_outputs(specjax.Speculative(), np.array(drafts), p, q_engine,
+                                       np.asarray(out), alpha=stats.ALPHA)
+    assert not declared.flagged, declared
+    audited = specjax.compare_outputs(specjax.Speculative(), np.array(drafts), p, q_right,
+                                      np.asarray(out), alpha=ALPHA_DETECT)
+    assert audited.flagged, (runs, audited)
