@@ -12,8 +12,11 @@ bookkeeping option (``rows``, ``record``) and draft processing:
   biased estimate: the side-by-side sanity check, not a test);
 * ``chi2``: the chi-square divergence (noncentrality per sample);
 * ``N``: sequences at which ``sequence_fit`` at false-alarm rate ``--alpha`` misses the bug with
-  probability at most ``1e-4`` (noncentral chi-square on the pooled categories);
+  probability at most ``1e-4`` (noncentral chi-square on the pooled categories; for a law with
+  mass ``m`` outside the reference's support, the ``N`` at which no impossible sequence shows
+  with probability ``(1 - m)^N <= 1e-4``);
 * ``flagged``: the verdict of ``sequence_fit`` on ``N`` runs of ``sample_history`` (seed 0);
+* a speculative path that ignores the penalties (its rows unpenalised) for comparison;
 * ``E[calls]`` for the grammar's draft masked or not: ``specjax.exact`` on ``constrain``'ed
   models (the unmasked draft is lossless and pays in calls).
 
@@ -70,6 +73,9 @@ def pooled(law, reference, n, min_variance=5.0):
 
 
 def detection_size(law, reference, alpha):
+    outside = float(law.probs[reference.probs <= 0].sum())
+    if outside > 0:  # an impossible sequence is proof: N for P(none in N) <= MISS
+        return int(np.ceil(np.log(MISS) / np.log1p(-outside)))
     n = 100
     while n < 10**8:
         p, q = pooled(law.probs, reference.probs, n)
@@ -109,12 +115,14 @@ def main(argv=None):
         ("(b) same, penalised draft", pen, pen._replace(repetition=1.5), "per_position",
          "drafted"),
         ("rows of the call's start (SGLang relaxed)", pen, None, "call_start", "accepted"),
+        ("penalties ignored (vLLM #18902)", Penalties(cap=pen.cap), None,
+         "per_position", "accepted"),
         ("grammar, correct, masked draft", GRAMMAR, GRAMMAR, "per_position", "accepted"),
         ("(c) grammar, unmasked draft", GRAMMAR, None, "per_position", "accepted"),
         ("grammar, window masked at call start", GRAMMAR, None, "call_start", "accepted"),
     ]
-    references = {id(pen): sequence_law(penalize(target, pen), T),
-                  id(GRAMMAR): sequence_law(constrain(target, GRAMMAR), T)}
+    correct = sequence_law(penalize(target, pen), T)
+    references = {id(pen): correct, id(GRAMMAR): sequence_law(constrain(target, GRAMMAR), T)}
     start = time.perf_counter()
     key = jax.random.key(0)
     baseline = {}
@@ -126,7 +134,7 @@ def main(argv=None):
     print(head)
     print("-" * len(head))
     for name, proc, draft_proc, rows, record in cases:
-        reference = references[id(proc)]
+        reference = references.get(id(proc), correct)  # ignored penalties: against pen's
         law = history_law(draft, target, proc, draft_processing=draft_proc, rows=rows,
                           record=record, **settings)
         tv = law.total_variation(reference)
