@@ -53,6 +53,7 @@ from specjax import _checks
 from specjax.auditing.audit import check_alpha
 from specjax.auditing.compare import _generalised_chi2
 from specjax.models import processing
+from specjax.models.autoregressive import check_table_size
 from specjax.models.finite_state import FiniteStateModel
 
 __all__ = ["ROWS", "RECORDS", "SequenceFit", "SequenceLaw", "history_law", "sample_history",
@@ -168,7 +169,7 @@ def sequence_fit(tokens, law: SequenceLaw, *, alpha: float = 1e-3,
     alpha = check_alpha(alpha)
     out = np.asarray(tokens)
     length = law.sequences.shape[1]
-    num_states = int(round(law.probs.size ** (1 / length)))
+    num_states = int(law.sequences.max()) + 1
     if out.ndim != 2 or out.shape[1] != length or out.shape[0] < 1 \
             or not np.issubdtype(out.dtype, np.integer) or out.min() < 0 \
             or out.max() >= num_states:
@@ -238,7 +239,7 @@ def _engine(draft, target, target_processing, draft_processing, horizon, lookahe
                          f"{type(target_processing).__name__}")
     num = proc.num
     for name, model in (("draft", draft), ("target", target)):
-        processing.check_table_size(f"the processed {name}", model.table.shape[0] * num, v)
+        check_table_size(f"the processed {name}", model.table.shape[0] * num, v)
     draft_rows = _processed_rows(draft, draft_processing, num, seen_counts)
     target_rows = _processed_rows(target, spec, num, seen_counts)
     return _Engine(draft_rows.reshape(-1, v), target_rows.reshape(-1, v),
