@@ -54,7 +54,7 @@ from specjax.auditing.audit import check_alpha
 from specjax.auditing.compare import generalised_chi2_test
 from specjax.auditing.given import check_valid_rows
 
-__all__ = ["ProvenanceCheck", "check_provenance", "BINNINGS"]
+__all__ = ["ProvenanceCheck", "check_provenance"]
 
 #: The binnings of ``check_provenance`` (see the module docstring).
 BINNINGS = ("probability", "token")
@@ -240,9 +240,11 @@ def check_provenance(draft_tokens, draft_probs, *, num_drafts=None, alpha: float
                 counts = np.bincount(drafted[ok[use, j]], minlength=laws.shape[1])
                 pooled_laws.append(laws)
                 pooled_counts = pooled_counts + counts
-            elif lookahead:
+            elif lookahead > 1:
                 laws, counts = np.concatenate(pooled_laws), pooled_counts
-            else:
+            else:  # K = 1: the pooled test is position 0's (K = 0: nothing to test)
+                statistics[i, j], dof[i, j], pvalues[i, j] = \
+                    statistics[i, 0], dof[i, 0], pvalues[i, 0]
                 continue
             if len(laws):
                 statistics[i, j], dof[i, j], pvalues[i, j] = generalised_chi2_test(
