@@ -19,11 +19,11 @@ from specjax.auditing.given import Verified
 from specjax.auditing.given import verify_drafts
 from specjax.auditing.given import verify_drafts_law
 from specjax.auditing.given_tree import TreeLaw
-from specjax.auditing.provenance import ProvenanceCheck
-from specjax.auditing.provenance import check_provenance
 from specjax.auditing.given_tree import VerifiedTree
 from specjax.auditing.given_tree import verify_tree
 from specjax.auditing.given_tree import verify_tree_law
+from specjax.auditing.provenance import ProvenanceCheck
+from specjax.auditing.provenance import check_provenance
 from specjax.auditing.rules import BROKEN_RULES
 from specjax.auditing.rules import CORRECT_RULES
 from specjax.auditing.rules import Rule
