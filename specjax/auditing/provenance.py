@@ -12,8 +12,8 @@ row may be a different law. Fix, before looking at the drafts, a map ``g`` from 
 one of ``C`` categories (the *binning*). Under the null hypothesis the category of draft
 ``(b, j)`` is one draw from the row's category law ``P_{b,j}(c) = sum_{v: g(v) = c} p_{b,j}(v)``,
 so the category counts of the drafts at position ``j`` are a sum of independent multinomials
-with different laws (requests are independent). Their chi-square statistic is ``d^T C^+ d``
-(``d`` the counts minus their expectation ``sum_b P_b``, ``C = sum_b (diag P_b - P_b P_b^T)``
+with different laws (requests are independent). Their chi-square statistic is ``d^T S^+ d``
+(``d`` the counts minus their expectation ``sum_b P_b``, ``S = sum_b (diag P_b - P_b P_b^T)``
 their covariance), chi-square with ``rank C`` degrees of freedom asymptotically: the statistic
 of ``compare_outputs``, computed by the same helper, with categories of small variance pooled.
 Pooled over positions the counts are a martingale (position ``j + 1``'s row is declared given
