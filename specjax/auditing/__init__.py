@@ -1,5 +1,6 @@
 """Audits of verification code: single-step rules (Monte Carlo and exact, with example rules),
-and engines' rejection samplers on given drafts (verification, its exact law, comparison).
+engines' rejection samplers on given drafts (verification, its exact law, comparison), and the
+provenance of given drafts (were they drawn from the declared law?).
 
 The example rules of ``specjax.auditing.rules`` (``speculative_rule``, ``greedy_rule``, the broken
 ``accept_all``, ``wrong_residual``, ``greedy_scored_with_softmax``, ``accepts_at_zero_uniform``,
@@ -27,6 +28,8 @@ from specjax.auditing.given_tree import TreeLaw
 from specjax.auditing.given_tree import VerifiedTree
 from specjax.auditing.given_tree import verify_tree
 from specjax.auditing.given_tree import verify_tree_law
+from specjax.auditing.provenance import ProvenanceCheck
+from specjax.auditing.provenance import check_provenance
 from specjax.auditing.rules import BROKEN_RULES
 from specjax.auditing.rules import CORRECT_RULES
 from specjax.auditing.rules import Rule
@@ -54,6 +57,8 @@ __all__ = [
     "compare_outputs",
     "verify_drafts",
     "verify_drafts_law",
+    "ProvenanceCheck",
+    "check_provenance",
     "TreeLaw",
     "VerifiedTree",
     "verify_tree",

@@ -112,10 +112,16 @@ class EngineComparison(NamedTuple):
 
 def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
                       min_variance: float) -> float:
-    """p-value of the counts ``observed`` (``(C,)``, summed over runs and requests) against
-    ``runs`` draws from each row of ``laws`` (``(B, C)``, rows summing to one): the quadratic
-    form of ``observed - expected`` in the pseudo-inverse of its covariance, against chi-square
-    with the covariance's rank as degrees of freedom.
+    """p-value of ``generalised_chi2_test``."""
+    return generalised_chi2_test(laws, observed, runs, min_variance)[2]
+
+
+def generalised_chi2_test(laws: np.ndarray, observed: np.ndarray, runs: int,
+                          min_variance: float) -> tuple[float, int, float]:
+    """``(statistic, degrees of freedom, p-value)`` of the counts ``observed`` (``(C,)``,
+    summed over runs and requests) against ``runs`` draws from each row of ``laws`` (``(B, C)``,
+    rows summing to one): the quadratic form of ``observed - expected`` in the pseudo-inverse
+    of its covariance, against chi-square with the covariance's rank as degrees of freedom.
 
     Validity needs each category's count to be a sum of many random events, so categories are
     kept by the *variance* of their count, ``runs sum_b P_b (1 - P_b)`` (an expectation can be
@@ -127,7 +133,7 @@ def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
     if keep.size > _MAX_CATEGORIES:
         keep = keep[np.argsort(variance[keep])[-_MAX_CATEGORIES:]]
     if keep.size == 0:
-        return 1.0
+        return 0.0, 0, 1.0
     rest = np.ones(variance.shape, bool)
     rest[keep] = False
     groups = laws[:, keep]
@@ -147,10 +153,11 @@ def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
     w, vecs = np.linalg.eigh(cov)
     positive = w > 1e-9 * max(float(w.max()), 1e-300)
     if not positive.any():
-        return 1.0
+        return 0.0, 0, 1.0
     proj = vecs[:, positive].T @ diff
     stat = float((proj ** 2 / w[positive]).sum())
-    return float(chi2_sf(stat, int(positive.sum())))
+    dof = int(positive.sum())
+    return stat, dof, float(chi2_sf(stat, dof))
 
 
 def _parse(tokens: np.ndarray, drafts: np.ndarray, counts: np.ndarray, num_tokens: int):

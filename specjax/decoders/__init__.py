@@ -28,6 +28,7 @@ from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
+from specjax.decoders.strict import StrictVerification
 from specjax.decoders.speculative import Speculative
 from specjax.decoders.tree import TokenTree
 from specjax.decoders.lenient import LenientSpeculative
@@ -63,6 +64,7 @@ __all__ = [
     "RejectionRule",
     "SpecHub",
     "Speculative",
+    "StrictVerification",
     "TokenTree",
     "LenientSpeculative",
     "ThresholdVerification",
