@@ -26,6 +26,7 @@ from specjax.decoders.gumbel_list import GumbelList
 from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
+from specjax.decoders.parallel_draft import ParallelDraft
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
@@ -60,6 +61,7 @@ __all__ = [
     "ImportanceWeighted",
     "KSequential",
     "OptimalMultiDraft",
+    "ParallelDraft",
     "RejectionRule",
     "SpecHub",
     "Speculative",
