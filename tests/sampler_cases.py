@@ -44,6 +44,7 @@ CASES = {
     "threshold 0.5/0.7 K=3": specjax.ThresholdVerification(0.5, 0.7, lookahead=3),
     "top-2 acceptance, optimal residual": specjax.TopKAcceptance(2, residual="optimal"),
     "typical 0.2/0.3 K=4": specjax.TypicalAcceptance(0.2, 0.3, lookahead=4),
+    "parallel draft K=2": specjax.decoders.ParallelDraft(2),
 }
 
 

@@ -27,6 +27,7 @@ from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
 from specjax.decoders.parallel_draft import ParallelDraft
+from specjax.decoders.parallel_draft import marginal_heads
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
@@ -75,4 +76,5 @@ __all__ = [
     "decoder_dataclass",
     "VerificationLaw",
     "batch_residual_mass",
+    "marginal_heads",
 ]
