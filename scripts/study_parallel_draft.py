@@ -79,9 +79,15 @@ def chain(init, table, horizon):
 
 
 def paper_instance():
-    draft, target = specjax.paper_instance()
-    cast = lambda m: specjax.MarkovChain(jnp.asarray(m.init, jnp.float64),  # noqa: E731
-                                         jnp.asarray(m.trans, jnp.float64))
+    # Drawn in float32 (the instance every guide uses: under x64 the same seed draws other
+    # chains), then cast to float64 for the exact values.
+    with jax.enable_x64(False):
+        draft, target = specjax.paper_instance()
+
+    def cast(model):  # float64 rows, renormalised (float32 rows miss 1 by ~1e-7)
+        rows = [np.asarray(x, np.float64) for x in (model.init, model.trans)]
+        return specjax.MarkovChain(*(jnp.asarray(x / x.sum(-1, keepdims=True)) for x in rows))
+
     return cast(draft), cast(target), "paper instance: V = 7, T = 50 (independent random chains)"
 
 
