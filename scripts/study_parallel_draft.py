@@ -44,12 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-import specjax  # noqa: E402
-from specjax.decoders import ParallelDraft  # noqa: E402
-from specjax.decoders.parallel_draft import marginal_heads  # noqa: E402
-from specjax.models.ngram import NGramModel  # noqa: E402
+import specjax
+from specjax.decoders import ParallelDraft
+from specjax.decoders import marginal_heads
+from specjax.models.ngram import NGramModel
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent
 
@@ -168,6 +166,7 @@ def parse(argv):
 
 def main(argv=None):
     args = parse(argv)
+    jax.config.update("jax_enable_x64", True)  # the exact values in float64
     key = jax.random.key(args.seed)
     instances = [paper_instance] + ([] if args.skip_ngram else [lambda: ngram_instance(args)])
     results = {}

@@ -323,3 +323,21 @@ def test_validation_errors():
     for match, decoder in bad.items():
         with pytest.raises(ValueError, match=match):
             specjax.exact(decoder, d, t)
+
+
+# ----------------------------------------------------------------------------- the study script
+@pytest.mark.slow
+def test_study_script_on_the_small_problem(x64):
+    """``scripts/study_parallel_draft.py``'s table on the tests' pair: at ``K = 1`` the three
+    numbers agree (SD; the i.i.d. formula is exact there), the Monte Carlo calls fit."""
+    from test_scripts import import_script
+    study = import_script("study_parallel_draft")
+    draft, target = pair()
+    args = study.parse(["--max-k", "2", "--num-chains", "400"])
+    rows = study.study(to_chain(draft), to_chain(target), args, jax.random.key(3))
+    first = rows[0]
+    assert abs(first["seq tpc"] - first["par tpc"]) < 1e-12
+    assert abs(first["iid"] - first["seq tpc"]) < 1e-12
+    assert abs(rows[1]["par calls"] - cached_counts("K=2")[1]) < 1e-10
+    assert all(abs(r["z"]) < stats.Z for r in rows)
+    assert len(study.format_rows(rows).splitlines()) == 3 + len(rows)
