@@ -112,9 +112,9 @@ class ParallelDraft(CallDecoder):
       >>> draft, target = specjax.paper_instance()
       >>> parallel = specjax.decoders.ParallelDraft(3)
       >>> sequential = specjax.Speculative(lookahead=3)
-      >>> [round(float(specjax.exact(d, draft, target).expected_calls), 1)
-      ...  for d in (parallel, sequential)]
-      [24.2, 25.3]
+      >>> tuple(round(float(specjax.exact(d, draft, target).expected_calls), 1)
+      ...       for d in (parallel, sequential))
+      (24.2, 25.3)
 
     References:
       Chen et al. 2026, DFlash (arXiv 2602.06036); An et al. 2025, PARD; Leviathan et al. 2023.
