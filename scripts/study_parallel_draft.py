@@ -15,7 +15,9 @@ exactly (float64):
   and ``par``, which are both SD there), and its error against each exact value;
 * ``E[calls]``: exact expected target calls for the ``T`` tokens, for the three drafters, and
   beside them the Monte Carlo mean of ``par``'s calls (``specjax.decoding_statistics``) with its
-  standard error and z-score (the independent reference).
+  standard error and z-score (the independent reference);
+* under the table, the acceptance of each depth given the earlier depths kept, over the whole
+  run (``engine_metrics``' ``conditional_acceptance``), at the largest ``K``.
 
 Instances (call-level decoders run on ``MarkovChain``s, so the n-grams are token-level bigrams;
 the lifted chain over trigram contexts that ``token_tree_study.py`` uses would not do: its
@@ -178,7 +180,19 @@ def main(argv=None):
         print(f"\n{text}; a = {rows[0]['a']:.4f} at K = 1 "
               f"({time.perf_counter() - start:.1f} s)")
         print(format_rows(rows))
+        print(depth_acceptance(draft, target, args.max_k))
     return results
+
+
+def depth_acceptance(draft, target, lookahead: int) -> str:
+    """The acceptance of each depth given the depths before it kept (over the whole run:
+    ``specjax.theory.engine_metrics``' ``conditional_acceptance``), sequential and parallel."""
+    lines = [f"acceptance per depth given the earlier depths kept, K = {lookahead}:"]
+    for name, decoder in (("seq", specjax.Speculative(lookahead=lookahead)),
+                          ("par", ParallelDraft(lookahead))):
+        rates = specjax.theory.engine_metrics(decoder, draft, target).conditional_acceptance
+        lines.append(f"  {name}: " + " ".join(f"{float(r):.3f}" for r in rates))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
