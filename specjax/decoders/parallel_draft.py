@@ -1,14 +1,14 @@
 """Parallel drafters: the depth-``i`` draft of a call does not see the drafts before it.
 
-DFlash (arXiv 2602.06036) and PARD draft a whole block in one forward pass, and reused
-multi-token-prediction (MTP) heads draft depth ``i`` from the hidden state of the last accepted
-token: in each, the token at depth ``i`` is drawn from a law that depends on the context up to the
-last accepted token, not on the drafted tokens ``X_1..X_{i-1}`` before it. On a Markov chain
-whose call starts at position ``n`` after the accepted token ``a = x_{n-1}`` that law is
+DFlash (arXiv 2602.06036) and PARD (arXiv 2504.18583) draft a whole block in one forward pass, and
+reused multi-token-prediction (MTP) heads draft depth ``i`` from the hidden state of the last
+accepted token: in each, the token at depth ``i`` is drawn from a law that depends on the context
+up to the last accepted token, not on the drafted tokens ``X_1..X_{i-1}`` before it. On a Markov
+chain whose call starts at position ``n`` after the accepted token ``a = x_{n-1}`` that law is
 
 * the ``i``-step marginal of the draft, ``m_i(. | a) = (p_n p_{n+1} .. p_{n+i-1})[a]`` (the law
-  of ``x_{n+i-1}`` given ``a`` under the draft: the best a drafter that cannot see ``X_{<i}`` can
-  do to match the draft model's own law), or
+  of ``x_{n+i-1}`` given ``a`` under the draft: what a parallel drafter trained to imitate the
+  draft model predicts for depth ``i``), or
 * a per-depth head given by the user, ``heads[i - 1, n - 1, a]``.
 
 The drafts ``X_1..X_K`` are therefore independent given ``a``. Verification is token-wise, down
@@ -117,7 +117,9 @@ class ParallelDraft(CallDecoder):
       (24.2, 25.3)
 
     References:
-      Chen et al. 2026, DFlash (arXiv 2602.06036); An et al. 2025, PARD; Leviathan et al. 2023.
+      "DFlash: Block Diffusion for Flash Speculative Decoding" (arXiv 2602.06036); An et al.
+      2025, "PARD: Accelerating LLM Inference with Low-Cost PARallel Draft Model Adaptation"
+      (arXiv 2504.18583); Leviathan et al. 2023.
     """
 
     lookahead: int
