@@ -45,6 +45,7 @@ CASES = {
     "top-2 acceptance, optimal residual": specjax.TopKAcceptance(2, residual="optimal"),
     "typical 0.2/0.3 K=4": specjax.TypicalAcceptance(0.2, 0.3, lookahead=4),
     "strict K=2": specjax.decoders.StrictVerification(lookahead=2),
+    "parallel draft K=2": specjax.decoders.ParallelDraft(2),
 }
 
 

@@ -26,6 +26,8 @@ from specjax.decoders.gumbel_list import GumbelList
 from specjax.decoders.importance_weighted import ImportanceWeighted
 from specjax.decoders.k_sequential import KSequential
 from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
+from specjax.decoders.parallel_draft import ParallelDraft
+from specjax.decoders.parallel_draft import marginal_heads
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.strict import StrictVerification
@@ -61,6 +63,7 @@ __all__ = [
     "ImportanceWeighted",
     "KSequential",
     "OptimalMultiDraft",
+    "ParallelDraft",
     "RejectionRule",
     "SpecHub",
     "Speculative",
@@ -75,4 +78,5 @@ __all__ = [
     "decoder_dataclass",
     "VerificationLaw",
     "batch_residual_mass",
+    "marginal_heads",
 ]
