@@ -16,6 +16,15 @@ from specjax.theory.cost import best_lookahead
 from specjax.theory.cost import best_tree_budget
 from specjax.theory.cost import decoding_time
 from specjax.theory.cost import expected_time
+from specjax.theory.serving import BatchPolicy
+from specjax.theory.serving import DraftAllocation
+from specjax.theory.serving import ServingCost
+from specjax.theory.serving import ServingRate
+from specjax.theory.serving import allocate_drafts
+from specjax.theory.serving import batch_lookahead
+from specjax.theory.serving import request_policy
+from specjax.theory.serving import roofline
+from specjax.theory.serving import serving_rate
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
 from specjax.theory.values import accepted_length
@@ -53,6 +62,15 @@ __all__ = [
     "best_tree_budget",
     "decoding_time",
     "expected_time",
+    "BatchPolicy",
+    "DraftAllocation",
+    "ServingCost",
+    "ServingRate",
+    "allocate_drafts",
+    "batch_lookahead",
+    "request_policy",
+    "roofline",
+    "serving_rate",
     "best_token_tree",
     "positional_acceptance",
     "SequoiaChoice",

@@ -1,0 +1,594 @@
+"""Decoding a batch, not a request: a serving cost model, exact goodput, draft-length allocation.
+
+A serving engine decodes ``B`` requests at once. Here ``B`` *slots* step in lockstep: every step,
+each slot makes one call of the decoder on its own request (its drafts batched with the other
+slots' pass by pass, then one target forward over the tokens of every slot), and a request that
+has emitted its ``T`` tokens is replaced by a fresh one at the next step (continuous batching).
+Every request is decoded on its own chain, independently of the others.
+
+Step time (``ServingCost``). Pass ``j`` of the draft runs over the ``N_j`` slots whose call makes
+at least ``j`` draft passes and takes ``draft_time[N_j]``; the target forward scores the ``S``
+tokens of all slots and takes ``target_time[S]``; a step adds ``overhead``::
+
+    step time = sum_{j >= 1, N_j > 0} draft_time[N_j] + target_time[S] + overhead.
+
+A slot's pass counts once whatever it drafts in it (one level of a tree, ``M`` sequences of batch
+SD): the tables are per slot-pass and per token scored. ``roofline`` builds a table from a
+memory-bound time and a knee; it is a model, not a measurement.
+
+Exact goodput (``serving_rate``): a renewal-reward argument. Slot ``b`` alone is a renewal
+process whose cycles are its requests: a request takes ``C`` steps (its calls) and emits ``T``
+tokens; by the renewal-reward theorem the fraction of the slot's steps that are calls starting at
+position ``n`` (or, for a decoder with a random draft length, drafting ``d`` levels) is
+``E[calls at n] / E[C]``, the decoder's exact ``new_call`` (or drafted-call law) divided by the
+expected number of calls. So a slot's step draws its work ``(draft passes, tokens scored)`` from
+this stationary law ``pi``, and the ``B`` slots, being independent, draw theirs independently:
+the expected step time needs only ``pi``, through the ``B``-fold convolution of its law of tokens
+scored (for ``E[target_time[S]]``) and the binomial law of ``N_j`` (``B`` trials of success
+``P(passes >= j)``). Every slot emits ``T`` tokens per ``E[C]`` steps, so the long-run rate is the
+ratio of two expectations::
+
+    tokens_per_step = B T / E[C],   tokens_per_time = tokens_per_step / E[step time].
+
+With ``B = 1`` this is ``T / E[time]``, ``decoding_time``'s ``tokens_per_time``. The product law of
+the slots is the long-run law of the joint process when that process is ergodic, e.g. when the
+number of calls a request takes is not a.s. constant; when it is (``p = q``, or ``Autoregressive``
+on a fixed ``T``), slots started together stay in phase, and a step-time table that is not linear
+in ``S`` sees that phase; a linear one does not.
+
+Allocation (``allocate_drafts``): given every slot's survival ``s_b(j)`` (the probability that
+its first ``j`` drafts are all accepted, non-increasing in ``j``), the draft lengths ``K_b`` of
+most expected tokens per unit of this step's time, SD off (every ``K_b = 0``) included. With a
+draft pass time affine in the slots it runs over, ``draft_time[n] = a + c n`` for ``n >= 1``, the
+step time depends on the allocation only through ``m = max K_b`` and ``D = sum K_b``
+(``a m + c D + target_time[B + D] + overhead``), and for a fixed ``(m, D)`` the most tokens,
+``B + sum_b sum_{j <= K_b} s_b(j)``, is a separable concave allocation: the ``D`` largest
+marginal survivals ``s_b(j)`` with ``j <= m`` (greedy by marginal survival; non-increasing rows
+make the chosen set a prefix of each row). Enumerating ``(m, D)`` and keeping the best ratio is
+exact: the best allocation's own ``(m, D)`` is enumerated, and every enumerated value is
+attained by an allocation whose time is at most the enumerated time. Under a linear cost
+(``a = 0``, a linear target table) the ratio's Lagrangian decouples into one threshold per draft:
+draft the ``j``-th token of slot ``b`` iff ``s_b(j) >= tau``. ``request_policy`` applies that
+threshold along each request's own drafts (an ``AdaptiveSpeculative`` whose ``ThresholdTable``
+stops when the next draft's probability of being accepted with all before it falls below
+``tau``), with the batch-wide ``tau`` (or a fixed ``K``) of most exact goodput;
+``batch_lookahead`` chooses one ``K`` for the whole batch (vLLM's dynamic SD).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.adaptive import AdaptiveSpeculative
+from specjax.decoders.adaptive import ThresholdTable
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.decoders.planning import plan_run
+from specjax.decoders.speculative import Speculative
+from specjax.numerics import HIGHEST
+from specjax.numerics import safe_ratio
+from specjax.theory.cost import call_works
+from specjax.theory.cost import depth_works
+from specjax.theory.cost import drafted_law
+from specjax.theory.values import exact
+
+#: The knee of an H100-class accelerator (SXM, dense bf16): about 989 TFLOP/s over 3.35 TB/s of
+#: HBM3, ~295 FLOP per byte; a forward pass of ``P`` bf16 weights reads ``2P`` bytes and does
+#: ``2P`` FLOP per token, so it is memory-bound below ~295 tokens per pass. Spec-sheet numbers,
+#: not a measurement.
+H100_KNEE = 295
+
+
+def _table(name: str, value, *, positive: bool):
+    """A validated step-time table (a tuple of floats, entry 0 set to 0), a constant (a float),
+    or a callable (kept, validated when evaluated)."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} is a static setting: pass a number, a table or a function, "
+                         "not a traced value")
+    if callable(value):
+        return value
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
+                         f"{value!r}")
+    if np.ndim(value) == 0:
+        number = _checks.check_finite_non_negative(name, value)
+        if positive and number <= 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+        return number
+    try:
+        table = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
+                         f"{value!r}") from None
+    if table.ndim != 1 or table.shape[0] < 2:
+        raise ValueError(f"{name} must be a 1-D table with {name}[n] for n >= 1 (entry 0 is "
+                         f"unused), got shape {table.shape}")
+    _check_entries(name, table[1:], positive, first=1)
+    return (0.0,) + tuple(float(x) for x in table[1:])
+
+
+def _check_entries(name: str, used: np.ndarray, positive: bool, first: int) -> None:
+    good = np.isfinite(used) & ((used > 0) if positive else (used >= 0))
+    if not good.all():
+        bad = int(np.argmax(~good))
+        sign = "positive" if positive else "non-negative"
+        raise ValueError(f"{name} must hold finite {sign} times at n >= 1, got "
+                         f"{name}[{bad + first}] = {used[bad]!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingCost:
+    """Step times of a batch: a draft pass over ``n`` slots, a target forward over ``n`` tokens.
+
+    A static, hashable value. Each time is a number (the same for every ``n``), a 1-D table
+    (entry ``n`` the time for ``n``; entry 0 is unused; longer than needed is fine) or a
+    function of ``n`` (a Python int ``>= 1``), evaluated where needed.
+
+    Args:
+      draft_time: ``draft_time[n]``, one draft pass over the ``n`` slots still drafting
+        (finite, ``>= 0``).
+      target_time: ``target_time[n]``, one target forward over ``n`` tokens (finite, ``> 0``).
+      overhead: a fixed time added to every step (keyword only), finite ``>= 0``.
+
+    Raises:
+      ValueError: a time that is not finite or of the wrong sign, a table that is not 1-D.
+
+    Example:
+      >>> import specjax
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=8, size=64))
+      >>> cost.target_times(16)[[1, 8, 16]].tolist()
+      [1.0, 1.0, 2.0]
+    """
+
+    draft_time: Any
+    target_time: Any
+    _: dataclasses.KW_ONLY
+    overhead: float = 0.0
+
+    def __post_init__(self):
+        set_field = object.__setattr__  # frozen: store the validated, hashable values
+        set_field(self, "draft_time", _table("draft_time", self.draft_time, positive=False))
+        set_field(self, "target_time", _table("target_time", self.target_time, positive=True))
+        set_field(self, "overhead", _checks.check_finite_non_negative("overhead",
+                                                                      self.overhead))
+
+    def draft_times(self, size: int) -> np.ndarray:
+        """``(size + 1,)`` float64: ``draft_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
+        return _evaluate("draft_time", self.draft_time, size, positive=False)
+
+    def target_times(self, size: int) -> np.ndarray:
+        """``(size + 1,)`` float64: ``target_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
+        return _evaluate("target_time", self.target_time, size, positive=True)
+
+
+def _evaluate(name: str, value, size: int, *, positive: bool) -> np.ndarray:
+    if isinstance(value, tuple):
+        if len(value) < size + 1:
+            raise ValueError(f"{name} is a table of length {len(value)}, but a step needs "
+                             f"{name}[n] up to n = {size} (length at least {size + 1}; entry 0 "
+                             f"is unused)")
+        return np.asarray(value[:size + 1], np.float64)
+    if not callable(value):
+        return np.concatenate([[0.0], np.full(size, float(value))])
+    try:
+        used = np.asarray([float(value(n)) for n in range(1, size + 1)], np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name}(n) must return a number for n = 1..{size}: {error}") from None
+    _check_entries(name, used, positive, first=1)
+    return np.concatenate([[0.0], used])
+
+
+def _check_serving_cost(cost) -> None:
+    if not isinstance(cost, ServingCost):
+        raise ValueError(f"cost must be a specjax.ServingCost, got {type(cost).__name__} "
+                         f"{cost!r}"[:300])
+
+
+def roofline(memory_time: float, *, knee: float, size: int) -> tuple:
+    """A roofline step-time table: ``memory_time`` below the knee, proportional above it.
+
+    ``t(n) = memory_time * max(1, n / knee)``: a forward pass over ``n`` tokens reads the weights
+    once (``memory_time``, memory-bound) and does ``n`` tokens of arithmetic, which takes longer
+    than the read once ``n`` passes the knee (compute-bound). A model for users without a
+    measured profile (``H100_KNEE`` is an H100-class knee from spec-sheet numbers), not a
+    measurement: real step times add kernel launches, attention over the context and padding.
+
+    Args:
+      memory_time: the time of a pass below the knee, finite ``> 0``.
+      knee: the tokens (or sequences) per pass where compute time equals memory time, ``> 0``.
+      size: the largest ``n`` in the table, a positive int.
+
+    Returns:
+      a tuple of ``size + 1`` floats (entry 0 is 0), for ``ServingCost``.
+
+    Example:
+      >>> import specjax
+      >>> specjax.theory.roofline(2.0, knee=4, size=6)
+      (0.0, 2.0, 2.0, 2.0, 2.0, 2.5, 3.0)
+    """
+    memory_time = _checks.check_finite_non_negative("memory_time", memory_time)
+    knee = _checks.check_finite_non_negative("knee", knee)
+    if memory_time <= 0 or knee <= 0:
+        raise ValueError(f"memory_time and knee must be positive, got {memory_time}, {knee}")
+    _checks.check_static_int("size", size)
+    n = np.arange(1, size + 1, dtype=np.float64)
+    return (0.0,) + tuple(float(x) for x in memory_time * np.maximum(1.0, n / knee))
+
+
+class ServingRate(NamedTuple):
+    """The long-run goodput of ``B`` slots decoding in lockstep (``serving_rate``).
+
+    Attributes:
+      tokens_per_time: ``tokens_per_step / time_per_step``, the goodput.
+      tokens_per_step: ``B T / E[calls per request]``.
+      time_per_step: ``E[step time]`` under the slots' stationary law.
+      draft_time_per_step: its draft part, ``sum_j E[draft_time[N_j]]``.
+      target_time_per_step: its target part, ``E[target_time[S]]``.
+      autoregressive_tokens_per_time: ``B / (target_time[B] + overhead)``, the same slots
+        decoding autoregressively.
+      speedup: ``tokens_per_time / autoregressive_tokens_per_time``.
+      scored_law: ``(B s_max + 1,)``, the law of ``S``, the tokens the target scores in a step.
+    """
+
+    tokens_per_time: jax.Array
+    tokens_per_step: jax.Array
+    time_per_step: jax.Array
+    draft_time_per_step: jax.Array
+    target_time_per_step: jax.Array
+    autoregressive_tokens_per_time: jax.Array
+    speedup: jax.Array
+    scored_law: jax.Array
+
+
+def _convolution_power(law: jax.Array, power: int) -> jax.Array:
+    """The law of the sum of ``power`` independent draws of ``law`` (a pmf over 0, 1, ...), by
+    repeated squaring (``2 log2 power`` convolutions)."""
+    result = jnp.ones((1,), law.dtype)
+    base = law
+    while power:
+        if power & 1:
+            result = jnp.convolve(result, base, precision=HIGHEST)
+        power >>= 1
+        if power:
+            base = jnp.convolve(base, base, precision=HIGHEST)
+    return result
+
+
+def slot_work_law(decoder, draft, target, *, horizon: int | None = None):
+    """One slot's stationary law of work per step: ``(T, calls, mass, passes, scored)``.
+
+    ``mass[i]`` is the expected number of calls per request doing ``passes[i]`` draft passes and
+    scoring ``scored[i]`` tokens (``new_call`` by position, or the drafted-call law by depth),
+    ``calls = sum(mass)``, the expected calls per request; ``mass / calls`` is the law ``pi``.
+    """
+    check_decoder(decoder)
+    decoder, draft, target, _, num_positions, lookahead = plan_run(
+        decoder, draft, target, engine="exact", horizon=horizon)
+    if isinstance(decoder, CallDecoder) and decoder.has_drafted_call_law:  # a random length
+        weights, new_call = drafted_law(decoder, draft, target, lookahead)
+        passes, scored = depth_works(decoder, lookahead)
+        mass = jnp.sum(weights, axis=0)
+    else:  # a call at n does call_work(min(K, T - n + 1))
+        passes, scored = call_works(decoder, num_positions, lookahead)
+        new_call = exact(decoder, draft, target, horizon=horizon).new_call
+        mass = new_call
+    return num_positions, jnp.sum(new_call), mass, passes, scored
+
+
+def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
+                 horizon: int | None = None) -> ServingRate:
+    """Exact long-run goodput of ``batch_size`` slots decoding in lockstep with ``decoder``.
+
+    Every step each slot makes one call of ``decoder`` on its own request; a request that has
+    emitted its ``T`` tokens is replaced by a fresh one (continuous batching). The rate is the
+    renewal-reward ratio of the module docstring: ``B T / E[calls]`` tokens per step over the
+    expected step time under the slots' independent stationary laws of work. ``Autoregressive()``
+    (``K = 0``) is the baseline.
+
+    Args:
+      decoder: any decoder value (call-level or token-wise).
+      draft: the draft model ``p`` (``None`` for ``Autoregressive()``).
+      target: the target model ``q`` (requests are ``T`` tokens long, from its initial law).
+      cost: a ``ServingCost``.
+      batch_size: ``B``, the slots, a positive int (static).
+      horizon: ``T`` for ``FiniteStateModel``s (as ``exact``).
+
+    Returns:
+      ``ServingRate``.
+
+    Raises:
+      ValueError: what ``exact`` raises; ``cost`` not a ``ServingCost``; ``batch_size`` not a
+        positive int; a table shorter than a step needs (``draft_time`` up to ``B``,
+        ``target_time`` up to ``B`` times the most tokens a call scores).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=512))
+      >>> sd = specjax.serving_rate(specjax.Speculative(lookahead=3), draft, target, cost,
+      ...                           batch_size=32)
+      >>> round(float(sd.speedup), 3)
+      0.491
+    """
+    check_decoder(decoder)
+    _check_serving_cost(cost)
+    _checks.check_static_int("batch_size", batch_size)
+    planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
+    max_passes, max_scored = (int(x.max()) for x in depth_works(planned, lookahead))
+    draft_table = cost.draft_times(batch_size)  # tables too short raise here, before any work
+    target_table = cost.target_times(batch_size * max(max_scored, 1))
+    num_positions, calls, mass, passes, scored = slot_work_law(decoder, draft, target,
+                                                               horizon=horizon)
+    dtype = mass.dtype
+    law = safe_ratio(mass, calls, 0)
+    scored_law = jnp.zeros((max_scored + 1,), dtype).at[jnp.asarray(scored)].add(law)
+    total_law = _convolution_power(scored_law, batch_size)
+    target_part = jnp.dot(total_law, jnp.asarray(target_table[:total_law.shape[0]], dtype),
+                          precision=HIGHEST)
+    draft_part = jnp.zeros((), dtype)
+    if max_passes > 0:
+        tails = jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
+                           for j in range(1, max_passes + 1)])
+        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
+        counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
+        draft_part = jnp.sum(counts @ jnp.asarray(draft_table, dtype))
+    time_per_step = draft_part + target_part + cost.overhead
+    tokens_per_step = batch_size * num_positions / calls
+    ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
+    rate = tokens_per_step / time_per_step
+    return ServingRate(tokens_per_time=rate, tokens_per_step=tokens_per_step,
+                       time_per_step=time_per_step, draft_time_per_step=draft_part,
+                       target_time_per_step=target_part,
+                       autoregressive_tokens_per_time=jnp.asarray(ar_rate, dtype),
+                       speedup=rate / ar_rate, scored_law=total_law)
+
+
+# --- Allocation ---------------------------------------------------------------------------
+
+
+class DraftAllocation(NamedTuple):
+    """The draft lengths of one step (``allocate_drafts``).
+
+    Attributes:
+      lookaheads: ``(B,)`` int, ``K_b`` for each slot (all 0: SD off this step).
+      tokens: the step's expected tokens, ``B + sum_b sum_{j <= K_b} s_b(j)``.
+      time: the step's time.
+      tokens_per_time: ``tokens / time``, the most over every allocation.
+    """
+
+    lookaheads: np.ndarray
+    tokens: float
+    time: float
+    tokens_per_time: float
+
+
+def _check_survival(survival) -> np.ndarray:
+    if isinstance(survival, jax.core.Tracer):
+        raise ValueError("survival must be concrete (allocation is planning, not traced)")
+    try:
+        table = np.asarray(survival, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"survival must be a (B, K) array of probabilities, got "
+                         f"{survival!r}"[:300]) from None
+    if table.ndim != 2 or table.shape[0] < 1:
+        raise ValueError(f"survival must have shape (B, K) (B >= 1 slots, K drafts), got shape "
+                         f"{table.shape}")
+    if not (np.isfinite(table).all() and (table >= 0).all() and (table <= 1).all()):
+        raise ValueError("survival must hold probabilities in [0, 1]")
+    if (np.diff(table, axis=1) > 0).any():
+        raise ValueError("survival[b, j - 1] = P(the first j drafts of slot b are accepted) must "
+                         "be non-increasing in j")
+    return table
+
+
+def _affine_draft(cost: ServingCost, batch_size: int) -> tuple[float, float]:
+    """``(a, c)`` with ``draft_time[n] = a + c n`` for ``n = 1..B``; ``ValueError`` otherwise."""
+    table = cost.draft_times(batch_size)[1:]
+    slope = table[1] - table[0] if batch_size > 1 else 0.0
+    intercept = table[0] - slope
+    fit = intercept + slope * np.arange(1, batch_size + 1)
+    if not np.allclose(fit, table, rtol=1e-12, atol=1e-12 * max(1.0, float(np.abs(table).max()))):
+        raise ValueError("cost.draft_time must be affine in the slots of a pass (draft_time[n] = "
+                         f"a + c n for n = 1..{batch_size}) for the exact allocation; a roofline "
+                         "whose knee is at or above B is (constant below the knee)")
+    return float(intercept), float(slope)
+
+
+def step_time(lookaheads, cost: ServingCost) -> float:
+    """The time of one SD step whose slots draft ``lookaheads`` (``(B,)`` ints): ``K_b`` passes
+    and ``K_b + 1`` tokens scored per slot, pass ``j`` over the slots with ``K_b >= j``."""
+    k = np.asarray(lookaheads, np.int64)
+    batch = k.shape[0]
+    draft = cost.draft_times(batch)
+    counts = [(k >= j).sum() for j in range(1, int(k.max(initial=0)) + 1)]
+    return (float(sum(draft[n] for n in counts))
+            + float(cost.target_times(int(batch + k.sum()))[batch + k.sum()]) + cost.overhead)
+
+
+def allocate_drafts(survival, cost: ServingCost) -> DraftAllocation:
+    """The draft lengths of most expected tokens per unit time in one lockstep SD step.
+
+    Slot ``b`` drafting ``K_b`` tokens emits ``1 + sum_{j <= K_b} s_b(j)`` tokens in expectation
+    and makes ``K_b`` draft passes and scores ``K_b + 1`` tokens (``step_time``). The rule
+    (module docstring): for every cap ``m = 0..K`` and total ``D = 0..m B``, take the ``D``
+    largest marginal survivals ``s_b(j)``, ``j <= m`` (greedy by marginal survival), time it as
+    ``a m + c D + target_time[B + D] + overhead``, and keep the best ratio; exact when
+    ``draft_time`` is affine in ``n`` (checked), in ``O(K^2 B log(K B))``.
+
+    Args:
+      survival: ``(B, K)``, ``survival[b, j - 1] = s_b(j)``, the probability that slot ``b``'s
+        first ``j`` drafts are all accepted (non-increasing in ``j``, in ``[0, 1]``).
+      cost: a ``ServingCost`` whose ``draft_time`` is affine over ``n = 1..B``.
+
+    Returns:
+      ``DraftAllocation`` (ties go to the fewest drafts).
+
+    Raises:
+      ValueError: a bad ``survival`` or ``cost``, a ``draft_time`` that is not affine, a
+        ``target_time`` table shorter than ``B (K + 1)``.
+
+    Example:
+      >>> import specjax
+      >>> cost = specjax.ServingCost(0.1, [0.0] + [1.0] * 4 + [1.5] * 4)
+      >>> best = specjax.theory.allocate_drafts([[0.9, 0.8, 0.7], [0.2, 0.1, 0.0]], cost)
+      >>> best.lookaheads.tolist(), round(best.tokens_per_time, 4)
+      ([2, 0], 3.0833)
+    """
+    table = _check_survival(survival)
+    _check_serving_cost(cost)
+    batch, depth = table.shape
+    intercept, slope = _affine_draft(cost, batch)
+    target = cost.target_times(batch * (depth + 1))
+    best = (-1.0, 0, 0)
+    for cap in range(depth + 1):
+        marginals = table[:, :cap].ravel()
+        level = np.tile(np.arange(cap), batch)
+        order = np.lexsort((level, -marginals))  # largest first, shallower first on ties
+        gains = np.concatenate([[0.0], np.cumsum(marginals[order])])
+        totals = np.arange(batch * cap + 1)
+        times = (intercept * cap * (totals > 0) + slope * totals + target[batch + totals]
+                 + cost.overhead)
+        ratios = (batch + gains) / times
+        first = int(np.argmax(ratios))
+        if ratios[first] > best[0] * (1 + 1e-14):
+            best = (float(ratios[first]), cap, first)
+    _, cap, total = best
+    lookaheads = np.zeros(batch, np.int64)
+    if total:
+        marginals = table[:, :cap].ravel()
+        order = np.lexsort((np.tile(np.arange(cap), batch), -marginals))[:total]
+        np.add.at(lookaheads, order // cap, 1)
+    tokens = float(batch + sum(table[b, :lookaheads[b]].sum() for b in range(batch)))
+    time = step_time(lookaheads, cost)
+    return DraftAllocation(lookaheads=lookaheads, tokens=tokens, time=time,
+                           tokens_per_time=tokens / time)
+
+
+def brute_force_allocation(survival, cost: ServingCost) -> DraftAllocation:
+    """``allocate_drafts`` by trying all ``(K + 1)^B`` allocations (for checks; any
+    ``draft_time``)."""
+    table = _check_survival(survival)
+    _check_serving_cost(cost)
+    batch, depth = table.shape
+    cumulative = np.concatenate([np.zeros((batch, 1)), np.cumsum(table, axis=1)], axis=1)
+    best = None
+    for lookaheads in itertools.product(range(depth + 1), repeat=batch):
+        k = np.asarray(lookaheads)
+        tokens = float(batch + cumulative[np.arange(batch), k].sum())
+        time = step_time(k, cost)
+        if best is None or tokens / time > best.tokens_per_time:
+            best = DraftAllocation(lookaheads=k, tokens=tokens, time=time,
+                                   tokens_per_time=tokens / time)
+    return best
+
+
+class BatchPolicy(NamedTuple):
+    """A draft-length policy for a batch and its exact goodput (``batch_lookahead``,
+    ``request_policy``).
+
+    Attributes:
+      decoder: the decoder every slot runs (``Autoregressive()`` when SD off is best).
+      lookahead: its most drafts per call (0: SD off).
+      price: ``tau`` of the per-request threshold (``None`` for a fixed ``K``).
+      tokens_per_time: its exact goodput (``serving_rate``).
+      fixed_rates: ``(K + 1,)``, the goodput of every fixed ``K = 0..max_lookahead``.
+    """
+
+    decoder: Any
+    lookahead: int
+    price: float | None
+    tokens_per_time: float
+    fixed_rates: np.ndarray
+
+
+def _fixed(k: int):
+    return Autoregressive() if k == 0 else Speculative(lookahead=k)
+
+
+def batch_lookahead(draft, target, cost: ServingCost, *, batch_size: int,
+                    max_lookahead: int) -> BatchPolicy:
+    """One ``K`` for the whole batch: the SD lookahead ``K = 0..max_lookahead`` of most exact
+    goodput at ``batch_size`` (``K = 0``: SD off); ties go to the smaller ``K``.
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
+      >>> [specjax.theory.batch_lookahead(draft, target, cost, batch_size=b,
+      ...                                 max_lookahead=4).lookahead for b in (1, 8, 32)]
+      [3, 1, 0]
+    """
+    _check_serving_cost(cost)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    rates = np.asarray([float(serving_rate(_fixed(k), None if k == 0 else draft, target, cost,
+                                           batch_size=batch_size).tokens_per_time)
+                        for k in range(max_lookahead + 1)])
+    best = int(np.argmax(rates))
+    return BatchPolicy(decoder=_fixed(best), lookahead=best, price=None,
+                       tokens_per_time=float(rates[best]), fixed_rates=rates)
+
+
+def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSpeculative:
+    """SD that drafts the next token while its probability of being accepted together with
+    every draft before it exceeds ``price``: stop iff ``A_i alpha(x_i) <= price``, ``A_i`` the
+    probability that the ``i`` drafts so far are all accepted and ``alpha(x)`` the acceptance
+    rate of a draft after ``x`` at that position (``sum_y min(p, q)``); at most
+    ``max_lookahead`` drafts. An ``AdaptiveSpeculative`` with a ``ThresholdTable``
+    (``price / alpha``); ``price`` may be traced (a leaf)."""
+    p, q = draft.trans, target.trans
+    horizon, num_states = q.shape[0], q.shape[-1]
+    depth = min(max_lookahead, horizon)
+    alpha = jnp.sum(jnp.minimum(p, q), axis=-1)  # (T, V)
+    rows = jnp.clip(jnp.arange(horizon)[:, None] + jnp.arange(depth + 1)[None], 0, horizon - 1)
+    table = jnp.where(alpha[rows] > 0, price / jnp.where(alpha[rows] > 0, alpha[rows], 1), 1.0)
+    table = table.at[:, depth].set(1.0)  # A_i <= 1: always stop at the cap
+    return AdaptiveSpeculative(ThresholdTable(table.astype(q.dtype)), max_lookahead=depth)
+
+
+def request_policy(draft, target, cost: ServingCost, *, batch_size: int, max_lookahead: int,
+                   prices=None) -> BatchPolicy:
+    """One draft length per request, from its own drafts: the threshold rule of the module
+    docstring (``threshold_decoder``) with the price ``tau`` of most exact goodput at
+    ``batch_size``, or a fixed ``K`` (SD off included) when none beats it; so never below
+    ``batch_lookahead``.
+
+    Args:
+      draft, target: ``MarkovChain``s.
+      cost: a ``ServingCost``.
+      batch_size: ``B``.
+      max_lookahead: the most drafts per call.
+      prices: the prices tried (default 24 values in ``(0, 1)``).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
+      >>> best = specjax.theory.request_policy(draft, target, cost, batch_size=8,
+      ...                                      max_lookahead=4)
+      >>> bool(best.tokens_per_time >= best.fixed_rates.max())
+      True
+    """
+    batch = batch_lookahead(draft, target, cost, batch_size=batch_size,
+                            max_lookahead=max_lookahead)
+    prices = np.linspace(0.04, 0.96, 24) if prices is None else np.asarray(prices, np.float64)
+    if prices.ndim != 1 or not ((prices >= 0) & (prices <= 1)).all():
+        raise ValueError(f"prices must be a 1-D array of numbers in [0, 1], got {prices!r}")
+    best = batch
+    for price in prices:
+        decoder = threshold_decoder(draft, target, float(price), max_lookahead=max_lookahead)
+        rate = float(serving_rate(decoder, draft, target, cost,
+                                  batch_size=batch_size).tokens_per_time)
+        if rate > best.tokens_per_time * (1 + 1e-12):
+            best = BatchPolicy(decoder=decoder, lookahead=decoder.max_lookahead,
+                               price=float(price), tokens_per_time=rate,
+                               fixed_rates=batch.fixed_rates)
+    return best
