@@ -40,8 +40,7 @@ def test_one_slot_is_decoding_time(pair, x64):
     draft, target = pair
     cost = specjax.CostModel(0.05, TABLE, call_overhead=0.2)
     serving_cost = specjax.ServingCost([0.0, 0.05], TABLE, overhead=0.2)
-    decoders = [specjax.Autoregressive(), SD, specjax.BatchSpeculative(2, lookahead=2),
-                specjax.TokenTree((2, 2)),
+    decoders = [specjax.Autoregressive(), SD, specjax.TokenTree((2, 2)),
                 specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3),
                                             max_lookahead=2)]
     for decoder in decoders:
@@ -162,14 +161,14 @@ def test_edge_cases_are_finite(pair, x64):
     assert np.isfinite(np.asarray(grad)).all()
 
 
-def test_bad_input():
+def test_bad_input(pair):
     with pytest.raises(ValueError, match="target_time"):
         specjax.ServingCost(0.1, [0.0, -1.0])
     with pytest.raises(ValueError, match="draft_time"):
         specjax.ServingCost([[0.1]], 1.0)
     with pytest.raises(ValueError, match="overhead"):
         specjax.ServingCost(0.1, 1.0, overhead=-1)
-    draft, target = specjax.paper_instance()
+    draft, target = pair
     with pytest.raises(ValueError, match="target_time is a table"):
         specjax.serving_rate(SD, draft, target, specjax.ServingCost(0.1, [0.0, 1.0, 1.0]),
                              batch_size=2)
@@ -182,3 +181,92 @@ def test_bad_input():
     with pytest.raises(ValueError, match="affine"):
         specjax.theory.allocate_drafts([[0.5], [0.4], [0.3]],
                                        specjax.ServingCost([0.0, 1.0, 1.0, 2.0], 1.0))
+
+
+def literal_lockstep(rng, draft, target, thresholds, cost, *, batch_size, systems, steps,
+                     burn_in):
+    """A literal lockstep run of ``systems`` independent batches of ``B`` slots, each slot
+    decoding requests by SD whose drafting stops, before draft ``i + 1``, iff ``A_i <=
+    thresholds[n - 1, i, x_i]`` (``AdaptiveSpeculative``'s ``ThresholdTable``), written here
+    from the algorithm in NumPy (``decode``'s trace does not say how many tokens a call drafted
+    after a rejection, which the clock needs). A finished request (``T`` tokens) is replaced by a
+    fresh one at the next step. Returns the goodput over the steps after ``burn_in`` and its
+    standard error (the systems are independent; delta method)."""
+    p, q = np.asarray(draft.trans), np.asarray(target.trans)
+    init = np.asarray(target.init)
+    horizon, num_states = q.shape[0], q.shape[-1]
+    depth = thresholds.shape[1] - 1
+    shape = (systems, batch_size)
+    cum_p, cum_q = np.cumsum(p, -1), np.cumsum(q, -1)
+    residual = np.maximum(q - p, 0)
+    cum_r = np.cumsum(residual, -1)
+
+    def draw(cumulative):
+        u = rng.random(cumulative.shape[:-1]) * cumulative[..., -1]
+        return np.minimum((u[..., None] >= cumulative).sum(-1), num_states - 1)
+
+    n = np.ones(shape, np.int64)
+    prev = draw(np.broadcast_to(np.cumsum(init), shape + (num_states,)))
+    draft_table = cost.draft_times(batch_size)
+    target_table = cost.target_times(batch_size * (depth + 1))
+    tokens = np.zeros(systems)
+    times = np.zeros(systems)
+    for step in range(steps):
+        drafts = np.zeros(shape + (depth,), np.int64)
+        accept = np.ones(shape + (depth,))
+        x, survival = prev.copy(), np.ones(shape)
+        drafted = np.zeros(shape, np.int64)
+        live = np.ones(shape, bool)
+        for i in range(depth):
+            row = np.minimum(n - 1 + i, horizon - 1)
+            live &= (i < horizon - n + 1) & ~(survival <= thresholds[n - 1, i, x])
+            y = draw(cum_p[row, x])
+            pxy, qxy = p[row, x, y], q[row, x, y]
+            a = np.minimum(1.0, np.where(pxy > 0, qxy / np.where(pxy > 0, pxy, 1), 1.0))
+            drafts[..., i] = np.where(live, y, 0)
+            accept[..., i] = np.where(live, a, 1.0)
+            survival = np.where(live, survival * a, survival)
+            x = np.where(live, y, x)
+            drafted += live
+        kept_each = rng.random(shape + (depth,)) < accept
+        kept_each |= np.arange(depth) >= drafted[..., None]
+        kept = np.argmin(np.concatenate([kept_each, np.zeros(shape + (1,), bool)], -1), -1)
+        rejected = kept < drafted
+        kept = np.minimum(kept, drafted)
+        parent = np.where(kept > 0, np.take_along_axis(drafts, np.maximum(kept - 1, 0)[..., None],
+                                                       -1)[..., 0], prev)
+        row = np.minimum(n - 1 + kept, horizon - 1)
+        last = np.where(rejected, draw(cum_r[row, parent]), draw(cum_q[row, parent]))
+        emitted = np.minimum(kept + 1, horizon - n + 1)
+        counts = [(drafted >= j).sum(1) for j in range(1, depth + 1)]
+        time = (sum(draft_table[c] for c in counts) + target_table[(drafted + 1).sum(1)]
+                + cost.overhead)
+        if step >= burn_in:
+            tokens += emitted.sum(1)
+            times += time
+        n = n + emitted
+        prev = last  # a request past its end is replaced below
+        done = n > horizon
+        n = np.where(done, 1, n)
+        prev = np.where(done, draw(np.broadcast_to(np.cumsum(init), shape + (num_states,))),
+                        prev)
+    rate = tokens.sum() / times.sum()
+    residual_rate = (tokens - rate * times) / times.mean()
+    return rate, residual_rate.std(ddof=1) / np.sqrt(systems)
+
+
+def test_literal_lockstep_per_request_and_fixed(pair, x64):
+    draft, target = pair
+    batch_size = 3
+    cost = specjax.ServingCost(lambda n: 0.1 + 0.03 * n, TABLE, overhead=0.1)
+    rng = np.random.default_rng(5)
+    per_request = serving.threshold_decoder(draft, target, 0.45, max_lookahead=2)
+    fixed = np.full((T, 3, V), -1.0)
+    fixed[:, 2] = 1.0  # SD with K = 2: go on before depth 2, stop there
+    for thresholds, decoder in ((np.asarray(per_request.policy.thresholds), per_request),
+                                (fixed, SD)):
+        rate, se = literal_lockstep(rng, draft, target, thresholds, cost, batch_size=batch_size,
+                                    systems=3000, steps=40, burn_in=8)
+        exact = float(specjax.serving_rate(decoder, draft, target, cost,
+                                           batch_size=batch_size).tokens_per_time)
+        assert abs(rate - exact) <= stats.Z * se, (decoder.label, rate, exact, se)
