@@ -20,11 +20,15 @@ from specjax.theory.serving import BatchPolicy
 from specjax.theory.serving import DraftAllocation
 from specjax.theory.serving import ServingCost
 from specjax.theory.serving import ServingRate
+from specjax.theory.serving import SlotWork
 from specjax.theory.serving import allocate_drafts
 from specjax.theory.serving import batch_lookahead
+from specjax.theory.serving import goodput
 from specjax.theory.serving import request_policy
 from specjax.theory.serving import roofline
 from specjax.theory.serving import serving_rate
+from specjax.theory.serving import slot_work
+from specjax.theory.serving import threshold_decoder
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
 from specjax.theory.values import accepted_length
@@ -66,11 +70,15 @@ __all__ = [
     "DraftAllocation",
     "ServingCost",
     "ServingRate",
+    "SlotWork",
     "allocate_drafts",
     "batch_lookahead",
+    "goodput",
     "request_policy",
     "roofline",
     "serving_rate",
+    "slot_work",
+    "threshold_decoder",
     "best_token_tree",
     "positional_acceptance",
     "SequoiaChoice",

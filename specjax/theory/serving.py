@@ -263,13 +263,29 @@ def _convolution_power(law: jax.Array, power: int) -> jax.Array:
     return result
 
 
-def slot_work_law(decoder, draft, target, *, horizon: int | None = None):
-    """One slot's stationary law of work per step: ``(T, calls, mass, passes, scored)``.
+class SlotWork(NamedTuple):
+    """One slot's stationary law of work per step (``slot_work``).
 
-    ``mass[i]`` is the expected number of calls per request doing ``passes[i]`` draft passes and
-    scoring ``scored[i]`` tokens (``new_call`` by position, or the drafted-call law by depth),
-    ``calls = sum(mass)``, the expected calls per request; ``mass / calls`` is the law ``pi``.
+    Attributes:
+      horizon: ``T``, the tokens of a request.
+      calls: ``E[C]``, the expected calls (steps) per request.
+      mass: the expected number of calls per request doing ``passes[i]`` draft passes and
+        scoring ``scored[i]`` tokens (``new_call`` by position, or the drafted-call law by
+        depth); ``mass / calls`` is the stationary law ``pi`` of a slot's step.
+      passes, scored: NumPy int arrays, the work of each entry (static).
     """
+
+    horizon: int
+    calls: jax.Array
+    mass: jax.Array
+    passes: np.ndarray
+    scored: np.ndarray
+
+
+def slot_work(decoder, draft, target, *, horizon: int | None = None) -> SlotWork:
+    """One slot's stationary law of work per step: what ``serving_rate`` needs of the decoder
+    and the models, whatever the batch size (compute it once, then ``goodput`` for every
+    ``B``). Arguments as ``serving_rate``'s."""
     check_decoder(decoder)
     decoder, draft, target, _, num_positions, lookahead = plan_run(
         decoder, draft, target, engine="exact", horizon=horizon)
@@ -281,7 +297,8 @@ def slot_work_law(decoder, draft, target, *, horizon: int | None = None):
         passes, scored = call_works(decoder, num_positions, lookahead)
         new_call = exact(decoder, draft, target, horizon=horizon).new_call
         mass = new_call
-    return num_positions, jnp.sum(new_call), mass, passes, scored
+    return SlotWork(horizon=num_positions, calls=jnp.sum(new_call, axis=-1), mass=mass,
+                    passes=passes, scored=scored)
 
 
 def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
@@ -292,7 +309,7 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     emitted its ``T`` tokens is replaced by a fresh one (continuous batching). The rate is the
     renewal-reward ratio of the module docstring: ``B T / E[calls]`` tokens per step over the
     expected step time under the slots' independent stationary laws of work. ``Autoregressive()``
-    (``K = 0``) is the baseline.
+    (``K = 0``) is the baseline. ``slot_work`` then ``goodput``.
 
     Args:
       decoder: any decoder value (call-level or token-wise).
@@ -323,26 +340,50 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
     planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
-    max_passes, max_scored = (int(x.max()) for x in depth_works(planned, lookahead))
-    draft_table = cost.draft_times(batch_size)  # tables too short raise here, before any work
-    target_table = cost.target_times(batch_size * max(max_scored, 1))
-    num_positions, calls, mass, passes, scored = slot_work_law(decoder, draft, target,
-                                                               horizon=horizon)
-    dtype = mass.dtype
-    law = safe_ratio(mass, calls, 0)
-    scored_law = jnp.zeros((max_scored + 1,), dtype).at[jnp.asarray(scored)].add(law)
+    _check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
+    return goodput(slot_work(decoder, draft, target, horizon=horizon), cost,
+                   batch_size=batch_size)
+
+
+def _check_tables(cost: ServingCost, batch_size: int, passes, scored):
+    """The tables a batch of ``B`` needs, evaluated (a short table raises here)."""
+    return (cost.draft_times(batch_size),
+            cost.target_times(batch_size * max(int(np.max(scored)), 1)))
+
+
+def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRate:
+    """``serving_rate`` from a slot's law of work (``slot_work``): the renewal-reward ratio for
+    ``batch_size`` slots.
+
+    Example:
+      >>> import specjax
+      >>> from specjax.theory import serving
+      >>> draft, target = specjax.paper_instance()
+      >>> work = serving.slot_work(specjax.Speculative(lookahead=3), draft, target)
+      >>> cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=16, size=512))
+      >>> [round(float(serving.goodput(work, cost, batch_size=b).speedup), 3) for b in (1, 32)]
+      [1.72, 0.491]
+    """
+    _check_serving_cost(cost)
+    _checks.check_static_int("batch_size", batch_size)
+    draft_table, target_table = _check_tables(cost, batch_size, work.passes, work.scored)
+    max_passes, max_scored = int(np.max(work.passes)), int(np.max(work.scored))
+    dtype = work.mass.dtype
+    law = safe_ratio(work.mass, work.calls, 0)
+    scored_law = jnp.zeros((max_scored + 1,), dtype).at[jnp.asarray(work.scored)].add(law)
     total_law = _convolution_power(scored_law, batch_size)
     target_part = jnp.dot(total_law, jnp.asarray(target_table[:total_law.shape[0]], dtype),
                           precision=HIGHEST)
     draft_part = jnp.zeros((), dtype)
     if max_passes > 0:
-        tails = jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
+        passes = jnp.asarray(work.passes)
+        tails = jnp.stack([jnp.sum(jnp.where(passes >= j, law, 0))
                            for j in range(1, max_passes + 1)])
         bernoulli = jnp.stack([1 - tails, tails], axis=-1)
         counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
         draft_part = jnp.sum(counts @ jnp.asarray(draft_table, dtype))
     time_per_step = draft_part + target_part + cost.overhead
-    tokens_per_step = batch_size * num_positions / calls
+    tokens_per_step = batch_size * work.horizon / work.calls
     ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
     rate = tokens_per_step / time_per_step
     return ServingRate(tokens_per_time=rate, tokens_per_step=tokens_per_step,
@@ -514,27 +555,53 @@ def _fixed(k: int):
     return Autoregressive() if k == 0 else Speculative(lookahead=k)
 
 
-def batch_lookahead(draft, target, cost: ServingCost, *, batch_size: int,
-                    max_lookahead: int) -> BatchPolicy:
+def _batch_sizes(batch_size) -> tuple[tuple[int, ...], bool]:
+    many = not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
+    sizes = tuple(batch_size) if many else (batch_size,)
+    if not sizes:
+        raise ValueError("batch_size must be a positive int or a non-empty sequence of them")
+    for size in sizes:
+        _checks.check_static_int("batch_size", size)
+    return tuple(int(b) for b in sizes), many
+
+
+def _rates(work: SlotWork, cost: ServingCost, sizes) -> np.ndarray:
+    return np.asarray([float(goodput(work, cost, batch_size=b).tokens_per_time) for b in sizes])
+
+
+def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int):
     """One ``K`` for the whole batch: the SD lookahead ``K = 0..max_lookahead`` of most exact
-    goodput at ``batch_size`` (``K = 0``: SD off); ties go to the smaller ``K``.
+    goodput (``K = 0``: SD off; ties to the smaller ``K``), vLLM's dynamic SD with exact rates.
+
+    Args:
+      draft, target: the models.
+      cost: a ``ServingCost``.
+      batch_size: ``B``, a positive int, or a sequence of them (each decoder's law of work is
+        computed once for all).
+      max_lookahead: the largest ``K`` tried.
+
+    Returns:
+      ``BatchPolicy`` (a tuple of them, one per batch size, for a sequence).
 
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
-      >>> [specjax.theory.batch_lookahead(draft, target, cost, batch_size=b,
-      ...                                 max_lookahead=4).lookahead for b in (1, 8, 32)]
+      >>> [choice.lookahead for choice in specjax.theory.batch_lookahead(
+      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=4)]
       [3, 1, 0]
     """
     _check_serving_cost(cost)
+    sizes, many = _batch_sizes(batch_size)
     _checks.check_static_int("max_lookahead", max_lookahead)
-    rates = np.asarray([float(serving_rate(_fixed(k), None if k == 0 else draft, target, cost,
-                                           batch_size=batch_size).tokens_per_time)
-                        for k in range(max_lookahead + 1)])
-    best = int(np.argmax(rates))
-    return BatchPolicy(decoder=_fixed(best), lookahead=best, price=None,
-                       tokens_per_time=float(rates[best]), fixed_rates=rates)
+    for k in range(max_lookahead + 1):  # tables too short raise before any work
+        _check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
+    rates = np.stack([_rates(slot_work(_fixed(k), None if k == 0 else draft, target), cost, sizes)
+                      for k in range(max_lookahead + 1)], axis=1)  # (sizes, K + 1)
+    choices = tuple(BatchPolicy(decoder=_fixed(int(np.argmax(r))), lookahead=int(np.argmax(r)),
+                                price=None, tokens_per_time=float(r.max()), fixed_rates=r)
+                    for r in rates)
+    return choices if many else choices[0]
 
 
 def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSpeculative:
@@ -543,9 +610,18 @@ def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSp
     probability that the ``i`` drafts so far are all accepted and ``alpha(x)`` the acceptance
     rate of a draft after ``x`` at that position (``sum_y min(p, q)``); at most
     ``max_lookahead`` drafts. An ``AdaptiveSpeculative`` with a ``ThresholdTable``
-    (``price / alpha``); ``price`` may be traced (a leaf)."""
+    (``price / alpha``); ``price`` may be traced (a leaf).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> sd = specjax.theory.serving.threshold_decoder(draft, target, 0.5, max_lookahead=4)
+      >>> round(float(specjax.exact(sd, draft, target).expected_calls), 3)
+      33.099
+    """
+    _checks.check_static_int("max_lookahead", max_lookahead)
     p, q = draft.trans, target.trans
-    horizon, num_states = q.shape[0], q.shape[-1]
+    horizon = q.shape[0]
     depth = min(max_lookahead, horizon)
     alpha = jnp.sum(jnp.minimum(p, q), axis=-1)  # (T, V)
     rows = jnp.clip(jnp.arange(horizon)[:, None] + jnp.arange(depth + 1)[None], 0, horizon - 1)
@@ -554,41 +630,44 @@ def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSp
     return AdaptiveSpeculative(ThresholdTable(table.astype(q.dtype)), max_lookahead=depth)
 
 
-def request_policy(draft, target, cost: ServingCost, *, batch_size: int, max_lookahead: int,
-                   prices=None) -> BatchPolicy:
+def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int,
+                   prices=None):
     """One draft length per request, from its own drafts: the threshold rule of the module
-    docstring (``threshold_decoder``) with the price ``tau`` of most exact goodput at
-    ``batch_size``, or a fixed ``K`` (SD off included) when none beats it; so never below
+    docstring (``threshold_decoder``) with the cap ``k <= max_lookahead`` and price ``tau`` of
+    most exact goodput, or a fixed ``K`` (SD off included) when none beats it; so never below
     ``batch_lookahead``.
 
     Args:
       draft, target: ``MarkovChain``s.
       cost: a ``ServingCost``.
-      batch_size: ``B``.
-      max_lookahead: the most drafts per call.
+      batch_size: ``B``, a positive int, or a sequence of them.
+      max_lookahead: the largest cap tried.
       prices: the prices tried (default 24 values in ``(0, 1)``).
+
+    Returns:
+      ``BatchPolicy`` (a tuple of them for a sequence of batch sizes).
 
     Example:
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
       >>> best = specjax.theory.request_policy(draft, target, cost, batch_size=8,
-      ...                                      max_lookahead=4)
+      ...                                      max_lookahead=3, prices=[0.3, 0.6])
       >>> bool(best.tokens_per_time >= best.fixed_rates.max())
       True
     """
-    batch = batch_lookahead(draft, target, cost, batch_size=batch_size,
-                            max_lookahead=max_lookahead)
+    sizes, many = _batch_sizes(batch_size)
     prices = np.linspace(0.04, 0.96, 24) if prices is None else np.asarray(prices, np.float64)
     if prices.ndim != 1 or not ((prices >= 0) & (prices <= 1)).all():
         raise ValueError(f"prices must be a 1-D array of numbers in [0, 1], got {prices!r}")
-    best = batch
-    for price in prices:
-        decoder = threshold_decoder(draft, target, float(price), max_lookahead=max_lookahead)
-        rate = float(serving_rate(decoder, draft, target, cost,
-                                  batch_size=batch_size).tokens_per_time)
-        if rate > best.tokens_per_time * (1 + 1e-12):
-            best = BatchPolicy(decoder=decoder, lookahead=decoder.max_lookahead,
-                               price=float(price), tokens_per_time=rate,
-                               fixed_rates=batch.fixed_rates)
-    return best
+    best = list(batch_lookahead(draft, target, cost, batch_size=sizes,
+                                max_lookahead=max_lookahead))
+    for cap in range(1, max_lookahead + 1):
+        for price in prices:
+            decoder = threshold_decoder(draft, target, float(price), max_lookahead=cap)
+            rates = _rates(slot_work(decoder, draft, target), cost, sizes)
+            for i, rate in enumerate(rates):
+                if rate > best[i].tokens_per_time * (1 + 1e-12):
+                    best[i] = best[i]._replace(decoder=decoder, lookahead=decoder.max_lookahead,
+                                               price=float(price), tokens_per_time=float(rate))
+    return tuple(best) if many else best[0]
