@@ -20,6 +20,7 @@ import pytest
 
 import specjax
 import stats
+from specjax.experiments.serving_references import numpy_best_allocation
 from specjax.theory import serving
 
 V, T = 4, 5
@@ -119,8 +120,10 @@ def test_allocation_is_brute_force():
         for _ in range(3):
             survival, cost = random_instance(rng, batch, depth)
             best = specjax.theory.allocate_drafts(survival, cost)
-            brute = serving.brute_force_allocation(survival, cost)
-            np.testing.assert_allclose(best.tokens_per_time, brute.tokens_per_time, rtol=1e-10)
+            brute, _ = numpy_best_allocation(survival, cost.draft_times(batch),
+                                             cost.target_times(batch * (depth + 1)),
+                                             cost.overhead)
+            np.testing.assert_allclose(best.tokens_per_time, brute, rtol=1e-10)
             assert np.isclose(best.time, serving.step_time(best.lookaheads, cost), rtol=1e-12)
             for k in range(depth + 1):  # one K for all, SD off (k = 0) included
                 fixed = np.full(batch, k)

@@ -58,7 +58,7 @@ stops when the next draft's probability of being accepted with all before it fal
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import functools
 from typing import Any
 from typing import NamedTuple
 
@@ -263,6 +263,24 @@ def _convolution_power(law: jax.Array, power: int) -> jax.Array:
     return result
 
 
+@functools.partial(jax.jit, static_argnames=("batch_size", "passes", "scored"))
+def _expected_step(law, draft_table, target_table, *, batch_size: int, passes: tuple,
+                   scored: tuple):
+    """``(E[draft time], E[target time], law of S)`` of a step of ``batch_size`` independent
+    slots, each doing ``(passes[i], scored[i])`` with probability ``law[i]``."""
+    scored_law = jnp.zeros((max(scored) + 1,), law.dtype).at[jnp.asarray(scored)].add(law)
+    total_law = _convolution_power(scored_law, batch_size)
+    target_part = jnp.dot(total_law, target_table[:total_law.shape[0]], precision=HIGHEST)
+    draft_part = jnp.zeros((), law.dtype)
+    if max(passes) > 0:
+        tails = jnp.clip(jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
+                                    for j in range(1, max(passes) + 1)]), 0, 1)
+        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
+        counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
+        draft_part = jnp.sum(counts @ draft_table[:batch_size + 1])
+    return draft_part, target_part, total_law
+
+
 class SlotWork(NamedTuple):
     """One slot's stationary law of work per step (``slot_work``).
 
@@ -367,21 +385,15 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
     draft_table, target_table = _check_tables(cost, batch_size, work.passes, work.scored)
-    max_passes, max_scored = int(np.max(work.passes)), int(np.max(work.scored))
     dtype = work.mass.dtype
-    law = safe_ratio(work.mass, work.calls, 0)
-    scored_law = jnp.zeros((max_scored + 1,), dtype).at[jnp.asarray(work.scored)].add(law)
-    total_law = _convolution_power(scored_law, batch_size)
-    target_part = jnp.dot(total_law, jnp.asarray(target_table[:total_law.shape[0]], dtype),
-                          precision=HIGHEST)
-    draft_part = jnp.zeros((), dtype)
-    if max_passes > 0:
-        passes = jnp.asarray(work.passes)
-        tails = jnp.stack([jnp.sum(jnp.where(passes >= j, law, 0))
-                           for j in range(1, max_passes + 1)])
-        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
-        counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
-        draft_part = jnp.sum(counts @ jnp.asarray(draft_table, dtype))
+    works, which = np.unique(np.stack([work.passes, work.scored], axis=1), axis=0,
+                             return_inverse=True)  # the distinct (passes, scored): static
+    law = jnp.zeros((works.shape[0],), dtype).at[jnp.asarray(which.reshape(-1))].add(
+        safe_ratio(work.mass, work.calls, 0))
+    draft_part, target_part, total_law = _expected_step(
+        law, jnp.asarray(draft_table, dtype), jnp.asarray(target_table, dtype),
+        batch_size=batch_size, passes=tuple(int(x) for x in works[:, 0]),
+        scored=tuple(int(x) for x in works[:, 1]))
     time_per_step = draft_part + target_part + cost.overhead
     tokens_per_step = batch_size * work.horizon / work.calls
     ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
@@ -512,24 +524,6 @@ def allocate_drafts(survival, cost: ServingCost) -> DraftAllocation:
     time = step_time(lookaheads, cost)
     return DraftAllocation(lookaheads=lookaheads, tokens=tokens, time=time,
                            tokens_per_time=tokens / time)
-
-
-def brute_force_allocation(survival, cost: ServingCost) -> DraftAllocation:
-    """``allocate_drafts`` by trying all ``(K + 1)^B`` allocations (for checks; any
-    ``draft_time``)."""
-    table = _check_survival(survival)
-    _check_serving_cost(cost)
-    batch, depth = table.shape
-    cumulative = np.concatenate([np.zeros((batch, 1)), np.cumsum(table, axis=1)], axis=1)
-    best = None
-    for lookaheads in itertools.product(range(depth + 1), repeat=batch):
-        k = np.asarray(lookaheads)
-        tokens = float(batch + cumulative[np.arange(batch), k].sum())
-        time = step_time(k, cost)
-        if best is None or tokens / time > best.tokens_per_time:
-            best = DraftAllocation(lookaheads=k, tokens=tokens, time=time,
-                                   tokens_per_time=tokens / time)
-    return best
 
 
 class BatchPolicy(NamedTuple):
