@@ -73,7 +73,7 @@ def allocation_table(args) -> list[dict]:
     for k in args.lookaheads:
         for b in args.batch_sizes:
             survival = np.cumprod(rng.uniform(0.3, 1.0, (b, k)), axis=1)
-            cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=8, size=b * (k + 1)))
+            cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=2 * b, size=b * (k + 1)))
             ours = specjax.theory.allocate_drafts(survival, cost)
             t_ours = best_time(lambda i: specjax.theory.allocate_drafts(survival, cost)
                                .tokens_per_time, args.repeats)
@@ -112,7 +112,7 @@ def main(argv=None):
         print(f"| {r['K']} | {r['B']} | {r['goodput']:.6f} | {r['reference']:.6f} | "
               f"{r['slot_work_s'] * 1e3:.1f} ms | {r['specjax_s'] * 1e3:.2f} ms | "
               f"{r['numpy_s'] * 1e3:.2f} ms | {r['numpy_s'] / r['specjax_s']:.2f}x |")
-    print("\nAllocation of one step (random survival, roofline knee 8)\n")
+    print("\nAllocation of one step (random survival, roofline knee 2 B)\n")
     print("| K | B | tokens per time | brute force | allocate_drafts | brute force time |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in allocation:
