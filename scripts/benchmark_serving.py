@@ -54,11 +54,11 @@ def goodput_table(args) -> list[dict]:
             ours = serving.goodput(work, cost, batch_size=b)
             t_ours = best_time(lambda i, b=b: serving.goodput(work, cost, batch_size=b)
                                .tokens_per_time, args.repeats)
-            reference = numpy_goodput(np.asarray(work.mass), float(work.calls), work.horizon,
+            reference = numpy_goodput(np.asarray(work.mass), float(work.calls), float(work.tokens),
                                       work.passes, work.scored, cost.draft_times(b),
                                       cost.target_times(b * (k + 1)), b)
             t_numpy = min(timed(lambda b=b: numpy_goodput(
-                np.asarray(work.mass), float(work.calls), work.horizon, work.passes,
+                np.asarray(work.mass), float(work.calls), float(work.tokens), work.passes,
                 work.scored, cost.draft_times(b), cost.target_times(b * (k + 1)), b))
                 for _ in range(args.repeats))
             rows.append(dict(K=k, B=b, goodput=float(ours.tokens_per_time),

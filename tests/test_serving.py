@@ -273,3 +273,21 @@ def test_literal_lockstep_per_request_and_fixed(pair, x64):
         exact = float(specjax.serving_rate(decoder, draft, target, cost,
                                            batch_size=batch_size).tokens_per_time)
         assert abs(rate - exact) <= stats.Z * se, (decoder.label, rate, exact, se)
+
+
+def test_stationary_one_slot_is_stationary_rate(x64):
+    rows = jnp.asarray([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.0, 0.4, 0.6]])
+    q = specjax.MarkovChain(jnp.full(3, 1 / 3), jnp.broadcast_to(rows, (T, 3, 3)))
+    p = specjax.MarkovChain(q.init, jnp.full((T, 3, 3), 1 / 3))
+    cost = specjax.CostModel(0.05, TABLE, call_overhead=0.2)
+    serving_cost = specjax.ServingCost([0.0, 0.05], TABLE, overhead=0.2)
+    for policy in (specjax.decoders.FixedLength(2), specjax.decoders.RejectionThreshold(0.3)):
+        decoder = specjax.AdaptiveSpeculative(policy, max_lookahead=2)
+        expected = specjax.theory.stationary_rate(decoder, p, q, cost)
+        rate = specjax.serving_rate(decoder, p, q, serving_cost, batch_size=1, stationary=True)
+        np.testing.assert_allclose(rate.tokens_per_time, expected.tokens_per_time, rtol=1e-10)
+        np.testing.assert_allclose(rate.tokens_per_step, expected.tokens_per_call, rtol=1e-10)
+        wide = specjax.serving_rate(decoder, p, q, specjax.ServingCost(0.05, TABLE),
+                                    batch_size=4, stationary=True)
+        np.testing.assert_allclose(wide.tokens_per_step, 4 * expected.tokens_per_call,
+                                   rtol=1e-10)

@@ -507,7 +507,7 @@ def serving(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     t_jax = best_time(ours, sizes.repeats)
     tables = (cost.draft_times(batch), cost.target_times(batch * (k + 1)))
     theirs = _Last(lambda: serving_references.numpy_goodput(
-        np.asarray(work.mass), float(work.calls), work.horizon, work.passes, work.scored,
+        np.asarray(work.mass), float(work.calls), float(work.tokens), work.passes, work.scored,
         *tables, batch))
     t_np = min(timed(theirs) for _ in range(max(sizes.numpy_repeats, 1)))
     check, agree = _values("goodput", ours.value, theirs.value)

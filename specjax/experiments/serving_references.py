@@ -15,9 +15,9 @@ import numpy as np
 from scipy import stats
 
 
-def numpy_goodput(mass, calls, horizon: int, passes, scored, draft_table, target_table,
+def numpy_goodput(mass, calls, tokens: float, passes, scored, draft_table, target_table,
                   batch_size: int) -> float:
-    """Tokens per unit time of ``batch_size`` slots: ``B T / calls`` over the expected step
+    """Tokens per unit time of ``batch_size`` slots: ``B tokens / calls`` over the expected step
     time, each slot's step work ``(passes[i], scored[i])`` with probability ``mass[i] /
     calls``, the slots independent; ``draft_table[n]`` a pass over ``n`` slots,
     ``target_table[n]`` a forward over ``n`` tokens."""
@@ -34,7 +34,7 @@ def numpy_goodput(mass, calls, horizon: int, passes, scored, draft_table, target
         counts = np.arange(batch_size + 1)
         time += float(stats.binom.pmf(counts, batch_size, tail)
                       @ np.asarray(draft_table, np.float64)[:batch_size + 1])
-    return batch_size * horizon / float(calls) / time
+    return batch_size * tokens / float(calls) / time
 
 
 def numpy_best_allocation(survival, draft_table, target_table, overhead: float = 0.0):

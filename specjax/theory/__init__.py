@@ -28,6 +28,7 @@ from specjax.theory.serving import request_policy
 from specjax.theory.serving import roofline
 from specjax.theory.serving import serving_rate
 from specjax.theory.serving import slot_work
+from specjax.theory.serving import stationary_slot_work
 from specjax.theory.serving import threshold_decoder
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
@@ -78,6 +79,7 @@ __all__ = [
     "roofline",
     "serving_rate",
     "slot_work",
+    "stationary_slot_work",
     "threshold_decoder",
     "best_token_tree",
     "positional_acceptance",

@@ -285,15 +285,17 @@ class SlotWork(NamedTuple):
     """One slot's stationary law of work per step (``slot_work``).
 
     Attributes:
-      horizon: ``T``, the tokens of a request.
-      calls: ``E[C]``, the expected calls (steps) per request.
+      tokens: the expected tokens of a cycle: ``T`` for a request (``1 / calls`` of them per
+        step); on a stationary chain without a horizon, the mean tokens of a call, with
+        ``calls = 1``.
+      calls: ``E[C]``, the expected calls (steps) per cycle.
       mass: the expected number of calls per request doing ``passes[i]`` draft passes and
         scoring ``scored[i]`` tokens (``new_call`` by position, or the drafted-call law by
         depth); ``mass / calls`` is the stationary law ``pi`` of a slot's step.
       passes, scored: NumPy int arrays, the work of each entry (static).
     """
 
-    horizon: int
+    tokens: Any
     calls: jax.Array
     mass: jax.Array
     passes: np.ndarray
@@ -315,12 +317,49 @@ def slot_work(decoder, draft, target, *, horizon: int | None = None) -> SlotWork
         passes, scored = call_works(decoder, num_positions, lookahead)
         new_call = exact(decoder, draft, target, horizon=horizon).new_call
         mass = new_call
-    return SlotWork(horizon=num_positions, calls=jnp.sum(new_call, axis=-1), mass=mass,
+    return SlotWork(tokens=num_positions, calls=jnp.sum(new_call, axis=-1), mass=mass,
+                    passes=passes, scored=scored)
+
+
+def stationary_slot_work(decoder, draft, target) -> SlotWork:
+    """A slot's law of work per step in the long run on a *stationary* chain, without a horizon
+    (requests that never end): the calls start after a token drawn from ``stationary_rate``'s
+    law ``mu``; a call drafts ``d`` levels with probability ``sum_a mu(a) P(d | a)`` (the
+    drafted-call law on the stationary rows, or ``K`` for a fixed length) and emits
+    ``stationary_rate``'s ``tokens_per_call`` in expectation. Call-level decoders of one call
+    state, as ``stationary_rate`` takes them (SD with lookahead ``K``:
+    ``AdaptiveSpeculative(FixedLength(K), max_lookahead=K)``)."""
+    from specjax.theory.calls import law_from_rows  # noqa: PLC0415
+    from specjax.theory.cost import CostModel  # noqa: PLC0415
+    from specjax.theory.stationary import stationary_rate  # noqa: PLC0415
+
+    rate = stationary_rate(decoder, draft, target, CostModel(0.0, 1.0))  # checks everything
+    decoder, draft, target, *_ = plan_run(decoder, draft, target, engine="exact")
+    if decoder.num_call_states != 1:
+        raise ValueError(f"decoder: the stationary serving rate takes decoders of one call "
+                         f"state, got {type(decoder).__name__} with {decoder.num_call_states}")
+    depth = decoder.lookahead
+    passes, scored = depth_works(decoder, depth)
+    p, q = draft.trans[0], target.trans[0]
+    if decoder.has_drafted_call_law:
+        p_rows = jnp.broadcast_to(p, (depth,) + p.shape)
+        q_rows = jnp.broadcast_to(q, (depth,) + q.shape)
+
+        def drafted(a):
+            start = jax.nn.one_hot(a, q.shape[-1], dtype=q.dtype)
+            return law_from_rows(decoder, start, p_rows, q_rows, q, position=1,
+                                 with_drafted=True)[1]
+
+        mass = jnp.dot(rate.start_law, jax.lax.map(drafted, jnp.arange(q.shape[-1])),
+                       precision=HIGHEST)
+    else:
+        mass = jax.nn.one_hot(depth, depth + 1, dtype=q.dtype)
+    return SlotWork(tokens=rate.tokens_per_call, calls=jnp.ones((), q.dtype), mass=mass,
                     passes=passes, scored=scored)
 
 
 def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
-                 horizon: int | None = None) -> ServingRate:
+                 horizon: int | None = None, stationary: bool = False) -> ServingRate:
     """Exact long-run goodput of ``batch_size`` slots decoding in lockstep with ``decoder``.
 
     Every step each slot makes one call of ``decoder`` on its own request; a request that has
@@ -336,12 +375,15 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
       cost: a ``ServingCost``.
       batch_size: ``B``, the slots, a positive int (static).
       horizon: ``T`` for ``FiniteStateModel``s (as ``exact``).
+      stationary: ``True``: requests without end on stationary chains (``stationary_rate``'s
+        long run; ``stationary_slot_work``), for call-level decoders of one call state.
 
     Returns:
       ``ServingRate``.
 
     Raises:
-      ValueError: what ``exact`` raises; ``cost`` not a ``ServingCost``; ``batch_size`` not a
+      ValueError: what ``exact`` (or with ``stationary``, ``stationary_rate``) raises; ``cost``
+        not a ``ServingCost``; ``batch_size`` not a
         positive int; a table shorter than a step needs (``draft_time`` up to ``B``,
         ``target_time`` up to ``B`` times the most tokens a call scores).
 
@@ -359,8 +401,9 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     _checks.check_static_int("batch_size", batch_size)
     planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
     _check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
-    return goodput(slot_work(decoder, draft, target, horizon=horizon), cost,
-                   batch_size=batch_size)
+    work = (stationary_slot_work(decoder, draft, target) if stationary else
+            slot_work(decoder, draft, target, horizon=horizon))
+    return goodput(work, cost, batch_size=batch_size)
 
 
 def _check_tables(cost: ServingCost, batch_size: int, passes, scored):
@@ -395,7 +438,7 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
         batch_size=batch_size, passes=tuple(int(x) for x in works[:, 0]),
         scored=tuple(int(x) for x in works[:, 1]))
     time_per_step = draft_part + target_part + cost.overhead
-    tokens_per_step = batch_size * work.horizon / work.calls
+    tokens_per_step = batch_size * work.tokens / work.calls
     ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
     rate = tokens_per_step / time_per_step
     return ServingRate(tokens_per_time=rate, tokens_per_step=tokens_per_step,
