@@ -422,8 +422,9 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
       >>> draft, target = specjax.paper_instance()
       >>> work = serving.slot_work(specjax.Speculative(lookahead=3), draft, target)
       >>> cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=16, size=512))
-      >>> [round(float(serving.goodput(work, cost, batch_size=b).speedup), 3) for b in (1, 32)]
-      [1.72, 0.491]
+      >>> tuple(round(float(serving.goodput(work, cost, batch_size=b).speedup), 3)
+      ...       for b in (1, 32))
+      (1.72, 0.491)
     """
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
@@ -624,9 +625,9 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
-      >>> [choice.lookahead for choice in specjax.theory.batch_lookahead(
-      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=4)]
-      [3, 1, 0]
+      >>> tuple(choice.lookahead for choice in specjax.theory.batch_lookahead(
+      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=4))
+      (3, 1, 0)
     """
     _check_serving_cost(cost)
     sizes, many = _batch_sizes(batch_size)
