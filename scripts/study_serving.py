@@ -30,7 +30,7 @@ per instance (below 1: SD costs more than it gives).
 Usage: python scripts/study_serving.py [--out docs/serving_goodput.png]
        [--batch-sizes 1,2,4,8,16,32,64,128,256] [--max-lookahead 4] [--skip-ngram]
        tiny: --batch-sizes 1,64 --max-lookahead 2 --prices 2 --skip-ngram
-The default run takes about 2 minutes on 2 CPU cores (float64; most of it the exact laws of the
+The default run takes about 3 minutes on 2 CPU cores (float64; most of it the exact laws of the
 per-request policies).
 """
 
