@@ -22,6 +22,7 @@ import specjax
 import stats
 from specjax.experiments.serving_references import numpy_best_allocation
 from specjax.theory import serving
+from specjax.theory.cost import call_works
 
 V, T = 4, 5
 SD = specjax.Speculative(lookahead=2)
@@ -61,7 +62,7 @@ def lockstep_goodput(trace, decoder, cost, batch_size, num_batches=40, burn_in=1
     the target forward over every slot's tokens and the overhead. Returns the goodput and its
     standard error (batch means over the steps, delta method)."""
     new_call = np.asarray(trace.new_call)
-    passes, scored = serving.call_works(decoder, T, decoder.lookahead)
+    passes, scored = call_works(decoder, T, decoder.lookahead)
     per_slot = []
     for b in range(batch_size):
         rows = new_call[b::batch_size]
