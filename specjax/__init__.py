@@ -86,6 +86,8 @@ from specjax.theory import marginals
 from specjax.theory import optimal_rate
 from specjax.theory import output_chain
 from specjax.theory import sequoia_tree
+from specjax.theory import ServingCost
+from specjax.theory import serving_rate
 
 # Tuning: the entry points.
 from specjax.tuning import objective
@@ -167,6 +169,8 @@ __all__ = [
     "speculative_decoding",
     # exact theory
     "CostModel",
+    "ServingCost",
+    "serving_rate",
     "ExactDecoding",
     "OptimalRate",
     "accepted_length",

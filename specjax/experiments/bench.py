@@ -119,6 +119,7 @@ class Sizes:
     stop_tokens: int = 200_000  # C
     adaptive: tuple = (16, 64, 4)  # V, T, K
     pairs: tuple = (2_000, 64, 100)  # V, T, B
+    serving: tuple = (7, 50, 64, 4, 4)  # V, T, B (goodput), K, B (allocation: all (K + 1)^B)
 
     @classmethod
     def quick(cls) -> "Sizes":
@@ -127,7 +128,7 @@ class Sizes:
                    token_tree=(16, 6, 200, 8, 4, (2, 1, 1)),
                    optimal_acceptance=(20, 300, (2,)), verify=(16, 4, 50),
                    verify_tree=(16, (2, 1), 50), stop_tokens=2_000, adaptive=(4, 6, 2),
-                   pairs=(300, 12, 20))
+                   pairs=(300, 12, 20), serving=(7, 8, 4, 2, 3))
 
 
 # ----------------------------------------------------------------------------------- rows
@@ -490,11 +491,46 @@ def pairs(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
                     f"(se {float(calls.expected_calls_se):.2g})")
 
 
+def serving(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
+    """``theory.goodput`` (SD on the paper's instance, a roofline with an H100-class knee) against
+    ``serving_references.numpy_goodput``, and ``theory.allocate_drafts`` against every allocation
+    (``numpy_best_allocation``) (``scripts/benchmark_serving.py``)."""
+    from specjax.experiments import serving_references  # noqa: PLC0415
+    from specjax.theory import serving as _serving  # noqa: PLC0415
+
+    v, t, batch, k, slots = sizes.serving
+    draft, target = specjax.paper_instance(num_states=v, horizon=t)
+    cost = specjax.ServingCost(0.05, _serving.roofline(1.0, knee=_serving.H100_KNEE,
+                                                       size=batch * (k + 1)))
+    work = _serving.slot_work(specjax.Speculative(lookahead=k), draft, target)
+    ours = _Last(lambda i: _serving.goodput(work, cost, batch_size=batch).tokens_per_time)
+    t_jax = best_time(ours, sizes.repeats)
+    tables = (cost.draft_times(batch), cost.target_times(batch * (k + 1)))
+    theirs = _Last(lambda: serving_references.numpy_goodput(
+        np.asarray(work.mass), float(work.calls), float(work.tokens), work.passes, work.scored,
+        *tables, batch))
+    t_np = min(timed(theirs) for _ in range(max(sizes.numpy_repeats, 1)))
+    check, agree = _values("goodput", ours.value, theirs.value)
+    yield Row("serving", f"goodput, SD K = {k}", _fmt_size(V=v, T=t, B=batch), t_jax, t_np,
+              check=check, agree=agree)
+    survival = np.cumprod(np.random.default_rng(0).uniform(0.3, 1.0, (slots, k)), axis=1)
+    step_cost = specjax.ServingCost(0.05, _serving.roofline(1.0, knee=2, size=slots * (k + 1)))
+    ours = _Last(lambda i: specjax.theory.allocate_drafts(survival, step_cost).tokens_per_time)
+    t_jax = best_time(ours, sizes.repeats)
+    step_tables = (step_cost.draft_times(slots), step_cost.target_times(slots * (k + 1)))
+    theirs = _Last(lambda: serving_references.numpy_best_allocation(survival,
+                                                                    *step_tables)[0])
+    t_np = min(timed(theirs) for _ in range(max(sizes.numpy_repeats, 1)))
+    check, agree = _values("tokens per time", ours.value, theirs.value)
+    yield Row("serving", "allocate_drafts (NumPy: every allocation)",
+              _fmt_size(B=slots, K=k), t_jax, t_np, check=check, agree=agree)
+
+
 # Each case is a generator of rows: the rows it finished stay when a later one fails.
 CASES: dict[str, Callable[[Sizes, _Chains], Iterator[Row]]] = {
     "samplers": samplers, "theory": theory, "token_tree": token_tree,
     "optimal_acceptance": optimal_acceptance, "verify": verify, "verify_tree": verify_tree,
-    "stop_tokens": stop_tokens, "adaptive": adaptive, "pairs": pairs,
+    "stop_tokens": stop_tokens, "adaptive": adaptive, "pairs": pairs, "serving": serving,
 }
 
 

@@ -16,6 +16,20 @@ from specjax.theory.cost import best_lookahead
 from specjax.theory.cost import best_tree_budget
 from specjax.theory.cost import decoding_time
 from specjax.theory.cost import expected_time
+from specjax.theory.serving import BatchPolicy
+from specjax.theory.serving import DraftAllocation
+from specjax.theory.serving import ServingCost
+from specjax.theory.serving import ServingRate
+from specjax.theory.serving import SlotWork
+from specjax.theory.serving import allocate_drafts
+from specjax.theory.serving import batch_lookahead
+from specjax.theory.serving import goodput
+from specjax.theory.serving import request_policy
+from specjax.theory.serving import roofline
+from specjax.theory.serving import serving_rate
+from specjax.theory.serving import slot_work
+from specjax.theory.serving import stationary_slot_work
+from specjax.theory.serving import threshold_decoder
 from specjax.theory.block import exact_joint_accepted_length
 from specjax.theory.block import exact_tokenwise_accepted_length
 from specjax.theory.values import accepted_length
@@ -53,6 +67,20 @@ __all__ = [
     "best_tree_budget",
     "decoding_time",
     "expected_time",
+    "BatchPolicy",
+    "DraftAllocation",
+    "ServingCost",
+    "ServingRate",
+    "SlotWork",
+    "allocate_drafts",
+    "batch_lookahead",
+    "goodput",
+    "request_policy",
+    "roofline",
+    "serving_rate",
+    "slot_work",
+    "stationary_slot_work",
+    "threshold_decoder",
     "best_token_tree",
     "positional_acceptance",
     "SequoiaChoice",

@@ -1,0 +1,711 @@
+"""Decoding a batch, not a request: a serving cost model, exact goodput, draft-length allocation.
+
+A serving engine decodes ``B`` requests at once. Here ``B`` *slots* step in lockstep: every step,
+each slot makes one call of the decoder on its own request (its drafts batched with the other
+slots' pass by pass, then one target forward over the tokens of every slot), and a request that
+has emitted its ``T`` tokens is replaced by a fresh one at the next step (continuous batching).
+Every request is decoded on its own chain, independently of the others.
+
+Step time (``ServingCost``). Pass ``j`` of the draft runs over the ``N_j`` slots whose call makes
+at least ``j`` draft passes and takes ``draft_time[N_j]``; the target forward scores the ``S``
+tokens of all slots and takes ``target_time[S]``; a step adds ``overhead``::
+
+    step time = sum_{j >= 1, N_j > 0} draft_time[N_j] + target_time[S] + overhead.
+
+A slot's pass counts once whatever it drafts in it (one level of a tree, ``M`` sequences of batch
+SD): the tables are per slot-pass and per token scored. ``roofline`` builds a table from a
+memory-bound time and a knee; it is a model, not a measurement.
+
+Exact goodput (``serving_rate``): a renewal-reward argument. Slot ``b`` alone is a renewal
+process whose cycles are its requests: a request takes ``C`` steps (its calls) and emits ``T``
+tokens; by the renewal-reward theorem the fraction of the slot's steps that are calls starting at
+position ``n`` (or, for a decoder with a random draft length, drafting ``d`` levels) is
+``E[calls at n] / E[C]``, the decoder's exact ``new_call`` (or drafted-call law) divided by the
+expected number of calls. So a slot's step draws its work ``(draft passes, tokens scored)`` from
+this stationary law ``pi``, and the ``B`` slots, being independent, draw theirs independently:
+the expected step time needs only ``pi``, through the ``B``-fold convolution of its law of tokens
+scored (for ``E[target_time[S]]``) and the binomial law of ``N_j`` (``B`` trials of success
+``P(passes >= j)``). Every slot emits ``T`` tokens per ``E[C]`` steps, so the long-run rate is the
+ratio of two expectations::
+
+    tokens_per_step = B T / E[C],   tokens_per_time = tokens_per_step / E[step time].
+
+With ``B = 1`` this is ``T / E[time]``, ``decoding_time``'s ``tokens_per_time``. The product law of
+the slots is the long-run law of the joint process when that process is ergodic, e.g. when the
+number of calls a request takes is not a.s. constant; when it is (``p = q``, or ``Autoregressive``
+on a fixed ``T``), slots started together stay in phase, and a step-time table that is not linear
+in ``S`` sees that phase; a linear one does not.
+
+Allocation (``allocate_drafts``): given every slot's survival ``s_b(j)`` (the probability that
+its first ``j`` drafts are all accepted, non-increasing in ``j``), the draft lengths ``K_b`` of
+most expected tokens per unit of this step's time, SD off (every ``K_b = 0``) included. With a
+draft pass time affine in the slots it runs over, ``draft_time[n] = a + c n`` for ``n >= 1``, the
+step time depends on the allocation only through ``m = max K_b`` and ``D = sum K_b``
+(``a m + c D + target_time[B + D] + overhead``), and for a fixed ``(m, D)`` the most tokens,
+``B + sum_b sum_{j <= K_b} s_b(j)``, is a separable concave allocation: the ``D`` largest
+marginal survivals ``s_b(j)`` with ``j <= m`` (greedy by marginal survival; non-increasing rows
+make the chosen set a prefix of each row). Enumerating ``(m, D)`` and keeping the best ratio is
+exact: the best allocation's own ``(m, D)`` is enumerated, and every enumerated value is
+attained by an allocation whose time is at most the enumerated time. Under a linear cost
+(``a = 0``, a linear target table) the ratio's Lagrangian decouples into one threshold per draft:
+draft the ``j``-th token of slot ``b`` iff ``s_b(j) >= tau``. ``request_policy`` applies that
+threshold along each request's own drafts (an ``AdaptiveSpeculative`` whose ``ThresholdTable``
+stops when the next draft's probability of being accepted with all before it falls below
+``tau``), with the batch-wide ``tau`` (or a fixed ``K``) of most exact goodput;
+``batch_lookahead`` chooses one ``K`` for the whole batch (vLLM's dynamic SD).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.adaptive import AdaptiveSpeculative
+from specjax.decoders.adaptive import ThresholdTable
+from specjax.decoders.autoregressive import Autoregressive
+from specjax.decoders.base import CallDecoder
+from specjax.decoders.base import check_decoder
+from specjax.decoders.planning import plan_run
+from specjax.decoders.speculative import Speculative
+from specjax.numerics import HIGHEST
+from specjax.numerics import safe_ratio
+from specjax.theory.cost import call_works
+from specjax.theory.cost import depth_works
+from specjax.theory.cost import drafted_law
+from specjax.theory.values import exact
+
+#: The knee of an H100-class accelerator (SXM, dense bf16): about 989 TFLOP/s over 3.35 TB/s of
+#: HBM3, ~295 FLOP per byte; a forward pass of ``P`` bf16 weights reads ``2P`` bytes and does
+#: ``2P`` FLOP per token, so it is memory-bound below ~295 tokens per pass. Spec-sheet numbers,
+#: not a measurement.
+H100_KNEE = 295
+
+
+def _table(name: str, value, *, positive: bool):
+    """A validated step-time table (a tuple of floats, entry 0 set to 0), a constant (a float),
+    or a callable (kept, validated when evaluated)."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(f"{name} is a static setting: pass a number, a table or a function, "
+                         "not a traced value")
+    if callable(value):
+        return value
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
+                         f"{value!r}")
+    if np.ndim(value) == 0:
+        number = _checks.check_finite_non_negative(name, value)
+        if positive and number <= 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+        return number
+    try:
+        table = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
+                         f"{value!r}") from None
+    if table.ndim != 1 or table.shape[0] < 2:
+        raise ValueError(f"{name} must be a 1-D table with {name}[n] for n >= 1 (entry 0 is "
+                         f"unused), got shape {table.shape}")
+    _check_entries(name, table[1:], positive, first=1)
+    return (0.0,) + tuple(float(x) for x in table[1:])
+
+
+def _check_entries(name: str, used: np.ndarray, positive: bool, first: int) -> None:
+    good = np.isfinite(used) & ((used > 0) if positive else (used >= 0))
+    if not good.all():
+        bad = int(np.argmax(~good))
+        sign = "positive" if positive else "non-negative"
+        raise ValueError(f"{name} must hold finite {sign} times at n >= 1, got "
+                         f"{name}[{bad + first}] = {used[bad]!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingCost:
+    """Step times of a batch: a draft pass over ``n`` slots, a target forward over ``n`` tokens.
+
+    A static, hashable value. Each time is a number (the same for every ``n``), a 1-D table
+    (entry ``n`` the time for ``n``; entry 0 is unused; longer than needed is fine) or a
+    function of ``n`` (a Python int ``>= 1``), evaluated where needed.
+
+    Args:
+      draft_time: ``draft_time[n]``, one draft pass over the ``n`` slots still drafting
+        (finite, ``>= 0``).
+      target_time: ``target_time[n]``, one target forward over ``n`` tokens (finite, ``> 0``).
+      overhead: a fixed time added to every step (keyword only), finite ``>= 0``.
+
+    Raises:
+      ValueError: a time that is not finite or of the wrong sign, a table that is not 1-D.
+
+    Example:
+      >>> import specjax
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=8, size=64))
+      >>> cost.target_times(16)[[1, 8, 16]].tolist()
+      [1.0, 1.0, 2.0]
+    """
+
+    draft_time: Any
+    target_time: Any
+    _: dataclasses.KW_ONLY
+    overhead: float = 0.0
+
+    def __post_init__(self):
+        set_field = object.__setattr__  # frozen: store the validated, hashable values
+        set_field(self, "draft_time", _table("draft_time", self.draft_time, positive=False))
+        set_field(self, "target_time", _table("target_time", self.target_time, positive=True))
+        set_field(self, "overhead", _checks.check_finite_non_negative("overhead",
+                                                                      self.overhead))
+
+    def draft_times(self, size: int) -> np.ndarray:
+        """``(size + 1,)`` float64: ``draft_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
+        return _evaluate("draft_time", self.draft_time, size, positive=False)
+
+    def target_times(self, size: int) -> np.ndarray:
+        """``(size + 1,)`` float64: ``target_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
+        return _evaluate("target_time", self.target_time, size, positive=True)
+
+
+def _evaluate(name: str, value, size: int, *, positive: bool) -> np.ndarray:
+    if isinstance(value, tuple):
+        if len(value) < size + 1:
+            raise ValueError(f"{name} is a table of length {len(value)}, but a step needs "
+                             f"{name}[n] up to n = {size} (length at least {size + 1}; entry 0 "
+                             f"is unused)")
+        return np.asarray(value[:size + 1], np.float64)
+    if not callable(value):
+        return np.concatenate([[0.0], np.full(size, float(value))])
+    try:
+        used = np.asarray([float(value(n)) for n in range(1, size + 1)], np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name}(n) must return a number for n = 1..{size}: {error}") from None
+    _check_entries(name, used, positive, first=1)
+    return np.concatenate([[0.0], used])
+
+
+def _check_serving_cost(cost) -> None:
+    if not isinstance(cost, ServingCost):
+        raise ValueError(f"cost must be a specjax.ServingCost, got {type(cost).__name__} "
+                         f"{cost!r}"[:300])
+
+
+def roofline(memory_time: float, *, knee: float, size: int) -> tuple:
+    """A roofline step-time table: ``memory_time`` below the knee, proportional above it.
+
+    ``t(n) = memory_time * max(1, n / knee)``: a forward pass over ``n`` tokens reads the weights
+    once (``memory_time``, memory-bound) and does ``n`` tokens of arithmetic, which takes longer
+    than the read once ``n`` passes the knee (compute-bound). A model for users without a
+    measured profile (``H100_KNEE`` is an H100-class knee from spec-sheet numbers), not a
+    measurement: real step times add kernel launches, attention over the context and padding.
+
+    Args:
+      memory_time: the time of a pass below the knee, finite ``> 0``.
+      knee: the tokens (or sequences) per pass where compute time equals memory time, ``> 0``.
+      size: the largest ``n`` in the table, a positive int.
+
+    Returns:
+      a tuple of ``size + 1`` floats (entry 0 is 0), for ``ServingCost``.
+
+    Example:
+      >>> import specjax
+      >>> specjax.theory.roofline(2.0, knee=4, size=6)
+      (0.0, 2.0, 2.0, 2.0, 2.0, 2.5, 3.0)
+    """
+    memory_time = _checks.check_finite_non_negative("memory_time", memory_time)
+    knee = _checks.check_finite_non_negative("knee", knee)
+    if memory_time <= 0 or knee <= 0:
+        raise ValueError(f"memory_time and knee must be positive, got {memory_time}, {knee}")
+    _checks.check_static_int("size", size)
+    n = np.arange(1, size + 1, dtype=np.float64)
+    return (0.0,) + tuple(float(x) for x in memory_time * np.maximum(1.0, n / knee))
+
+
+class ServingRate(NamedTuple):
+    """The long-run goodput of ``B`` slots decoding in lockstep (``serving_rate``).
+
+    Attributes:
+      tokens_per_time: ``tokens_per_step / time_per_step``, the goodput.
+      tokens_per_step: ``B T / E[calls per request]``.
+      time_per_step: ``E[step time]`` under the slots' stationary law.
+      draft_time_per_step: its draft part, ``sum_j E[draft_time[N_j]]``.
+      target_time_per_step: its target part, ``E[target_time[S]]``.
+      autoregressive_tokens_per_time: ``B / (target_time[B] + overhead)``, the same slots
+        decoding autoregressively.
+      speedup: ``tokens_per_time / autoregressive_tokens_per_time``.
+      scored_law: ``(B s_max + 1,)``, the law of ``S``, the tokens the target scores in a step.
+    """
+
+    tokens_per_time: jax.Array
+    tokens_per_step: jax.Array
+    time_per_step: jax.Array
+    draft_time_per_step: jax.Array
+    target_time_per_step: jax.Array
+    autoregressive_tokens_per_time: jax.Array
+    speedup: jax.Array
+    scored_law: jax.Array
+
+
+def _convolution_power(law: jax.Array, power: int) -> jax.Array:
+    """The law of the sum of ``power`` independent draws of ``law`` (a pmf over 0, 1, ...), by
+    repeated squaring (``2 log2 power`` convolutions)."""
+    result = jnp.ones((1,), law.dtype)
+    base = law
+    while power:
+        if power & 1:
+            result = jnp.convolve(result, base, precision=HIGHEST)
+        power >>= 1
+        if power:
+            base = jnp.convolve(base, base, precision=HIGHEST)
+    return result
+
+
+@functools.partial(jax.jit, static_argnames=("batch_size", "passes", "scored"))
+def _expected_step(law, draft_table, target_table, *, batch_size: int, passes: tuple,
+                   scored: tuple):
+    """``(E[draft time], E[target time], law of S)`` of a step of ``batch_size`` independent
+    slots, each doing ``(passes[i], scored[i])`` with probability ``law[i]``."""
+    scored_law = jnp.zeros((max(scored) + 1,), law.dtype).at[jnp.asarray(scored)].add(law)
+    total_law = _convolution_power(scored_law, batch_size)
+    target_part = jnp.dot(total_law, target_table[:total_law.shape[0]], precision=HIGHEST)
+    draft_part = jnp.zeros((), law.dtype)
+    if max(passes) > 0:
+        tails = jnp.clip(jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
+                                    for j in range(1, max(passes) + 1)]), 0, 1)
+        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
+        counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
+        draft_part = jnp.sum(counts @ draft_table[:batch_size + 1])
+    return draft_part, target_part, total_law
+
+
+class SlotWork(NamedTuple):
+    """One slot's stationary law of work per step (``slot_work``).
+
+    Attributes:
+      tokens: the expected tokens of a cycle: ``T`` for a request (``1 / calls`` of them per
+        step); on a stationary chain without a horizon, the mean tokens of a call, with
+        ``calls = 1``.
+      calls: ``E[C]``, the expected calls (steps) per cycle.
+      mass: the expected number of calls per request doing ``passes[i]`` draft passes and
+        scoring ``scored[i]`` tokens (``new_call`` by position, or the drafted-call law by
+        depth); ``mass / calls`` is the stationary law ``pi`` of a slot's step.
+      passes, scored: NumPy int arrays, the work of each entry (static).
+    """
+
+    tokens: Any
+    calls: jax.Array
+    mass: jax.Array
+    passes: np.ndarray
+    scored: np.ndarray
+
+
+def slot_work(decoder, draft, target, *, horizon: int | None = None) -> SlotWork:
+    """One slot's stationary law of work per step: what ``serving_rate`` needs of the decoder
+    and the models, whatever the batch size (compute it once, then ``goodput`` for every
+    ``B``). Arguments as ``serving_rate``'s."""
+    check_decoder(decoder)
+    decoder, draft, target, _, num_positions, lookahead = plan_run(
+        decoder, draft, target, engine="exact", horizon=horizon)
+    if isinstance(decoder, CallDecoder) and decoder.has_drafted_call_law:  # a random length
+        weights, new_call = drafted_law(decoder, draft, target, lookahead)
+        passes, scored = depth_works(decoder, lookahead)
+        mass = jnp.sum(weights, axis=0)
+    else:  # a call at n does call_work(min(K, T - n + 1))
+        passes, scored = call_works(decoder, num_positions, lookahead)
+        new_call = exact(decoder, draft, target, horizon=horizon).new_call
+        mass = new_call
+    return SlotWork(tokens=num_positions, calls=jnp.sum(new_call, axis=-1), mass=mass,
+                    passes=passes, scored=scored)
+
+
+def stationary_slot_work(decoder, draft, target) -> SlotWork:
+    """A slot's law of work per step in the long run on a *stationary* chain, without a horizon
+    (requests that never end): the calls start after a token drawn from ``stationary_rate``'s
+    law ``mu``; a call drafts ``d`` levels with probability ``sum_a mu(a) P(d | a)`` (the
+    drafted-call law on the stationary rows, or ``K`` for a fixed length) and emits
+    ``stationary_rate``'s ``tokens_per_call`` in expectation. Call-level decoders of one call
+    state, as ``stationary_rate`` takes them (SD with lookahead ``K``:
+    ``AdaptiveSpeculative(FixedLength(K), max_lookahead=K)``)."""
+    from specjax.theory.calls import law_from_rows  # noqa: PLC0415
+    from specjax.theory.cost import CostModel  # noqa: PLC0415
+    from specjax.theory.stationary import stationary_rate  # noqa: PLC0415
+
+    rate = stationary_rate(decoder, draft, target, CostModel(0.0, 1.0))  # checks everything
+    decoder, draft, target, *_ = plan_run(decoder, draft, target, engine="exact")
+    if decoder.num_call_states != 1:
+        raise ValueError(f"decoder: the stationary serving rate takes decoders of one call "
+                         f"state, got {type(decoder).__name__} with {decoder.num_call_states}")
+    depth = decoder.lookahead
+    passes, scored = depth_works(decoder, depth)
+    p, q = draft.trans[0], target.trans[0]
+    if decoder.has_drafted_call_law:
+        p_rows = jnp.broadcast_to(p, (depth,) + p.shape)
+        q_rows = jnp.broadcast_to(q, (depth,) + q.shape)
+
+        def drafted(a):
+            start = jax.nn.one_hot(a, q.shape[-1], dtype=q.dtype)
+            return law_from_rows(decoder, start, p_rows, q_rows, q, position=1,
+                                 with_drafted=True)[1]
+
+        mass = jnp.dot(rate.start_law, jax.lax.map(drafted, jnp.arange(q.shape[-1])),
+                       precision=HIGHEST)
+    else:
+        mass = jax.nn.one_hot(depth, depth + 1, dtype=q.dtype)
+    return SlotWork(tokens=rate.tokens_per_call, calls=jnp.ones((), q.dtype), mass=mass,
+                    passes=passes, scored=scored)
+
+
+def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
+                 horizon: int | None = None, stationary: bool = False) -> ServingRate:
+    """Exact long-run goodput of ``batch_size`` slots decoding in lockstep with ``decoder``.
+
+    Every step each slot makes one call of ``decoder`` on its own request; a request that has
+    emitted its ``T`` tokens is replaced by a fresh one (continuous batching). The rate is the
+    renewal-reward ratio of the module docstring: ``B T / E[calls]`` tokens per step over the
+    expected step time under the slots' independent stationary laws of work. ``Autoregressive()``
+    (``K = 0``) is the baseline. ``slot_work`` then ``goodput``.
+
+    Args:
+      decoder: any decoder value (call-level or token-wise).
+      draft: the draft model ``p`` (``None`` for ``Autoregressive()``).
+      target: the target model ``q`` (requests are ``T`` tokens long, from its initial law).
+      cost: a ``ServingCost``.
+      batch_size: ``B``, the slots, a positive int (static).
+      horizon: ``T`` for ``FiniteStateModel``s (as ``exact``).
+      stationary: ``True``: requests without end on stationary chains (``stationary_rate``'s
+        long run; ``stationary_slot_work``), for call-level decoders of one call state.
+
+    Returns:
+      ``ServingRate``.
+
+    Raises:
+      ValueError: what ``exact`` (or with ``stationary``, ``stationary_rate``) raises; ``cost``
+        not a ``ServingCost``; ``batch_size`` not a
+        positive int; a table shorter than a step needs (``draft_time`` up to ``B``,
+        ``target_time`` up to ``B`` times the most tokens a call scores).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=512))
+      >>> sd = specjax.serving_rate(specjax.Speculative(lookahead=3), draft, target, cost,
+      ...                           batch_size=32)
+      >>> round(float(sd.speedup), 3)
+      0.491
+    """
+    check_decoder(decoder)
+    _check_serving_cost(cost)
+    _checks.check_static_int("batch_size", batch_size)
+    planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
+    _check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
+    work = (stationary_slot_work(decoder, draft, target) if stationary else
+            slot_work(decoder, draft, target, horizon=horizon))
+    return goodput(work, cost, batch_size=batch_size)
+
+
+def _check_tables(cost: ServingCost, batch_size: int, passes, scored):
+    """The tables a batch of ``B`` needs, evaluated (a short table raises here)."""
+    return (cost.draft_times(batch_size),
+            cost.target_times(batch_size * max(int(np.max(scored)), 1)))
+
+
+def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRate:
+    """``serving_rate`` from a slot's law of work (``slot_work``): the renewal-reward ratio for
+    ``batch_size`` slots.
+
+    Example:
+      >>> import specjax
+      >>> from specjax.theory import serving
+      >>> draft, target = specjax.paper_instance()
+      >>> work = serving.slot_work(specjax.Speculative(lookahead=3), draft, target)
+      >>> cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=16, size=512))
+      >>> tuple(round(float(serving.goodput(work, cost, batch_size=b).speedup), 3)
+      ...       for b in (1, 32))
+      (1.72, 0.491)
+    """
+    _check_serving_cost(cost)
+    _checks.check_static_int("batch_size", batch_size)
+    draft_table, target_table = _check_tables(cost, batch_size, work.passes, work.scored)
+    dtype = work.mass.dtype
+    works, which = np.unique(np.stack([work.passes, work.scored], axis=1), axis=0,
+                             return_inverse=True)  # the distinct (passes, scored): static
+    law = jnp.zeros((works.shape[0],), dtype).at[jnp.asarray(which.reshape(-1))].add(
+        safe_ratio(work.mass, work.calls, 0))
+    draft_part, target_part, total_law = _expected_step(
+        law, jnp.asarray(draft_table, dtype), jnp.asarray(target_table, dtype),
+        batch_size=batch_size, passes=tuple(int(x) for x in works[:, 0]),
+        scored=tuple(int(x) for x in works[:, 1]))
+    time_per_step = draft_part + target_part + cost.overhead
+    tokens_per_step = batch_size * work.tokens / work.calls
+    ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
+    rate = tokens_per_step / time_per_step
+    return ServingRate(tokens_per_time=rate, tokens_per_step=tokens_per_step,
+                       time_per_step=time_per_step, draft_time_per_step=draft_part,
+                       target_time_per_step=target_part,
+                       autoregressive_tokens_per_time=jnp.asarray(ar_rate, dtype),
+                       speedup=rate / ar_rate, scored_law=total_law)
+
+
+# --- Allocation ---------------------------------------------------------------------------
+
+
+class DraftAllocation(NamedTuple):
+    """The draft lengths of one step (``allocate_drafts``).
+
+    Attributes:
+      lookaheads: ``(B,)`` int, ``K_b`` for each slot (all 0: SD off this step).
+      tokens: the step's expected tokens, ``B + sum_b sum_{j <= K_b} s_b(j)``.
+      time: the step's time.
+      tokens_per_time: ``tokens / time``, the most over every allocation.
+    """
+
+    lookaheads: np.ndarray
+    tokens: float
+    time: float
+    tokens_per_time: float
+
+
+def _check_survival(survival) -> np.ndarray:
+    if isinstance(survival, jax.core.Tracer):
+        raise ValueError("survival must be concrete (allocation is planning, not traced)")
+    try:
+        table = np.asarray(survival, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"survival must be a (B, K) array of probabilities, got "
+                         f"{survival!r}"[:300]) from None
+    if table.ndim != 2 or table.shape[0] < 1:
+        raise ValueError(f"survival must have shape (B, K) (B >= 1 slots, K drafts), got shape "
+                         f"{table.shape}")
+    if not (np.isfinite(table).all() and (table >= 0).all() and (table <= 1).all()):
+        raise ValueError("survival must hold probabilities in [0, 1]")
+    if (np.diff(table, axis=1) > 0).any():
+        raise ValueError("survival[b, j - 1] = P(the first j drafts of slot b are accepted) must "
+                         "be non-increasing in j")
+    return table
+
+
+def _affine_draft(cost: ServingCost, batch_size: int) -> tuple[float, float]:
+    """``(a, c)`` with ``draft_time[n] = a + c n`` for ``n = 1..B``; ``ValueError`` otherwise."""
+    table = cost.draft_times(batch_size)[1:]
+    slope = table[1] - table[0] if batch_size > 1 else 0.0
+    intercept = table[0] - slope
+    fit = intercept + slope * np.arange(1, batch_size + 1)
+    if not np.allclose(fit, table, rtol=1e-12, atol=1e-12 * max(1.0, float(np.abs(table).max()))):
+        raise ValueError("cost.draft_time must be affine in the slots of a pass (draft_time[n] = "
+                         f"a + c n for n = 1..{batch_size}) for the exact allocation; a roofline "
+                         "whose knee is at or above B is (constant below the knee)")
+    return float(intercept), float(slope)
+
+
+def step_time(lookaheads, cost: ServingCost) -> float:
+    """The time of one SD step whose slots draft ``lookaheads`` (``(B,)`` ints): ``K_b`` passes
+    and ``K_b + 1`` tokens scored per slot, pass ``j`` over the slots with ``K_b >= j``."""
+    k = np.asarray(lookaheads, np.int64)
+    batch = k.shape[0]
+    draft = cost.draft_times(batch)
+    counts = [(k >= j).sum() for j in range(1, int(k.max(initial=0)) + 1)]
+    return (float(sum(draft[n] for n in counts))
+            + float(cost.target_times(int(batch + k.sum()))[batch + k.sum()]) + cost.overhead)
+
+
+def allocate_drafts(survival, cost: ServingCost) -> DraftAllocation:
+    """The draft lengths of most expected tokens per unit time in one lockstep SD step.
+
+    Slot ``b`` drafting ``K_b`` tokens emits ``1 + sum_{j <= K_b} s_b(j)`` tokens in expectation
+    and makes ``K_b`` draft passes and scores ``K_b + 1`` tokens (``step_time``). The rule
+    (module docstring): for every cap ``m = 0..K`` and total ``D = 0..m B``, take the ``D``
+    largest marginal survivals ``s_b(j)``, ``j <= m`` (greedy by marginal survival), time it as
+    ``a m + c D + target_time[B + D] + overhead``, and keep the best ratio; exact when
+    ``draft_time`` is affine in ``n`` (checked), in ``O(K^2 B log(K B))``.
+
+    Args:
+      survival: ``(B, K)``, ``survival[b, j - 1] = s_b(j)``, the probability that slot ``b``'s
+        first ``j`` drafts are all accepted (non-increasing in ``j``, in ``[0, 1]``).
+      cost: a ``ServingCost`` whose ``draft_time`` is affine over ``n = 1..B``.
+
+    Returns:
+      ``DraftAllocation`` (ties go to the fewest drafts).
+
+    Raises:
+      ValueError: a bad ``survival`` or ``cost``, a ``draft_time`` that is not affine, a
+        ``target_time`` table shorter than ``B (K + 1)``.
+
+    Example:
+      >>> import specjax
+      >>> cost = specjax.ServingCost(0.1, [0.0] + [1.0] * 4 + [1.5] * 4)
+      >>> best = specjax.theory.allocate_drafts([[0.9, 0.8, 0.7], [0.2, 0.1, 0.0]], cost)
+      >>> best.lookaheads.tolist(), round(best.tokens_per_time, 4)
+      ([2, 0], 3.0833)
+    """
+    table = _check_survival(survival)
+    _check_serving_cost(cost)
+    batch, depth = table.shape
+    intercept, slope = _affine_draft(cost, batch)
+    target = cost.target_times(batch * (depth + 1))
+    best = (-1.0, 0, 0)
+    for cap in range(depth + 1):
+        marginals = table[:, :cap].ravel()
+        level = np.tile(np.arange(cap), batch)
+        order = np.lexsort((level, -marginals))  # largest first, shallower first on ties
+        gains = np.concatenate([[0.0], np.cumsum(marginals[order])])
+        totals = np.arange(batch * cap + 1)
+        times = (intercept * cap * (totals > 0) + slope * totals + target[batch + totals]
+                 + cost.overhead)
+        ratios = (batch + gains) / times
+        first = int(np.argmax(ratios))
+        if ratios[first] > best[0] * (1 + 1e-14):
+            best = (float(ratios[first]), cap, first)
+    _, cap, total = best
+    lookaheads = np.zeros(batch, np.int64)
+    if total:
+        marginals = table[:, :cap].ravel()
+        order = np.lexsort((np.tile(np.arange(cap), batch), -marginals))[:total]
+        np.add.at(lookaheads, order // cap, 1)
+    tokens = float(batch + sum(table[b, :lookaheads[b]].sum() for b in range(batch)))
+    time = step_time(lookaheads, cost)
+    return DraftAllocation(lookaheads=lookaheads, tokens=tokens, time=time,
+                           tokens_per_time=tokens / time)
+
+
+class BatchPolicy(NamedTuple):
+    """A draft-length policy for a batch and its exact goodput (``batch_lookahead``,
+    ``request_policy``).
+
+    Attributes:
+      decoder: the decoder every slot runs (``Autoregressive()`` when SD off is best).
+      lookahead: its most drafts per call (0: SD off).
+      price: ``tau`` of the per-request threshold (``None`` for a fixed ``K``).
+      tokens_per_time: its exact goodput (``serving_rate``).
+      fixed_rates: ``(K + 1,)``, the goodput of every fixed ``K = 0..max_lookahead``.
+    """
+
+    decoder: Any
+    lookahead: int
+    price: float | None
+    tokens_per_time: float
+    fixed_rates: np.ndarray
+
+
+def _fixed(k: int):
+    return Autoregressive() if k == 0 else Speculative(lookahead=k)
+
+
+def _batch_sizes(batch_size) -> tuple[tuple[int, ...], bool]:
+    many = not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
+    sizes = tuple(batch_size) if many else (batch_size,)
+    if not sizes:
+        raise ValueError("batch_size must be a positive int or a non-empty sequence of them")
+    for size in sizes:
+        _checks.check_static_int("batch_size", size)
+    return tuple(int(b) for b in sizes), many
+
+
+def _rates(work: SlotWork, cost: ServingCost, sizes) -> np.ndarray:
+    return np.asarray([float(goodput(work, cost, batch_size=b).tokens_per_time) for b in sizes])
+
+
+def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int):
+    """One ``K`` for the whole batch: the SD lookahead ``K = 0..max_lookahead`` of most exact
+    goodput (``K = 0``: SD off; ties to the smaller ``K``), vLLM's dynamic SD with exact rates.
+
+    Args:
+      draft, target: the models.
+      cost: a ``ServingCost``.
+      batch_size: ``B``, a positive int, or a sequence of them (each decoder's law of work is
+        computed once for all).
+      max_lookahead: the largest ``K`` tried.
+
+    Returns:
+      ``BatchPolicy`` (a tuple of them, one per batch size, for a sequence).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
+      >>> tuple(choice.lookahead for choice in specjax.theory.batch_lookahead(
+      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=4))
+      (3, 1, 0)
+    """
+    _check_serving_cost(cost)
+    sizes, many = _batch_sizes(batch_size)
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    for k in range(max_lookahead + 1):  # tables too short raise before any work
+        _check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
+    rates = np.stack([_rates(slot_work(_fixed(k), None if k == 0 else draft, target), cost, sizes)
+                      for k in range(max_lookahead + 1)], axis=1)  # (sizes, K + 1)
+    choices = tuple(BatchPolicy(decoder=_fixed(int(np.argmax(r))), lookahead=int(np.argmax(r)),
+                                price=None, tokens_per_time=float(r.max()), fixed_rates=r)
+                    for r in rates)
+    return choices if many else choices[0]
+
+
+def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSpeculative:
+    """SD that drafts the next token while its probability of being accepted together with
+    every draft before it exceeds ``price``: stop iff ``A_i alpha(x_i) <= price``, ``A_i`` the
+    probability that the ``i`` drafts so far are all accepted and ``alpha(x)`` the acceptance
+    rate of a draft after ``x`` at that position (``sum_y min(p, q)``); at most
+    ``max_lookahead`` drafts. An ``AdaptiveSpeculative`` with a ``ThresholdTable``
+    (``price / alpha``); ``price`` may be traced (a leaf).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> sd = specjax.theory.serving.threshold_decoder(draft, target, 0.5, max_lookahead=4)
+      >>> round(float(specjax.exact(sd, draft, target).expected_calls), 3)
+      33.099
+    """
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    p, q = draft.trans, target.trans
+    horizon = q.shape[0]
+    depth = min(max_lookahead, horizon)
+    alpha = jnp.sum(jnp.minimum(p, q), axis=-1)  # (T, V)
+    rows = jnp.clip(jnp.arange(horizon)[:, None] + jnp.arange(depth + 1)[None], 0, horizon - 1)
+    table = jnp.where(alpha[rows] > 0, price / jnp.where(alpha[rows] > 0, alpha[rows], 1), 1.0)
+    table = table.at[:, depth].set(1.0)  # A_i <= 1: always stop at the cap
+    return AdaptiveSpeculative(ThresholdTable(table.astype(q.dtype)), max_lookahead=depth)
+
+
+def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int,
+                   prices=None):
+    """One draft length per request, from its own drafts: the threshold rule of the module
+    docstring (``threshold_decoder``) with the cap ``k <= max_lookahead`` and price ``tau`` of
+    most exact goodput, or a fixed ``K`` (SD off included) when none beats it; so never below
+    ``batch_lookahead``.
+
+    Args:
+      draft, target: ``MarkovChain``s.
+      cost: a ``ServingCost``.
+      batch_size: ``B``, a positive int, or a sequence of them.
+      max_lookahead: the largest cap tried.
+      prices: the prices tried (default 24 values in ``(0, 1)``).
+
+    Returns:
+      ``BatchPolicy`` (a tuple of them for a sequence of batch sizes).
+
+    Example:
+      >>> import specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
+      >>> best = specjax.theory.request_policy(draft, target, cost, batch_size=8,
+      ...                                      max_lookahead=3, prices=[0.3, 0.6])
+      >>> bool(best.tokens_per_time >= best.fixed_rates.max())
+      True
+    """
+    sizes, many = _batch_sizes(batch_size)
+    prices = np.linspace(0.04, 0.96, 24) if prices is None else np.asarray(prices, np.float64)
+    if prices.ndim != 1 or not ((prices >= 0) & (prices <= 1)).all():
+        raise ValueError(f"prices must be a 1-D array of numbers in [0, 1], got {prices!r}")
+    best = list(batch_lookahead(draft, target, cost, batch_size=sizes,
+                                max_lookahead=max_lookahead))
+    for cap in range(1, max_lookahead + 1):
+        for price in prices:
+            decoder = threshold_decoder(draft, target, float(price), max_lookahead=cap)
+            rates = _rates(slot_work(decoder, draft, target), cost, sizes)
+            for i, rate in enumerate(rates):
+                if rate > best[i].tokens_per_time * (1 + 1e-12):
+                    best[i] = best[i]._replace(decoder=decoder, lookahead=decoder.max_lookahead,
+                                               price=float(price), tokens_per_time=float(rate))
+    return tuple(best) if many else best[0]
