@@ -29,6 +29,7 @@ from specjax.decoders.optimal_multi_draft import OptimalMultiDraft
 from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.speculative import Speculative
+from specjax.decoders.traversal import TraversalVerification
 from specjax.decoders.tree import TokenTree
 from specjax.decoders.lenient import LenientSpeculative
 from specjax.decoders.threshold import ThresholdVerification
@@ -64,6 +65,7 @@ __all__ = [
     "SpecHub",
     "Speculative",
     "TokenTree",
+    "TraversalVerification",
     "LenientSpeculative",
     "ThresholdVerification",
     "TopKAcceptance",
