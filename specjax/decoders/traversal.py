@@ -100,7 +100,7 @@ from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
 
 MAX_PATHS = 2**22  # largest sum over nodes of V^(depth + 2) the exact law enumerates
-CHILDREN = ("iid",)
+CHILDREN = ("iid", "without_replacement")
 
 
 def entry_weight(alpha, mb, ms):
@@ -222,19 +222,35 @@ class TraversalVerification(CallDecoder):
     def label(self) -> str:
         tree = (f"{self.branching}" if self.branching is not None
                 else f"{self.num_nodes}-node tree")
-        return f"traversal verification {tree}"
+        return f"traversal verification {tree}, {self.children}"
 
     def truncate(self, lookahead: int) -> "TraversalVerification":
         del lookahead  # the sampler drops the nodes beyond the horizon by itself
         return self
 
     def check_exact(self, num_states: int, horizon: int) -> None:
-        """The exact law holds ``V^(depth + 2)`` elements per node of the tree cut at ``T``."""
-        size = sum(num_states**(min(d, horizon) + 2) for d in self.shape.depth if d <= horizon)
+        """The exact law's arrays (``law_size``) must stay within ``MAX_PATHS`` elements."""
+        size = self.law_size(num_states, min(horizon, self.lookahead))
         if size > MAX_PATHS:
             raise ValueError(f"branching: the exact law of this tree enumerates {size} path "
                              f"elements on V = {num_states} tokens, beyond the bound {MAX_PATHS} "
                              "(2**22); use a smaller or shallower tree")
+
+    def law_size(self, num_states: int, levels: int) -> int:
+        """Elements of the exact law's arrays for the tree cut at depth ``levels``: a node
+        entered over a context of ``r`` axes holds ``V^(r + 1)``; without replacement each
+        deleted sibling adds an axis to its parent's context."""
+        shape = self.shape
+        grow = self.children == "without_replacement"
+
+        def size(node, rank, d):
+            kids = shape.children[node] if d < levels else ()
+            total = num_states**(rank + (1 if kids else 0))
+            for j, c in enumerate(kids):
+                total += size(c, rank + (j if grow else 0) + 1, d + 1)
+            return total + (num_states**(rank + len(kids) * grow + 1) if kids else 0)
+
+        return size(0, 1, 0)
 
     def call_work(self, depth: int) -> tuple[int, int]:
         """One draft pass per level and the nodes of the tree cut at ``depth`` (root
@@ -259,51 +275,70 @@ class TraversalVerification(CallDecoder):
         num_nodes, depth_max = self.num_nodes, shape.max_depth
         parents = np.asarray(shape.parents, np.int32)
         depth = np.asarray(shape.depth, np.int32)
+        num_states = p_trans.shape[-1]
         levels = jnp.clip(horizon - n + 1, 0, depth_max)  # K'
         rows = jnp.clip(n - 1 + jnp.arange(depth_max + 1), 0, horizon - 1)
 
+        table = np.full((num_nodes, max(shape.max_children, 1)), -1, np.int32)
+        for i, kids in enumerate(shape.children):
+            table[i, :len(kids)] = kids
         tokens = jnp.zeros((num_nodes,), jnp.int32).at[0].set(prev)
-        for d in range(1, depth_max + 1):  # draft level by level: i.i.d. from the parent's row
+        drafted = jnp.zeros((num_nodes,), bool).at[0].set(True)
+        for d in range(depth_max):  # draft the children of depth-d nodes, in sibling order
             at = np.nonzero(depth == d)[0]
-            thr = draft_thr[rows[d - 1], tokens[parents[at]]]
-            drawn = jax.vmap(draw)(thr, u[at - 1])
-            tokens = tokens.at[at].set(drawn.astype(jnp.int32))
+            law = p_trans[rows[d], tokens[at]]  # (nodes, V): the law child j is drawn from
+            for j in range(table.shape[1]):
+                kid = table[at, j]
+                valid = (kid >= 0) & drafted[at] & (jnp.sum(law, axis=-1) > 0)
+                if self.children == "iid":
+                    thr = draft_thr[rows[d], tokens[at]]
+                else:
+                    thr = categorical_thresholds(law)
+                drawn = jax.vmap(draw)(thr, u[np.maximum(kid, 1) - 1]).astype(jnp.int32)
+                slot = np.where(kid >= 0, kid, num_nodes)  # -1: dropped
+                tokens = tokens.at[slot].set(drawn, mode="drop")
+                drafted = drafted.at[slot].set(valid, mode="drop")
+                if self.children == "without_replacement":
+                    gone = jnp.arange(num_states)[None, :] == drawn[:, None]
+                    law = jnp.where(valid[:, None], safe_normalize(law * ~gone), law)
 
-        has_kids = np.asarray([len(c) > 0 for c in shape.children])
-        present = jnp.asarray(depth) <= levels
-        inner = jnp.asarray(has_kids) & (jnp.asarray(depth) < levels)
+        present = drafted & (jnp.asarray(depth) <= levels)
+        inner = jnp.any(jnp.where(table >= 0, present[np.maximum(table, 0)], False), axis=-1)
         kinds, nodes = _euler_tour(shape.parents)
         test_index = np.zeros(num_nodes, np.int32)  # the node's rank in the post-order
         test_index[nodes[kinds == 1]] = np.arange(num_nodes)
-        num_states = p_trans.shape[-1]
 
         def step(carry, event):
-            alpha, mb, done, chosen = carry
+            alpha, mb, ms, done, chosen = carry
             kind, node, d, parent, ui = event
             t = tokens[node]
             live = ~done & present[node]
             up = jnp.maximum(d - 1, 0)
-            ms = p_trans[rows[up], tokens[parent]]  # M_s(. | parent)
             # enter: the node's weight from its parent's current state; M_b(. | node) = q's row
-            enter_alpha = jnp.where(d == 0, 1.0, entry_weight(alpha[up], mb[up, t], ms[t]))
+            enter_alpha = jnp.where(d == 0, 1.0, entry_weight(alpha[up], mb[up, t], ms[up, t]))
             entered = live & (kind == 0)
             alpha = alpha.at[d].set(jnp.where(entered, enter_alpha, alpha[d]))
             mb = mb.at[d].set(jnp.where(entered, q_trans[rows[d], t], mb[d]))
+            ms = ms.at[d].set(jnp.where(entered, p_trans[rows[d], t], ms[d]))
             # test: accept with alpha, else delete the node and update its parent
             tested = live & (kind == 1)
             accept = tested & bernoulli(alpha[d], u[ui])
-            new_alpha, new_mb = deletion_update(alpha[up], mb[up], ms)
+            new_alpha, new_mb = deletion_update(alpha[up], mb[up], ms[up])
             delete = tested & ~accept & (d > 0)
             alpha = alpha.at[up].set(jnp.where(delete, new_alpha, alpha[up]))
             mb = mb.at[up].set(jnp.where(delete, new_mb, mb[up]))
-            return (alpha, mb, done | accept, jnp.where(accept, node, chosen)), None
+            if self.children == "without_replacement":  # the siblings' law loses t
+                rest = safe_normalize(ms[up] * (jnp.arange(num_states) != t))
+                ms = ms.at[up].set(jnp.where(delete, rest, ms[up]))
+            return (alpha, mb, ms, done | accept, jnp.where(accept, node, chosen)), None
 
         events = (kinds, nodes, depth[nodes], np.maximum(parents[nodes], 0),
                   num_nodes - 1 + test_index[nodes])
         dtype = q_trans.dtype
-        carry = (jnp.ones((depth_max + 1,), dtype), jnp.zeros((depth_max + 1, num_states), dtype),
-                 jnp.zeros((), bool), jnp.zeros((), jnp.int32))
-        (_, mb, _, chosen), _ = jax.lax.scan(step, carry, tuple(jnp.asarray(e) for e in events))
+        stack = jnp.zeros((depth_max + 1, num_states), dtype)
+        carry = (jnp.ones((depth_max + 1,), dtype), stack, stack, jnp.zeros((), bool),
+                 jnp.zeros((), jnp.int32))
+        (_, mb, _, _, chosen), _ = jax.lax.scan(step, carry, tuple(jnp.asarray(e) for e in events))
         kept = jnp.asarray(depth)[chosen]
         y = draw(categorical_thresholds(mb[kept]), u[2 * num_nodes - 1])
         # the path root -> chosen: ancestors[i, k] is node i's ancestor at depth k + 1
@@ -338,47 +373,79 @@ class TraversalVerification(CallDecoder):
     def _law(self, reach0, p_rows, q_rows, bonus_row, *, with_bonus: bool, keep_start: bool):
         k, num_states, _ = p_rows.shape
         shape = self.shape
-        zeros = jnp.zeros((num_states, num_states), q_rows.dtype)
+        dtype = q_rows.dtype
+        zeros = jnp.zeros((num_states, num_states), dtype)
         kept = [zeros] * k
         rejected = [zeros] * (k + 1)
         bonus = [zeros] * (k + 1)
+        replacement = self.children == "iid"
 
-        def to_start_y(mass, d):
-            """``(x_0, .., x_d, y)`` -> ``(x_0, y)``: summed over the path's inner tokens."""
-            return jnp.sum(mass.reshape(num_states, -1, num_states), axis=1)
+        def row_at(row, rank, axis):
+            """A ``(V, V)`` row ``(x, y)`` broadcast to rank ``rank + 1``: ``x`` at ``axis``,
+            ``y`` last."""
+            dims = [1] * (rank + 1)
+            dims[axis] = dims[-1] = num_states
+            return row.reshape(dims)
 
-        def accept(mass, d):
-            """Adds an acceptance of mass ``(x_0, .., x_d)`` at depth ``d`` to ``kept``."""
-            for i in range(1, d + 1):
-                axes = tuple(a for a in range(1, d + 1) if a != i)
+        def to_start_y(mass):
+            """``(x_0, .., y)`` -> ``(x_0, y)``: summed over every axis in between."""
+            return jnp.sum(mass, axis=tuple(range(1, mass.ndim - 1)))
+
+        def accept(mass, path_axes):
+            """Adds an acceptance of mass ``mass`` (its path tokens at ``path_axes``) to
+            ``kept``."""
+            for i in range(1, len(path_axes)):
+                axes = tuple(a for a in range(1, mass.ndim) if a != path_axes[i])
                 kept[i - 1] = kept[i - 1] + jnp.sum(mass, axis=axes)
 
-        def visit(node, d, alpha, reach):
-            """Node of depth ``d`` entered with weight ``alpha`` and mass ``reach`` (arrays over
-            ``x_{0:d}``): adds its subtree's outcomes, returns ``G`` (its deletion)."""
+        def visit(node, alpha, reach, path_axes):
+            """Node of depth ``d = len(path_axes) - 1`` entered with weight ``alpha`` and mass
+            ``reach`` (arrays over its context: the path tokens at ``path_axes``, its own last,
+            and, without replacement, the tokens of the deleted siblings of its ancestors): adds
+            its subtree's outcomes, returns ``G`` (its deletion) over the same context."""
+            d = len(path_axes) - 1
+            rank = alpha.ndim
             kids = list(shape.children[node]) if d < k else []
             if not kids:
                 row = q_rows[d] if d < k else bonus_row
                 if d < k or with_bonus:
-                    out = (reach * alpha)[..., None] * lift(row, d)
-                    bonus[d] = bonus[d] + to_start_y(out, d)
-                accept(reach * alpha, d)
+                    out = (reach * alpha)[..., None] * row_at(row, rank, rank - 1)
+                    bonus[d] = bonus[d] + to_start_y(out)
+                accept(reach * alpha, path_axes)
                 return 1 - alpha
-            p, q = lift(p_rows[d], d), lift(q_rows[d], d)
-            mb = jnp.broadcast_to(q, alpha.shape + (num_states,))
+            ms = jnp.broadcast_to(row_at(p_rows[d], rank, rank - 1), alpha.shape + (num_states,))
+            mb = jnp.broadcast_to(row_at(q_rows[d], rank, rank - 1), alpha.shape + (num_states,))
             survive = jnp.ones_like(alpha)
             for c in kids:
-                child_alpha = entry_weight(alpha[..., None], mb, p)
-                child_reach = (reach * survive)[..., None] * p
-                gone = visit(c, d + 1, child_alpha, child_reach)
-                survive = survive * jnp.sum(p * gone, axis=-1)
-                alpha, mb = deletion_update(alpha, mb, p)
+                child_alpha = entry_weight(alpha[..., None], mb, ms)
+                child_reach = (reach * survive)[..., None] * ms
+                gone = visit(c, child_alpha, child_reach, path_axes + [alpha.ndim])
+                if replacement:  # the state after a deletion does not depend on the token
+                    survive = survive * jnp.sum(ms * gone, axis=-1)
+                    alpha, mb = deletion_update(alpha, mb, ms)
+                    continue
+                # without replacement it does: a new axis, the deleted sibling's token t
+                exhausted = jnp.sum(ms, axis=-1) <= 0  # no token left: the child is absent
+                now = alpha.ndim  # an absent child keeps the state (at t = 0)
+                first = (jnp.arange(num_states) == 0).reshape((1,) * now + (num_states,))
+                survive = (survive[..., None] * ms * gone
+                           + (survive * exhausted)[..., None] * first)
+                new_alpha, new_mb = deletion_update(alpha[..., None], mb[..., None, :],
+                                                    ms[..., None, :])
+                others = 1 - jnp.eye(num_states, dtype=dtype).reshape((1,) * now + (
+                    num_states, num_states))
+                new_ms = safe_normalize(ms[..., None, :] * others)
+                keep = exhausted[..., None]
+                alpha = jnp.where(keep, alpha[..., None], new_alpha)
+                mb = jnp.where(keep[..., None], mb[..., None, :], new_mb)
+                ms = jnp.where(keep[..., None], ms[..., None, :], new_ms)
+                reach = jnp.broadcast_to(reach[..., None], alpha.shape)
             final = reach * survive * alpha
-            rejected[d] = rejected[d] + to_start_y(final[..., None] * mb, d)
-            accept(final, d)
-            return survive * (1 - alpha)
+            rejected[d] = rejected[d] + to_start_y(final[..., None] * mb)
+            accept(final, path_axes)
+            return jnp.sum(survive * (1 - alpha), axis=tuple(range(rank, alpha.ndim)))
 
-        visit(0, 0, jnp.ones_like(reach0), reach0)
+        visit(0, jnp.ones_like(reach0), reach0, [0])
         law = CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected), bonus=jnp.stack(bonus))
         if keep_start:
             return law
