@@ -14,8 +14,10 @@ chain it is exactly Sun et al.'s block verification (``specjax.BlockVerification
 enumerate its output law: it is the target's.
 
 The tree and its drafts are ``specjax.TokenTree``'s (``branching`` or ``from_parents``; the
-children of a node are drafted i.i.d. from the draft ``p`` of the node's context, the law of
-``TokenTree(..., children="iid")``). Each node ``X`` of depth ``d`` holds a token; ``M_b(. | X)``
+children of a node are drafted from the draft ``p`` of the node's context, ``children="iid"``
+i.i.d., ``"without_replacement"`` in sibling order without the siblings before them, the paper's
+drafting: the same laws as ``TokenTree(..., children=...)``; a child whose law has no token left
+is absent). Each node ``X`` of depth ``d`` holds a token; ``M_b(. | X)``
 and ``M_s(. | X)`` are the target's and the draft's rows after it (the root holds the previous
 token ``a``), and ``alpha(X)`` its acceptance weight. One call:
 
@@ -28,9 +30,10 @@ token ``a``), and ``alpha(X)`` its acceptance weight. One call:
      the tree, else ``X``'s residual (a rejection). Stop.
    * else delete ``X``. At its parent ``P``: ``S = sum_y [alpha(P) M_b(y | P) - M_s(y | P)]_+``,
      ``M_b(. | P) <- [alpha(P) M_b(. | P) - M_s(. | P)]_+ / S``, ``alpha(P) <- S / (S + 1 -
-     alpha(P))``, ``M_s(. | P)`` <- the law the remaining siblings are drawn from (``p`` itself for
-     i.i.d. children; the paper's trees are drafted without replacement and remove ``x``), and
-     ``alpha`` of ``P``'s remaining subtrees is recomputed from step 1's formula. Repeat 2.
+     alpha(P))``, ``M_s(. | P)`` <- the law the remaining siblings are drawn from (the paper's,
+     without replacement: ``M_s`` without ``x``, renormalised; for i.i.d. children ``p`` itself,
+     this module's reading of the rule for SpecInfer's drafts), and ``alpha`` of ``P``'s
+     remaining subtrees is recomputed from step 1's formula. Repeat 2.
 
 The root's weight stays 1 (``S / (S + 0)``), so a call always ends, at the root at the latest (``Y``
 from the residual chain ``[q - p]_+`` of recursive rejection sampling, SpecInfer's root). With a
@@ -45,9 +48,10 @@ is accepted. And the weights a node is tested with are set when its subtree is e
 parent's state after the deletion of its earlier siblings, recomputed by step 2 whenever a sibling
 is deleted) and updated by its own children's deletions. With ``m = alpha(P) M_b(. | P)`` (the
 sequence-level mass of ``P``'s continuations) a deletion is ``m <- [m - p]_+ / (1 - sum min(m, p))``
-for i.i.d. children: it does not depend on the deleted token. The sampler walks the tree's Euler
-tour (``enter`` a node, ``test`` it) with one ``(alpha, M_b)`` state per depth: ``2 N`` static steps
-for ``N`` nodes, ``2 N`` uniforms (``N - 1`` drafts, ``N`` tests, the last token).
+for i.i.d. children: it does not depend on the deleted token (without replacement it does,
+through ``M_s``). The sampler drafts the whole tree, then walks its Euler tour (``enter`` a node,
+``test`` it) with one ``(alpha, M_b, M_s)`` state per depth: ``2 N`` static steps for ``N`` nodes,
+``2 N`` uniforms (``N - 1`` drafts, ``N`` tests, the last token).
 
 Exact call law (``call_law``). For a node ``X`` of depth ``d`` write its path ``x_{0:d}`` (``x_0 =
 a``), ``p_d``, ``q_d`` the rows at the call's position ``d`` and, as arrays over ``x_{0:d}``:
@@ -65,15 +69,20 @@ a``), ``p_d``, ``q_d`` the rows at the call's position ``d`` and, as arrays over
 
 ``rejected[d]``, ``bonus[d]`` sum those masses over ``x_{1:d}``; ``kept[i - 1]`` sums the mass of
 every acceptance at depth ``>= i`` over all path tokens but ``x_i``. The arrays of a node of depth
-``d`` have ``V^(d + 2)`` elements (the whole law ``O(sum_X V^(depth(X) + 2))``); ``check_exact``
-refuses trees whose sum exceeds ``MAX_PATHS``. ``call_law_from`` pushes the law of the previous
+``d`` have ``V^(d + 2)`` elements (the whole law ``O(sum_X V^(depth(X) + 2))``). Without
+replacement child ``c_j`` is drawn from ``M_s`` without ``t_1..t_{j-1}`` and the state of ``X`` after
+a deletion depends on the deleted token ``t_j``: the arrays keep an axis per deleted sibling
+(``s_j(.., t_1, .., t_j) = s_{j-1} M_{s,j}(t_j) G_{c_j}(t_j)``, the state updated per ``t_j``, an
+absent child leaving it unchanged), and ``G_X`` sums those axes out. ``law_size`` counts the
+elements; ``check_exact`` refuses more than ``MAX_PATHS``. ``call_law_from`` pushes the law of the previous
 token in as ``R_root`` (the same pass). Values and gradients are finite at zero probabilities,
 ``p = q`` and disjoint supports (every ratio and normalisation is NaN-free).
 
 How much it accepts. On chains it equals block verification, optimal among verifiers of one
-drafted block (Sun et al.). On trees the paper reports gains over token-level verification
-(SpecInfer's multi-step rejection sampling, ``TokenTree(children="iid")``) from experiments;
-``scripts/study_traversal.py`` tabulates the exact expected accepted drafts of both.
+drafted block (Sun et al.). On a star ``(b,)`` it is recursive rejection sampling (the root's
+weight is 1): token-level verification of the same tree. On deeper trees the paper reports gains
+over token-level verification from experiments; ``scripts/study_traversal.py`` tabulates the exact
+expected accepted drafts of both (``docs/guides/traversal.md``).
 """
 
 from __future__ import annotations
@@ -156,12 +165,12 @@ class TraversalVerification(CallDecoder):
 
     Attributes:
       branching: branching factors per depth, or ``None`` when the tree is given by ``parents``.
-      children: ``"iid"``, the only drafting implemented (the paper drafts without replacement;
-        see the module docstring).
+      children: ``"iid"`` (SpecInfer's drafts) or ``"without_replacement"`` (the paper's and
+        Sequoia's): how siblings are drafted, as for ``TokenTree``.
       parents: the parent array (``parents[0] = -1``, ``parents[i] < i``), or ``None``.
 
-    The exact law enumerates the path tokens of every node (``V^(depth + 2)`` elements per node)
-    and is refused beyond ``MAX_PATHS`` (``2**22``) in all.
+    The exact law enumerates the path tokens of every node (``V^(depth + 2)`` elements per node,
+    more without replacement: ``law_size``) and is refused beyond ``MAX_PATHS`` (``2**22``).
 
     Example:
       >>> import specjax
@@ -196,8 +205,8 @@ class TraversalVerification(CallDecoder):
                                  "(a lone root drafts nothing: use Autoregressive())")
         if self.children not in CHILDREN:
             raise ValueError(f"children must be one of {CHILDREN} for TraversalVerification "
-                             f"(drafts without replacement or top-k are not implemented), got "
-                             f"{self.children!r}")
+                             f"(deterministic top-k drafts have no draft law to verify against), "
+                             f"got {self.children!r}")
 
     @classmethod
     def from_parents(cls, parents, *, children: str = "iid") -> "TraversalVerification":
