@@ -150,8 +150,8 @@ def table(drawn, trees, worse, chains):
                     worse.append(f"{name} {tree} {short}: T/E[calls] {tv[2]:.4f} < {token[2]:.4f}")
                 if below.any():
                     gaps = (token[1] - tv[1])[below]
-                    worse.append(f"{name} {tree} {short}: {int(below.sum())} contexts of position 1 "
-                                 f"accept less (largest gap {gaps.max():.4f})")
+                    worse.append(f"{name} {tree} {short}: {int(below.sum())} contexts of "
+                                 f"position 1 accept less (largest gap {gaps.max():.4f})")
             if set(tree) == {1} and tv is not None:
                 block = values(specjax.BlockVerification(len(tree)), draft, target)
                 chains.append(f"{name} {tree}: TV {tv[2]:.10f}, BlockVerification({len(tree)}) "

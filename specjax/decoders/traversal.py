@@ -70,13 +70,14 @@ a``), ``p_d``, ``q_d`` the rows at the call's position ``d`` and, as arrays over
 ``rejected[d]``, ``bonus[d]`` sum those masses over ``x_{1:d}``; ``kept[i - 1]`` sums the mass of
 every acceptance at depth ``>= i`` over all path tokens but ``x_i``. The arrays of a node of depth
 ``d`` have ``V^(d + 2)`` elements (the whole law ``O(sum_X V^(depth(X) + 2))``). Without
-replacement child ``c_j`` is drawn from ``M_s`` without ``t_1..t_{j-1}`` and the state of ``X`` after
-a deletion depends on the deleted token ``t_j``: the arrays keep an axis per deleted sibling
-(``s_j(.., t_1, .., t_j) = s_{j-1} M_{s,j}(t_j) G_{c_j}(t_j)``, the state updated per ``t_j``, an
-absent child leaving it unchanged), and ``G_X`` sums those axes out. ``law_size`` counts the
-elements; ``check_exact`` refuses more than ``MAX_PATHS``. ``call_law_from`` pushes the law of the previous
-token in as ``R_root`` (the same pass). Values and gradients are finite at zero probabilities,
-``p = q`` and disjoint supports (every ratio and normalisation is NaN-free).
+replacement child ``c_j`` is drawn from ``M_s`` without ``t_1..t_{j-1}`` and the state of ``X``
+after a deletion depends on the deleted token ``t_j``: the arrays keep an axis per deleted
+sibling (``s_j(.., t_1, .., t_j) = s_{j-1} M_{s,j}(t_j) G_{c_j}(t_j)``, the state updated per
+``t_j``, an absent child leaving it unchanged), and ``G_X`` sums those axes out. ``law_size``
+counts the elements; ``check_exact`` refuses more than ``MAX_PATHS``. ``call_law_from`` pushes
+the law of the previous token in as ``R_root`` (the same pass). Values and gradients are finite
+at zero probabilities, ``p = q`` and disjoint supports (every ratio and normalisation is
+NaN-free).
 
 How much it accepts. On chains it equals block verification, optimal among verifiers of one
 drafted block (Sun et al.). On a star ``(b,)`` it is recursive rejection sampling (the root's
@@ -127,11 +128,6 @@ def deletion_update(alpha, mb, ms):
     residual = jnp.maximum(alpha[..., None] * mb - ms, 0)
     mass = jnp.sum(residual, axis=-1)
     return safe_ratio(mass, mass + (1 - alpha), 1), safe_normalize(residual)
-
-
-def lift(row, depth: int):
-    """A ``(V, V)`` row ``(x_d, y)`` as an array of rank ``depth + 2`` over ``(x_0, .., x_d, y)``."""
-    return row.reshape((1,) * depth + row.shape)
 
 
 @functools.lru_cache(maxsize=64)
