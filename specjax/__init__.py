@@ -43,6 +43,7 @@ from specjax.decoders import Speculative
 from specjax.decoders import ThresholdVerification
 from specjax.decoders import TokenTree
 from specjax.decoders import TokenwiseDecoder
+from specjax.decoders import TraversalVerification
 from specjax.decoders import TopKAcceptance
 from specjax.decoders import TypicalAcceptance
 from specjax.decoders import array_field
@@ -138,6 +139,7 @@ __all__ = [
     "Speculative",
     "ThresholdVerification",
     "TokenTree",
+    "TraversalVerification",
     "TopKAcceptance",
     "TypicalAcceptance",
     # the decoder protocol

@@ -35,6 +35,7 @@ CASES = {
     "tree w/o replacement": specjax.TokenTree.from_parents((-1, 0, 0, 1, 2, 3),
                                                            children="without_replacement"),
     "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
+    "traversal (2,)": specjax.TraversalVerification((2,)),
     "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
     "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
     "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(

@@ -32,6 +32,7 @@ from specjax.decoders.rejection import RejectionRule
 from specjax.decoders.spechub import SpecHub
 from specjax.decoders.strict import StrictVerification
 from specjax.decoders.speculative import Speculative
+from specjax.decoders.traversal import TraversalVerification
 from specjax.decoders.tree import TokenTree
 from specjax.decoders.lenient import LenientSpeculative
 from specjax.decoders.threshold import ThresholdVerification
@@ -69,6 +70,7 @@ __all__ = [
     "Speculative",
     "StrictVerification",
     "TokenTree",
+    "TraversalVerification",
     "LenientSpeculative",
     "ThresholdVerification",
     "TopKAcceptance",
