@@ -70,66 +70,70 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
 #: their rows (``suspect_rows``) before the exact check of the rows it flags; smaller ones are
 #: checked by NumPy directly (a compiled pass per shape would cost more than it saves).
 FUSED_CHECK_ENTRIES = 1 << 20
-#: The screen's partial sums: at most this many terms each, summed level by level.
+#: The screen's partial sums: at most this many terms each.
 _CHUNK = 128
 
 
-def _chunked_sum(x: jax.Array) -> jax.Array:
-    """Row sums over the last axis as a tree of partial sums of at most ``_CHUNK`` terms, each
-    level materialised (``optimization_barrier``: XLA may not merge the levels into one
-    reduction). Every term of a level is a sum of at most ``_CHUNK`` terms of the one below, so
-    for non-negative terms the rounding error is at most ``_levels(V) * (_CHUNK - 1) * eps/2``
-    of the sum, to first order, whatever order XLA adds within a chunk (one reduction of ``V``
-    terms only guarantees ``(V - 1) eps/2``, 2e-3 at ``V = 32,000`` in float32)."""
-    while x.shape[-1] > _CHUNK:
-        n = x.shape[-1] // _CHUNK * _CHUNK
-        head = x[..., :n].reshape(*x.shape[:-1], n // _CHUNK, _CHUNK).sum(-1)
-        parts = [head] + ([x[..., n:].sum(-1, keepdims=True)] if n < x.shape[-1] else [])
-        x = jax.lax.optimization_barrier(jnp.concatenate(parts, axis=-1))
-    return x.sum(-1)
-
-
-def _levels(length: int) -> int:
-    """The levels of ``_chunked_sum`` over ``length`` terms."""
-    levels = 1
-    while length > _CHUNK:
-        length = length // _CHUNK + (length % _CHUNK > 0)
-        levels += 1
-    return levels
+def _chunk(length: int) -> int:
+    """The terms of each partial sum of the screen over rows of ``length`` terms: the whole row
+    up to ``_CHUNK`` terms; else the largest divisor of ``length`` from ``_CHUNK // 2`` to
+    ``_CHUNK`` (``32,000 = 250 x 128``), so that the rows reshape into their chunks as they lie
+    in memory; else ``_CHUNK``, the last ``length % _CHUNK`` terms summed apart (XLA copies the
+    head of each row, a slice, before it reduces it: a slower screen, the same bound)."""
+    if length <= _CHUNK:
+        return length
+    return next((c for c in range(_CHUNK, _CHUNK // 2 - 1, -1) if length % c == 0), _CHUNK)
 
 
 @jax.jit
 def _screen(arrays: tuple) -> tuple:
-    """``(minima, sums)`` of the rows of each array, in float32 at least: plain reductions,
-    which XLA's CPU backend vectorises (an elementwise select before a reduction, such as NaN
-    at the negative entries, runs about 20 times slower there), in one program for all the
-    arrays (one dispatch; independent reductions may run side by side)."""
+    """``(minima, partial sums)`` of the rows of each array, in float32 at least: each row's
+    minimum and the sums of its consecutive chunks of ``_chunk(V)`` terms (the tail apart), the
+    rest of each sum left to the host. One program for all the arrays (one dispatch), two plain
+    reductions each: XLA's CPU backend hands every plain reduction to YNNPACK, which streams the
+    rows at memory speed, one reduction at a time; it fuses no two reductions into one loop (a
+    variadic reduce computing minima and sums together, one loop, runs in XLA's own loop emitter
+    about 10 times slower; an elementwise op before a reduction, such as a select of the
+    negative entries, 2 to 20 times slower), so each row is read twice, by two fast passes."""
     out = []
     for x in arrays:
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        out.append((jnp.min(x, axis=-1), _chunked_sum(x)))
+        length = x.shape[-1]
+        chunk = _chunk(length)
+        head = length // chunk * chunk
+        parts = (x if head == length else x[..., :head]).reshape(
+            *x.shape[:-1], head // chunk, chunk).sum(-1)
+        if head < length:
+            parts = jnp.concatenate([parts, x[..., head:].sum(-1, keepdims=True)], axis=-1)
+        out.append((jnp.min(x, axis=-1), parts))
     return tuple(out)
 
 
 def suspect_rows(arrays, tolerances) -> list:
     """For each concrete array of ``arrays``, a boolean mask over its rows (last axis),
     ``True`` on every row that may fail ``check_probabilities(..., tolerance=t)`` with ``t``
-    its entry of ``tolerances``: one compiled pass computes each row's minimum and sum; a row
-    is flagged when its minimum is NaN or has its sign bit set (a negative entry, ``-inf``,
-    ``-0.0``, or a negative subnormal, which the CPU flushes to ``-0.0``) or when its sum (NaN
-    or infinite with a NaN or an infinity) is not within ``t - margin`` of one, the margin
-    bounding the pass's rounding (``_chunked_sum``) with room. Every failing row is flagged (a
-    row that passes may be flagged too, near the tolerance): check the flagged rows exactly."""
+    its entry of ``tolerances``: one compiled pass computes each row's minimum and partial sums
+    (``_screen``), the host adds the partial sums in float64; a row is flagged when its minimum
+    is NaN or has its sign bit set (a negative entry, ``-inf``, ``-0.0``, or a negative
+    subnormal, which the CPU flushes to ``-0.0``) or when its sum (NaN or infinite with a NaN
+    or an infinity) is not within ``t - margin`` of one, the margin bounding the rounding of
+    the partial sums with room. Every failing row is flagged (a row that passes may be flagged
+    too, near the tolerance): check the flagged rows exactly."""
     arrays = tuple(jnp.asarray(x) for x in arrays)
     masks = []
-    for x, tolerance, (minima, sums) in zip(arrays, tolerances, _screen(arrays)):
-        minima, sums = np.asarray(minima), np.asarray(sums)
-        eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
-        # 1.5 times the first-order bound of _chunked_sum, for sums near one (a row whose sum
-        # is far from one is flagged whatever the margin).
-        margin = 1.5 * _levels(x.shape[-1]) * (_CHUNK - 1) * eps / 2
-        with np.errstate(invalid="ignore"):
-            close = np.abs(sums.astype(np.float64) - 1) <= tolerance - margin
+    for x, tolerance, (minima, parts) in zip(arrays, tolerances, _screen(arrays)):
+        minima, parts = np.asarray(minima), np.asarray(parts)
+        with np.errstate(invalid="ignore", over="ignore"):
+            sums = parts.sum(-1, dtype=np.float64)
+            # A partial sum of non-negative terms, c = _chunk(V) of them added in any order,
+            # is off by at most (c - 1) eps/2 of itself to first order, and NumPy's float64 sum
+            # of the partials by at most (their number) 2^-53 of the total: 1.5 times their sum
+            # for rows summing near one (a row whose sum is far from one is flagged whatever
+            # the margin).
+            eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
+            margin = 1.5 * ((_chunk(x.shape[-1]) - 1) * eps
+                            + parts.shape[-1] * np.finfo(np.float64).eps) / 2
+            close = np.abs(sums - 1) <= tolerance - margin
         masks.append(np.signbit(minima) | np.isnan(minima) | ~close)
     return masks
 

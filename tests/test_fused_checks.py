@@ -10,15 +10,16 @@ import pytest
 import specjax
 from specjax import _checks
 
-# One shape for every test: B = 4 requests, K = 3 drafts, V = 300 tokens (three levels of
-# partial sums: 300 -> 3 -> 1, with a tail chunk).
+# One shape for every test: B = 4 requests, K = 3 drafts, V = 300 tokens (each row's partial
+# sums: 3 chunks of 100 terms, read in place); V + 1 = 301 = 7 x 43 for the fallback (2 chunks of
+# 128 and a tail of 45).
 B, K, V = 4, 3, 300
 SD = specjax.Speculative()
 
 
-def rows(seed, shape, dtype=np.float32):
+def rows(seed, shape, dtype=np.float32, length=V):
     rng = np.random.default_rng(seed)
-    x = rng.dirichlet(np.full(V, 0.5), size=shape)
+    x = rng.dirichlet(np.full(length, 0.5), size=shape)
     return x.astype(dtype)
 
 
@@ -33,12 +34,14 @@ def exact_bad(x, tol):
             | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
 
 
-def test_the_screen_flags_every_row_that_fails_near_the_tolerance():
+@pytest.mark.parametrize("length", [V, V + 1])
+def test_the_screen_flags_every_row_that_fails_near_the_tolerance(length):
     """Rows scaled to miss one by ``d`` around the float32 tolerance (1e-4), both sides, with
-    mass spread (Dirichlet 0.5) or on one entry: every row the exact check refuses is flagged,
-    and rows well inside pass unflagged."""
+    mass spread (Dirichlet 0.5) or on one entry, in chunks read in place (``V``) or with a tail
+    (``V + 1``): every row the exact check refuses is flagged, and rows well inside pass
+    unflagged."""
     tol = _checks.row_sum_tolerance(np.float32)
-    base = rows(0, (64,), np.float64)
+    base = rows(0, (64,), np.float64, length)
     base[::2, 0] += 50  # half the rows: most of the mass on one entry
     base /= base.sum(-1, keepdims=True)
     misses = np.concatenate([np.linspace(-3 * tol, 3 * tol, 61), [0.0, 1e-6, -1e-6]])
@@ -144,3 +147,28 @@ def test_float64_and_bfloat16_rows_are_screened_in_their_precision(monkeypatch, 
     tol = _checks.row_sum_tolerance(jnp.bfloat16)
     np.testing.assert_array_equal(screen(low, tol),
                                   exact_bad(np.asarray(low, np.float32), tol))
+
+
+def test_chunks_divide_the_rows_when_they_can():
+    """``_chunk``: a short row whole, else the largest divisor from 64 to 128 terms, else 128
+    with a tail."""
+    assert [_checks._chunk(n) for n in (1, 100, 128, 300, 1_000, 32_000, 301, 50_257)] \
+        == [1, 100, 128, 100, 125, 128, 128, 128]
+
+
+def test_the_screen_reads_the_rows_in_place():
+    """The compiled screen of rows whose chunks divide them makes no array as large as its
+    inputs (the inputs and free ``bitcast`` views of them aside): its reductions read the rows
+    where they lie (two of them: XLA fuses no two reductions into one loop on a CPU, see
+    ``_checks._screen``), nothing copies them."""
+    arrays = (jnp.zeros((B, K + 1, V)), jnp.zeros((B, K, V)))
+    text = _checks._screen.lower(arrays).compile().as_text()
+    large = []
+    for line in text[text.index("ENTRY"):].splitlines()[1:]:
+        shape = line.partition("=")[2].split(" ")[1] if "=" in line else ""
+        if "[" in shape and "]" in shape:
+            dims = shape[shape.index("[") + 1:shape.index("]")].split(",")
+            if np.prod([int(n) for n in dims if n]) >= B * K * V:
+                large.append(line.split("(")[0].split()[-1] + " " + shape)
+    kinds = sorted(item.split()[0] in ("parameter", "bitcast") for item in large)
+    assert sum("parameter" in item for item in large) == 2 and all(kinds), large
