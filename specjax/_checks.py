@@ -9,6 +9,7 @@ probabilities are not detected; validate once outside (``MarkovChain(...)`` does
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -66,12 +67,15 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
         raise ValueError(f"{name} rows must sum to one (tolerance {tol:g}): {where}")
 
 
-#: Probability arrays of at least this many entries are screened by one compiled pass over
+#: Probability arrays of at least this many entries are screened by one compiled program over
 #: their rows (``suspect_rows``) before the exact check of the rows it flags; smaller ones are
-#: checked by NumPy directly (a compiled pass per shape would cost more than it saves).
+#: checked by NumPy directly (a compiled program per shape would cost more than it saves).
 FUSED_CHECK_ENTRIES = 1 << 20
 #: The screen's partial sums: at most this many terms each.
 _CHUNK = 128
+#: On a CPU the screen takes the rows in blocks of about this many bytes (at least one row),
+#: each read from memory once and reduced twice while it is in the cache (``_screen``).
+_BLOCK_BYTES = 4 << 20
 
 
 def _chunk(length: int) -> int:
@@ -79,49 +83,93 @@ def _chunk(length: int) -> int:
     up to ``_CHUNK`` terms; else the largest divisor of ``length`` from ``_CHUNK // 2`` to
     ``_CHUNK`` (``32,000 = 250 x 128``), so that the rows reshape into their chunks as they lie
     in memory; else ``_CHUNK``, the last ``length % _CHUNK`` terms summed apart (XLA copies the
-    head of each row, a slice, before it reduces it: a slower screen, the same bound)."""
+    head of each row, a slice, before it reduces it)."""
     if length <= _CHUNK:
         return length
     return next((c for c in range(_CHUNK, _CHUNK // 2 - 1, -1) if length % c == 0), _CHUNK)
 
 
-@jax.jit
-def _screen(arrays: tuple) -> tuple:
-    """``(minima, partial sums)`` of the rows of each array, in float32 at least: each row's
-    minimum and the sums of its consecutive chunks of ``_chunk(V)`` terms (the tail apart), the
-    rest of each sum left to the host. One program for all the arrays (one dispatch), two plain
-    reductions each: XLA's CPU backend hands every plain reduction to YNNPACK, which streams the
-    rows at memory speed, one reduction at a time; it fuses no two reductions into one loop (a
-    variadic reduce computing minima and sums together, one loop, runs in XLA's own loop emitter
-    about 10 times slower; an elementwise op before a reduction, such as a select of the
-    negative entries, 2 to 20 times slower), so each row is read twice, by two fast passes."""
+def _row_stats(x: jax.Array) -> tuple:
+    """``(minima (...,), partial sums (..., C))`` of the rows of ``x`` (last axis): each row's
+    minimum and the sums of its consecutive chunks of ``_chunk(V)`` terms, the tail apart."""
+    length = x.shape[-1]
+    chunk = _chunk(length)
+    head = length // chunk * chunk
+    parts = (x if head == length else x[..., :head]).reshape(
+        *x.shape[:-1], head // chunk, chunk).sum(-1)
+    if head < length:
+        parts = jnp.concatenate([parts, x[..., head:].sum(-1, keepdims=True)], axis=-1)
+    return jnp.min(x, axis=-1), parts
+
+
+def _blocked_row_stats(rows: jax.Array, block: int) -> tuple:
+    """``_row_stats`` of ``rows`` ``(n, V)`` by blocks of ``block`` rows in a loop (the last
+    ``n % block`` rows apart): each block is copied out of memory once (a dynamic slice) and
+    both reductions read the copy while it is in the cache."""
+    count = rows.shape[0] // block
+
+    def step(i, stats):
+        minima, parts = _row_stats(jax.lax.dynamic_slice_in_dim(rows, i * block, block))
+        return (jax.lax.dynamic_update_slice_in_dim(stats[0], minima, i * block, 0),
+                jax.lax.dynamic_update_slice_in_dim(stats[1], parts, i * block, 0))
+
+    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct((count * block,) + rows.shape[1:],
+                                                             rows.dtype))
+    stats = jax.lax.fori_loop(0, count, step, tuple(jnp.zeros(s.shape, s.dtype) for s in shapes))
+    if count * block == rows.shape[0]:
+        return stats
+    rest = _row_stats(rows[count * block:])
+    return tuple(jnp.concatenate([a, b]) for a, b in zip(stats, rest))
+
+
+@functools.partial(jax.jit, static_argnames="block_bytes")
+def _screen(arrays: tuple, block_bytes: int | None = None) -> tuple:
+    """``_row_stats`` of each array, in float32 at least (the host adds the partial sums), all
+    in one program (one dispatch); with ``block_bytes`` (on a CPU), by blocks of rows of about
+    that many bytes (``_blocked_row_stats``), each read from memory once.
+
+    The minima and the partial sums are two reductions of the same rows. XLA's CPU backend
+    hands each plain reduction to YNNPACK, which streams the rows at memory speed, but it fuses
+    no two of them into one loop: over whole arrays they read every row twice. Their one-loop
+    forms run in XLA's own loop emitter, far slower on a CPU (measured at the bench's size,
+    ``B = 256``, ``K = 8``, ``V = 32,000``: a variadic reduce of minima and sums, one loop, 10
+    to 20 times one pass; the same two reductions with YNNPACK off, 5 times; an elementwise op
+    before a reduction, such as a select of the negative entries, 2 to 3 times). The blocks keep
+    YNNPACK's reductions and read each row from memory once. Accelerators fuse sibling
+    reductions of the same rows into one kernel: there the whole arrays are reduced at once."""
     out = []
     for x in arrays:
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        length = x.shape[-1]
-        chunk = _chunk(length)
-        head = length // chunk * chunk
-        parts = (x if head == length else x[..., :head]).reshape(
-            *x.shape[:-1], head // chunk, chunk).sum(-1)
-        if head < length:
-            parts = jnp.concatenate([parts, x[..., head:].sum(-1, keepdims=True)], axis=-1)
-        out.append((jnp.min(x, axis=-1), parts))
+        if block_bytes is None:
+            out.append(_row_stats(x))
+            continue
+        rows = x.reshape(-1, x.shape[-1])
+        block = max(1, min(rows.shape[0], block_bytes // (x.shape[-1] * x.dtype.itemsize)))
+        minima, parts = _row_stats(rows) if block == rows.shape[0] \
+            else _blocked_row_stats(rows, block)
+        out.append((minima.reshape(x.shape[:-1]), parts.reshape(*x.shape[:-1], -1)))
     return tuple(out)
 
 
 def suspect_rows(arrays, tolerances) -> list:
     """For each concrete array of ``arrays``, a boolean mask over its rows (last axis),
     ``True`` on every row that may fail ``check_probabilities(..., tolerance=t)`` with ``t``
-    its entry of ``tolerances``: one compiled pass computes each row's minimum and partial sums
-    (``_screen``), the host adds the partial sums in float64; a row is flagged when its minimum
-    is NaN or has its sign bit set (a negative entry, ``-inf``, ``-0.0``, or a negative
-    subnormal, which the CPU flushes to ``-0.0``) or when its sum (NaN or infinite with a NaN
-    or an infinity) is not within ``t - margin`` of one, the margin bounding the rounding of
-    the partial sums with room. Every failing row is flagged (a row that passes may be flagged
-    too, near the tolerance): check the flagged rows exactly."""
+    its entry of ``tolerances``: one compiled program computes each row's minimum and partial
+    sums (``_screen``, which reads each row from memory once on a CPU), the host adds the
+    partial sums in float64; a row is flagged when its minimum is NaN or has its sign bit set (a
+    negative entry, ``-inf``, ``-0.0``, or a negative subnormal, which the CPU reads as
+    ``-0.0``) or when its sum (NaN or infinite with a NaN or an infinity) is not within
+    ``t - margin`` of one, the margin bounding the rounding of the partial sums with room.
+    Every failing row is flagged (a row that passes may be flagged too, near the tolerance):
+    check the flagged rows exactly. One exception: a CPU reads subnormals as zeros of their
+    sign, and the minimum of a row holding both a ``+0.0`` (or a positive subnormal) and a
+    negative subnormal may come out ``+0.0``, so such a row may pass unflagged (telling the
+    zeros apart takes an elementwise pass, several times the screen's cost)."""
     arrays = tuple(jnp.asarray(x) for x in arrays)
+    cpu = arrays and all(d.platform == "cpu" for x in arrays for d in x.devices())
     masks = []
-    for x, tolerance, (minima, parts) in zip(arrays, tolerances, _screen(arrays)):
+    for x, tolerance, (minima, parts) in zip(
+            arrays, tolerances, _screen(arrays, _BLOCK_BYTES if cpu else None)):
         minima, parts = np.asarray(minima), np.asarray(parts)
         with np.errstate(invalid="ignore", over="ignore"):
             sums = parts.sum(-1, dtype=np.float64)

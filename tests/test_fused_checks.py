@@ -156,19 +156,42 @@ def test_chunks_divide_the_rows_when_they_can():
         == [1, 100, 128, 100, 125, 128, 128, 128]
 
 
-def test_the_screen_reads_the_rows_in_place():
+@pytest.mark.parametrize("block_bytes", [None, 3 * V * 4])
+def test_the_screen_reads_the_rows_in_place(block_bytes):
     """The compiled screen of rows whose chunks divide them makes no array as large as its
-    inputs (the inputs and free ``bitcast`` views of them aside): its reductions read the rows
-    where they lie (two of them: XLA fuses no two reductions into one loop on a CPU, see
-    ``_checks._screen``), nothing copies them."""
+    inputs (the inputs, free ``bitcast`` views and a loop's handles on them aside): its
+    reductions read the whole rows where they lie, or (by blocks, as on a CPU) blocks of 3
+    rows copied once, never a copy of the arrays."""
     arrays = (jnp.zeros((B, K + 1, V)), jnp.zeros((B, K, V)))
-    text = _checks._screen.lower(arrays).compile().as_text()
+    text = _checks._screen.lower(arrays, block_bytes).compile().as_text()
     large = []
-    for line in text[text.index("ENTRY"):].splitlines()[1:]:
-        shape = line.partition("=")[2].split(" ")[1] if "=" in line else ""
+    for line in text.splitlines():
+        shape = line.partition("=")[2].split(" ")[1] if " = " in line else ""
         if "[" in shape and "]" in shape:
             dims = shape[shape.index("[") + 1:shape.index("]")].split(",")
             if np.prod([int(n) for n in dims if n]) >= B * K * V:
-                large.append(line.split("(")[0].split()[-1] + " " + shape)
-    kinds = sorted(item.split()[0] in ("parameter", "bitcast") for item in large)
-    assert sum("parameter" in item for item in large) == 2 and all(kinds), large
+                large.append(line.partition("=")[2].split(" ")[2].split("(")[0] + " " + shape)
+    assert sum(item.startswith("parameter ") for item in large) >= 2, large
+    assert all(item.split()[0] in ("parameter", "bitcast", "get-tuple-element")
+               for item in large), large
+    assert ("while" in text) == (block_bytes is not None)
+
+
+@pytest.mark.parametrize("length", [V, V + 1])
+def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
+    """By blocks of 3 rows (4 requests of 4 rows: 5 blocks and a last row apart) or whole:
+    the same partial sums, the same minima on rows without NaN (a CPU's minimum may skip a
+    NaN: the row's sum flags it), the same flags."""
+    x = rows(7, (B, K + 1), length=length)
+    x[1, 2, 3], x[2, 0, 0], x[3, 3, 9] = np.nan, -0.5, np.inf
+    whole = _checks._screen((jnp.asarray(x),))[0]
+    blocks = _checks._screen((jnp.asarray(x),), 3 * length * 4)[0]
+    np.testing.assert_allclose(blocks[1], whole[1], rtol=1e-6)
+    numbers = ~np.isnan(x).any(-1)
+    np.testing.assert_array_equal(np.asarray(blocks[0])[numbers], np.asarray(whole[0])[numbers])
+    flags = {}
+    for block_bytes in (3 * length * 4, 1 << 30):
+        monkeypatch.setattr(_checks, "_BLOCK_BYTES", block_bytes)
+        flags[block_bytes] = screen(x, 1e-4)
+    np.testing.assert_array_equal(*flags.values())
+    np.testing.assert_array_equal(flags[1 << 30], exact_bad(x, 1e-4))
