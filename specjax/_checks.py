@@ -102,75 +102,81 @@ def _row_stats(x: jax.Array) -> tuple:
     return jnp.min(x, axis=-1), parts
 
 
-def _blocked_row_stats(rows: jax.Array, block: int) -> tuple:
-    """``_row_stats`` of ``rows`` ``(n, V)`` by blocks of ``block`` rows in a loop (the last
-    ``n % block`` rows apart): each block is copied out of memory once (a dynamic slice) and
-    both reductions read the copy while it is in the cache."""
-    count = rows.shape[0] // block
+def _gathered_row_stats(rows: jax.Array, index: jax.Array, count: jax.Array,
+                        block: int) -> tuple:
+    """``_row_stats`` of the rows ``rows[index[:count]]`` of ``rows`` ``(n, V)``, by blocks of
+    ``block`` rows gathered in a loop of ``ceil(count / block)`` steps: each block is copied out
+    of memory once and both reductions read the copy while it is in the cache. ``index`` has a
+    fixed length, a multiple of ``block``, and ``count`` is traced (a new selection compiles
+    nothing); the stats past the loop's last block are zeros."""
+    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct(index.shape + rows.shape[1:],
+                                                             rows.dtype))
 
     def step(i, stats):
-        minima, parts = _row_stats(jax.lax.dynamic_slice_in_dim(rows, i * block, block))
+        picked = jax.lax.dynamic_slice_in_dim(index, i * block, block)
+        minima, parts = _row_stats(rows.at[picked].get(mode="promise_in_bounds"))
         return (jax.lax.dynamic_update_slice_in_dim(stats[0], minima, i * block, 0),
                 jax.lax.dynamic_update_slice_in_dim(stats[1], parts, i * block, 0))
 
-    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct((count * block,) + rows.shape[1:],
-                                                             rows.dtype))
-    stats = jax.lax.fori_loop(0, count, step, tuple(jnp.zeros(s.shape, s.dtype) for s in shapes))
-    if count * block == rows.shape[0]:
-        return stats
-    rest = _row_stats(rows[count * block:])
-    return tuple(jnp.concatenate([a, b]) for a, b in zip(stats, rest))
+    return jax.lax.fori_loop(0, (count + block - 1) // block, step,
+                             tuple(jnp.zeros(s.shape, s.dtype) for s in shapes))
 
 
-@functools.partial(jax.jit, static_argnames="block_bytes")
-def _screen(arrays: tuple, block_bytes: int | None = None) -> tuple:
+@functools.partial(jax.jit, static_argnames="blocks")
+def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None = None) -> tuple:
     """``_row_stats`` of each array, in float32 at least (the host adds the partial sums), all
-    in one program (one dispatch); with ``block_bytes`` (on a CPU), by blocks of rows of about
-    that many bytes (``_blocked_row_stats``), each read from memory once.
+    in one program (one dispatch): of all its rows, or with ``blocks`` (on a CPU) of the rows
+    ``index[:count]`` of its rows flattened, ``(index, count)`` its entry of ``selections``,
+    gathered by blocks of its entry of ``blocks`` rows (``_gathered_row_stats``), each row read
+    from memory once.
 
     The minima and the partial sums are two reductions of the same rows. XLA's CPU backend
     hands each plain reduction to YNNPACK, which streams the rows at memory speed, but it fuses
     no two of them into one loop: over whole arrays they read every row twice. Their one-loop
     forms run in XLA's own loop emitter, far slower on a CPU (measured at the bench's size,
-    ``B = 256``, ``K = 8``, ``V = 32,000``: a variadic reduce of minima and sums, one loop, 10
-    to 20 times one pass; the same two reductions with YNNPACK off, 5 times; an elementwise op
-    before a reduction, such as a select of the negative entries, 2 to 3 times). The blocks keep
-    YNNPACK's reductions and read each row from memory once. Accelerators fuse sibling
-    reductions of the same rows into one kernel: there the whole arrays are reduced at once."""
+    ``B = 256``, ``K = 8``, ``V = 32,000``, on a loaded 2-core machine: a variadic reduce of
+    minima and sums, one loop, 6 to 16 times the two reductions' time; the two with YNNPACK
+    off, 4 times; an elementwise op before a reduction, such as a select of the negative
+    entries, 2 to 30 times one reduction). The blocks keep YNNPACK's reductions, read each row
+    from memory once, and read only the rows asked for (a caller's check reads only the rows
+    the computation reads). Accelerators fuse sibling reductions of the same rows into one
+    kernel: there whole arrays are reduced at once."""
     out = []
-    for x in arrays:
+    for i, x in enumerate(arrays):
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        if block_bytes is None:
+        if blocks is None:
             out.append(_row_stats(x))
-            continue
-        rows = x.reshape(-1, x.shape[-1])
-        block = max(1, min(rows.shape[0], block_bytes // (x.shape[-1] * x.dtype.itemsize)))
-        minima, parts = _row_stats(rows) if block == rows.shape[0] \
-            else _blocked_row_stats(rows, block)
-        out.append((minima.reshape(x.shape[:-1]), parts.reshape(*x.shape[:-1], -1)))
+        else:
+            index, count = selections[i]
+            out.append(_gathered_row_stats(x.reshape(-1, x.shape[-1]), index, count, blocks[i]))
     return tuple(out)
 
 
-def suspect_rows(arrays, tolerances) -> list:
+def suspect_rows(arrays, tolerances, selected=None) -> list:
     """For each concrete array of ``arrays``, a boolean mask over its rows (last axis),
     ``True`` on every row that may fail ``check_probabilities(..., tolerance=t)`` with ``t``
-    its entry of ``tolerances``: one compiled program computes each row's minimum and partial
-    sums (``_screen``, which reads each row from memory once on a CPU), the host adds the
-    partial sums in float64; a row is flagged when its minimum is NaN or has its sign bit set (a
-    negative entry, ``-inf``, ``-0.0``, or a negative subnormal, which the CPU reads as
-    ``-0.0``) or when its sum (NaN or infinite with a NaN or an infinity) is not within
-    ``t - margin`` of one, the margin bounding the rounding of the partial sums with room.
-    Every failing row is flagged (a row that passes may be flagged too, near the tolerance):
-    check the flagged rows exactly. One exception: a CPU reads subnormals as zeros of their
-    sign, and the minimum of a row holding both a ``+0.0`` (or a positive subnormal) and a
-    negative subnormal may come out ``+0.0``, so such a row may pass unflagged (telling the
-    zeros apart takes an elementwise pass, several times the screen's cost)."""
+    its entry of ``tolerances``, among the rows its entry of ``selected`` marks (a boolean mask
+    over its rows, or ``None`` for all; the others are ``False``). One compiled program computes
+    each row's minimum and partial sums (``_screen``; on a CPU it reads only the selected rows,
+    each from memory once), the host adds the partial sums in float64; a row is flagged when
+    its minimum is NaN or has its sign bit set (a negative entry, ``-inf``, ``-0.0``, or a
+    negative subnormal, which the CPU reads as ``-0.0``) or when its sum (NaN or infinite with a
+    NaN or an infinity) is not within ``t - margin`` of one, the margin bounding the rounding of
+    the partial sums with room. Every failing row is flagged (a row that passes may be flagged
+    too, near the tolerance): check the flagged rows exactly. One exception: a CPU reads
+    subnormals as zeros of their sign, and the minimum of a row holding both a ``+0.0`` (or a
+    positive subnormal) and a negative subnormal may come out ``+0.0``, so such a row may pass
+    unflagged (telling the zeros apart takes an elementwise pass, several times the screen's
+    cost)."""
     arrays = tuple(jnp.asarray(x) for x in arrays)
-    cpu = arrays and all(d.platform == "cpu" for x in arrays for d in x.devices())
+    selected = [None] * len(arrays) if selected is None else list(selected)
+    picks = [np.flatnonzero(np.ones(x.shape[:-1], bool) if chosen is None
+                            else np.broadcast_to(np.asarray(chosen, bool), x.shape[:-1]))
+             for x, chosen in zip(arrays, selected)]
+    blocked = bool(arrays) and all(d.platform == "cpu" for x in arrays for d in x.devices())
     masks = []
-    for x, tolerance, (minima, parts) in zip(
-            arrays, tolerances, _screen(arrays, _BLOCK_BYTES if cpu else None)):
-        minima, parts = np.asarray(minima), np.asarray(parts)
+    for x, tolerance, (minima, parts), pick in zip(arrays, tolerances,
+                                                   _stats(arrays, picks, blocked), picks):
         with np.errstate(invalid="ignore", over="ignore"):
             sums = parts.sum(-1, dtype=np.float64)
             # A partial sum of non-negative terms, c = _chunk(V) of them added in any order,
@@ -182,8 +188,39 @@ def suspect_rows(arrays, tolerances) -> list:
             margin = 1.5 * ((_chunk(x.shape[-1]) - 1) * eps
                             + parts.shape[-1] * np.finfo(np.float64).eps) / 2
             close = np.abs(sums - 1) <= tolerance - margin
-        masks.append(np.signbit(minima) | np.isnan(minima) | ~close)
+        mask = np.zeros(x.shape[:-1], bool)
+        mask.reshape(-1)[pick] = np.signbit(minima) | np.isnan(minima) | ~close
+        masks.append(mask)
     return masks
+
+
+def _selections(arrays, picks) -> tuple:
+    """``(selections, blocks)`` for ``_screen`` to gather the rows ``picks`` (indices into each
+    array's rows flattened) by blocks of about ``_BLOCK_BYTES``: the indices padded with zeros
+    to a multiple of the block (their length fixed by the array's shape), and their count."""
+    selections, blocks = [], []
+    for x, pick in zip(arrays, picks):
+        rows = math.prod(x.shape[:-1])
+        width = max(1, x.shape[-1]) * jnp.promote_types(x.dtype, jnp.float32).itemsize
+        block = max(1, min(rows, _BLOCK_BYTES // width))
+        index = np.zeros(-(-rows // block) * block, np.int32)
+        index[:pick.size] = pick
+        selections.append((index, np.int32(pick.size)))
+        blocks.append(block)
+    return tuple(selections), tuple(blocks)
+
+
+def _stats(arrays, picks, blocked: bool) -> list:
+    """``(minima, partial sums)`` as NumPy arrays, of the rows ``picks`` of each array (indices
+    into its rows flattened): ``_screen`` of the picked rows by blocks (``blocked``, on a CPU),
+    or of whole arrays, then picked."""
+    if blocked:
+        return [(np.asarray(minima)[:pick.size], np.asarray(parts)[:pick.size])
+                for (minima, parts), pick in zip(_screen(arrays, *_selections(arrays, picks)),
+                                                 picks)]
+    return [(np.asarray(minima).reshape(-1)[pick],
+             np.asarray(parts).reshape(-1, parts.shape[-1])[pick])
+            for (minima, parts), pick in zip(_screen(arrays), picks)]
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:

@@ -156,14 +156,17 @@ def test_chunks_divide_the_rows_when_they_can():
         == [1, 100, 128, 100, 125, 128, 128, 128]
 
 
-@pytest.mark.parametrize("block_bytes", [None, 3 * V * 4])
-def test_the_screen_reads_the_rows_in_place(block_bytes):
+@pytest.mark.parametrize("blocked", [False, True])
+def test_the_screen_reads_the_rows_in_place(monkeypatch, blocked):
     """The compiled screen of rows whose chunks divide them makes no array as large as its
     inputs (the inputs, free ``bitcast`` views and a loop's handles on them aside): its
     reductions read the whole rows where they lie, or (by blocks, as on a CPU) blocks of 3
-    rows copied once, never a copy of the arrays."""
+    rows gathered once, never a copy of the arrays."""
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * V * 4)
     arrays = (jnp.zeros((B, K + 1, V)), jnp.zeros((B, K, V)))
-    text = _checks._screen.lower(arrays, block_bytes).compile().as_text()
+    picks = [np.arange(B * (K + 1)), np.arange(0, B * K, 2)]
+    text = _checks._screen.lower(
+        arrays, *(_checks._selections(arrays, picks) if blocked else ())).compile().as_text()
     large = []
     for line in text.splitlines():
         shape = line.partition("=")[2].split(" ")[1] if " = " in line else ""
@@ -174,24 +177,29 @@ def test_the_screen_reads_the_rows_in_place(block_bytes):
     assert sum(item.startswith("parameter ") for item in large) >= 2, large
     assert all(item.split()[0] in ("parameter", "bitcast", "get-tuple-element")
                for item in large), large
-    assert ("while" in text) == (block_bytes is not None)
+    assert ("while" in text) == blocked
 
 
 @pytest.mark.parametrize("length", [V, V + 1])
 def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
-    """By blocks of 3 rows (4 requests of 4 rows: 5 blocks and a last row apart) or whole:
-    the same partial sums, the same minima on rows without NaN (a CPU's minimum may skip a
-    NaN: the row's sum flags it), the same flags."""
+    """By blocks of 3 rows (16 rows: 5 blocks and a last row; 7 rows picked: 3 blocks, the
+    last one short) or whole: the same partial sums, the same minima on rows without NaN (a
+    CPU's minimum may skip a NaN: the row's sum flags it); the same flags, exactly the rows
+    the exact check refuses among those picked, by blocks of 3 rows or of all of them."""
     x = rows(7, (B, K + 1), length=length)
-    x[1, 2, 3], x[2, 0, 0], x[3, 3, 9] = np.nan, -0.5, np.inf
-    whole = _checks._screen((jnp.asarray(x),))[0]
-    blocks = _checks._screen((jnp.asarray(x),), 3 * length * 4)[0]
-    np.testing.assert_allclose(blocks[1], whole[1], rtol=1e-6)
-    numbers = ~np.isnan(x).any(-1)
-    np.testing.assert_array_equal(np.asarray(blocks[0])[numbers], np.asarray(whole[0])[numbers])
+    x[1, 2, 3], x[2, 0, 0], x[3, 3, 9], x[0, 1, 4] = np.nan, -0.5, np.inf, -1.0
+    picked = np.zeros((B, K + 1), bool)
+    picked[[0, 1, 1, 2, 2, 3, 3], [0, 1, 2, 0, 3, 2, 3]] = True  # (0, 1) left out
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * length * 4)
+    numbers = ~np.isnan(x).any(-1).reshape(-1)
+    for pick in (np.arange(B * (K + 1)), np.flatnonzero(picked)):
+        (blocks_min, blocks_sums), = _checks._stats((jnp.asarray(x),), [pick], True)
+        (whole_min, whole_sums), = _checks._stats((jnp.asarray(x),), [pick], False)
+        np.testing.assert_allclose(blocks_sums, whole_sums, rtol=1e-6)
+        np.testing.assert_array_equal(blocks_min[numbers[pick]], whole_min[numbers[pick]])
     flags = {}
     for block_bytes in (3 * length * 4, 1 << 30):
         monkeypatch.setattr(_checks, "_BLOCK_BYTES", block_bytes)
-        flags[block_bytes] = screen(x, 1e-4)
+        flags[block_bytes] = _checks.suspect_rows([x], [1e-4], [picked])[0]
     np.testing.assert_array_equal(*flags.values())
-    np.testing.assert_array_equal(flags[1 << 30], exact_bad(x, 1e-4))
+    np.testing.assert_array_equal(flags[1 << 30], exact_bad(x, 1e-4) & picked)
