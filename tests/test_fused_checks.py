@@ -1,6 +1,7 @@
-"""The one-pass screen of probability rows (``specjax._checks.suspect_rows``) that
-``verify_drafts``, ``verify_tree`` and ``compare_outputs`` run on large arrays: it flags every
-row the exact check refuses, and the errors are the exact check's, word for word."""
+"""The screen of probability rows (``specjax._checks.suspect_rows``) that ``verify_drafts``,
+``verify_tree`` and ``compare_outputs`` run on large arrays, one compiled program that reads
+each row the computation reads once (on a CPU, by blocks of rows): it flags every row the
+exact check refuses, and the errors are the exact check's, word for word."""
 
 import jax
 import jax.numpy as jnp
@@ -203,3 +204,21 @@ def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
         flags[block_bytes] = _checks.suspect_rows([x], [1e-4], [picked])[0]
     np.testing.assert_array_equal(*flags.values())
     np.testing.assert_array_equal(flags[1 << 30], exact_bad(x, 1e-4) & picked)
+
+
+def test_a_new_selection_compiles_nothing(monkeypatch):
+    """Selections of 0 to 16 rows (by blocks of 3) run one compiled screen, and flag exactly
+    the selected bad rows."""
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * V * 4)
+    x = rows(8, (B, K + 1))
+    x[1, 1, 0] = -1.0
+    order = np.random.default_rng(9).permutation(B * (K + 1))
+    _checks.suspect_rows([x], [1e-4], [np.ones((B, K + 1), bool)])
+    compiled = _checks._screen._cache_size()
+    for count in range(B * (K + 1) + 1):
+        picked = np.zeros(B * (K + 1), bool)
+        picked[order[:count]] = True
+        picked = picked.reshape(B, K + 1)
+        flags = _checks.suspect_rows([x], [1e-4], [picked])[0]
+        np.testing.assert_array_equal(flags, exact_bad(x, 1e-4) & picked)
+    assert _checks._screen._cache_size() == compiled
