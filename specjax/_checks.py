@@ -137,10 +137,10 @@ def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None
     ``V = 32,000``, on a loaded 2-core machine, against one plain reduction of both arrays:
     the two plain reductions 1.9 times; a variadic reduce of minima and sums, one loop in XLA's
     own emitter, 11 times; the two with YNNPACK off, 6 times; a select of the negative entries
-    before a sum, 10 times). The blocks keep YNNPACK's reductions, read each row
-    from memory once, and read only the rows asked for (a caller's check reads only the rows
-    the computation reads). Accelerators fuse sibling reductions of the same rows into one
-    kernel: there whole arrays are reduced at once."""
+    before a sum, 10 times). The blocks keep YNNPACK's reductions, read each row from memory
+    once, and read only the rows asked for (a caller's check reads only the rows the
+    computation reads). On accelerators, whose XLA backends fuse sibling reductions of the
+    same operand into one kernel (not measured here), whole arrays are reduced at once."""
     out = []
     for i, x in enumerate(arrays):
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
