@@ -102,19 +102,18 @@ def _row_stats(x: jax.Array) -> tuple:
     return jnp.min(x, axis=-1), parts
 
 
-def _gathered_row_stats(rows: jax.Array, index: jax.Array, count: jax.Array,
-                        block: int) -> tuple:
-    """``_row_stats`` of the rows ``rows[index[:count]]`` of ``rows`` ``(n, V)``, by blocks of
-    ``block`` rows gathered in a loop of ``ceil(count / block)`` steps: each block is copied out
-    of memory once and both reductions read the copy while it is in the cache. ``index`` has a
-    fixed length, a multiple of ``block``, and ``count`` is traced (a new selection compiles
-    nothing); the stats past the loop's last block are zeros."""
-    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct(index.shape + rows.shape[1:],
-                                                             rows.dtype))
+def _gathered_row_stats(rows: jax.Array, index: jax.Array, count: jax.Array, block: int,
+                        dtype) -> tuple:
+    """``_row_stats`` in ``dtype`` of the rows ``rows[index[:count]]`` of ``rows`` ``(n, V)``,
+    by blocks of ``block`` rows gathered in a loop of ``ceil(count / block)`` steps: each block
+    is copied out of memory once (and cast) and both reductions read the copy while it is in the
+    cache. ``index`` has a fixed length, a multiple of ``block``, and ``count`` is traced (a new
+    selection compiles nothing); the stats past the loop's last block are zeros."""
+    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct(index.shape + rows.shape[1:], dtype))
 
     def step(i, stats):
         picked = jax.lax.dynamic_slice_in_dim(index, i * block, block)
-        minima, parts = _row_stats(rows.at[picked].get(mode="promise_in_bounds"))
+        minima, parts = _row_stats(rows.at[picked].get(mode="promise_in_bounds").astype(dtype))
         return (jax.lax.dynamic_update_slice_in_dim(stats[0], minima, i * block, 0),
                 jax.lax.dynamic_update_slice_in_dim(stats[1], parts, i * block, 0))
 
@@ -143,12 +142,13 @@ def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None
     same operand into one kernel (not measured here), whole arrays are reduced at once."""
     out = []
     for i, x in enumerate(arrays):
-        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        dtype = jnp.promote_types(x.dtype, jnp.float32)
         if blocks is None:
-            out.append(_row_stats(x))
+            out.append(_row_stats(x.astype(dtype)))
         else:
             index, count = selections[i]
-            out.append(_gathered_row_stats(x.reshape(-1, x.shape[-1]), index, count, blocks[i]))
+            out.append(_gathered_row_stats(x.reshape(-1, x.shape[-1]), index, count, blocks[i],
+                                           dtype))
     return tuple(out)
 
 
