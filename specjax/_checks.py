@@ -73,9 +73,13 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
 FUSED_CHECK_ENTRIES = 1 << 20
 #: The screen's partial sums: at most this many terms each.
 _CHUNK = 128
-#: On a CPU the screen takes the rows in blocks of about this many bytes (at least one row),
-#: each read from memory once and reduced twice while it is in the cache (``_screen``).
+#: On a CPU the screen gathers the rows a check reads in blocks of about this many bytes (at
+#: least one row), each read from memory once and reduced twice while it is in the cache
+#: (``_screen``), when they are at most ``_GATHER_FRACTION`` of an array's rows; more of them,
+#: it reduces the whole array in place (two passes that read every row: at the bench's size,
+#: all rows, about as fast as gathering them all, faster in two rounds of three).
 _BLOCK_BYTES = 4 << 20
+_GATHER_FRACTION = 0.75
 
 
 def _chunk(length: int) -> int:
@@ -124,10 +128,10 @@ def _gathered_row_stats(rows: jax.Array, index: jax.Array, count: jax.Array, blo
 @functools.partial(jax.jit, static_argnames="blocks")
 def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None = None) -> tuple:
     """``_row_stats`` of each array, in float32 at least (the host adds the partial sums), all
-    in one program (one dispatch): of all its rows, or with ``blocks`` (on a CPU) of the rows
-    ``index[:count]`` of its rows flattened, ``(index, count)`` its entry of ``selections``,
-    gathered by blocks of its entry of ``blocks`` rows (``_gathered_row_stats``), each row read
-    from memory once.
+    in one program (one dispatch): of all its rows, or where its entry of ``blocks`` is a number
+    (on a CPU) of the rows ``index[:count]`` of its rows flattened, ``(index, count)`` its entry
+    of ``selections``, gathered by blocks of that many rows (``_gathered_row_stats``), each row
+    read from memory once.
 
     The minima and the partial sums are two reductions of the same rows. XLA's CPU backend
     hands each plain reduction to YNNPACK, which streams the rows at memory speed, but it fuses
@@ -138,12 +142,15 @@ def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None
     own emitter, 11 times; the two with YNNPACK off, 6 times; a select of the negative entries
     before a sum, 10 times). The blocks keep YNNPACK's reductions, read each row from memory
     once, and read only the rows asked for (a caller's check reads only the rows the
-    computation reads). On accelerators, whose XLA backends fuse sibling reductions of the
-    same operand into one kernel (not measured here), whole arrays are reduced at once."""
+    computation reads). Gathering every row costs about as much as the two passes over the
+    whole array (the copy, then two reductions from the cache), so ``suspect_rows`` gathers
+    only where a check reads at most ``_GATHER_FRACTION`` of the rows (ragged batches: 55% of
+    them at the bench's size). On accelerators, whose XLA backends fuse sibling reductions of
+    the same operand into one kernel (not measured here), whole arrays are reduced at once."""
     out = []
     for i, x in enumerate(arrays):
         dtype = jnp.promote_types(x.dtype, jnp.float32)
-        if blocks is None:
+        if blocks is None or blocks[i] is None:
             out.append(_row_stats(x.astype(dtype)))
         else:
             index, count = selections[i]
@@ -173,10 +180,12 @@ def suspect_rows(arrays, tolerances, selected=None) -> list:
     picks = [np.flatnonzero(np.ones(x.shape[:-1], bool) if chosen is None
                             else np.broadcast_to(np.asarray(chosen, bool), x.shape[:-1]))
              for x, chosen in zip(arrays, selected)]
-    blocked = bool(arrays) and all(d.platform == "cpu" for x in arrays for d in x.devices())
+    cpu = all(d.platform == "cpu" for x in arrays for d in x.devices())
+    gather = [cpu and pick.size <= _GATHER_FRACTION * math.prod(x.shape[:-1])
+              for x, pick in zip(arrays, picks)]
     masks = []
     for x, tolerance, (minima, parts), pick in zip(arrays, tolerances,
-                                                   _stats(arrays, picks, blocked), picks):
+                                                   _stats(arrays, picks, gather), picks):
         with np.errstate(invalid="ignore", over="ignore"):
             sums = parts.sum(-1, dtype=np.float64)
             # A partial sum of non-negative terms, c = _chunk(V) of them added in any order,
@@ -194,12 +203,17 @@ def suspect_rows(arrays, tolerances, selected=None) -> list:
     return masks
 
 
-def _selections(arrays, picks) -> tuple:
+def _selections(arrays, picks, gather) -> tuple:
     """``(selections, blocks)`` for ``_screen`` to gather the rows ``picks`` (indices into each
-    array's rows flattened) by blocks of about ``_BLOCK_BYTES``: the indices padded with zeros
-    to a multiple of the block (their length fixed by the array's shape), and their count."""
+    array's rows flattened) of the arrays ``gather`` marks by blocks of about ``_BLOCK_BYTES``:
+    the indices padded with zeros to a multiple of the block (their length fixed by the array's
+    shape), and their count; ``None`` for the others (reduced whole)."""
     selections, blocks = [], []
-    for x, pick in zip(arrays, picks):
+    for x, pick, gathered in zip(arrays, picks, gather):
+        if not gathered:
+            selections.append(None)
+            blocks.append(None)
+            continue
         rows = math.prod(x.shape[:-1])
         width = max(1, x.shape[-1]) * jnp.promote_types(x.dtype, jnp.float32).itemsize
         block = max(1, min(rows, _BLOCK_BYTES // width))
@@ -210,17 +224,19 @@ def _selections(arrays, picks) -> tuple:
     return tuple(selections), tuple(blocks)
 
 
-def _stats(arrays, picks, blocked: bool) -> list:
+def _stats(arrays, picks, gather) -> list:
     """``(minima, partial sums)`` as NumPy arrays, of the rows ``picks`` of each array (indices
-    into its rows flattened): ``_screen`` of the picked rows by blocks (``blocked``, on a CPU),
-    or of whole arrays, then picked."""
-    if blocked:
-        return [(np.asarray(minima)[:pick.size], np.asarray(parts)[:pick.size])
-                for (minima, parts), pick in zip(_screen(arrays, *_selections(arrays, picks)),
-                                                 picks)]
-    return [(np.asarray(minima).reshape(-1)[pick],
-             np.asarray(parts).reshape(-1, parts.shape[-1])[pick])
-            for (minima, parts), pick in zip(_screen(arrays), picks)]
+    into its rows flattened): ``_screen`` of the picked rows gathered by blocks for the arrays
+    ``gather`` marks (on a CPU), of whole arrays then picked for the others."""
+    out = []
+    stats = _screen(arrays, *_selections(arrays, picks, gather))
+    for (minima, parts), pick, gathered in zip(stats, picks, gather):
+        if gathered:
+            out.append((np.asarray(minima)[:pick.size], np.asarray(parts)[:pick.size]))
+        else:
+            out.append((np.asarray(minima).reshape(-1)[pick],
+                        np.asarray(parts).reshape(-1, parts.shape[-1])[pick]))
+    return out
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:

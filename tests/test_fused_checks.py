@@ -124,8 +124,9 @@ def test_screened_and_exact_checks_raise_the_same_error(monkeypatch, name, chang
 
     exact = outcome()
     monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
-    screened = outcome()
-    assert screened == exact
+    for fraction in (0.0, 1.0):  # the read rows screened in whole arrays, or gathered
+        monkeypatch.setattr(_checks, "_GATHER_FRACTION", fraction)
+        assert outcome() == exact
     if name.endswith("(valid)"):
         assert exact is None
     else:
@@ -167,7 +168,7 @@ def test_the_screen_reads_the_rows_in_place(monkeypatch, blocked):
     arrays = (jnp.zeros((B, K + 1, V)), jnp.zeros((B, K, V)))
     picks = [np.arange(B * (K + 1)), np.arange(0, B * K, 2)]
     text = _checks._screen.lower(
-        arrays, *(_checks._selections(arrays, picks) if blocked else ())).compile().as_text()
+        arrays, *_checks._selections(arrays, picks, [blocked] * 2)).compile().as_text()
     large = []
     for line in text.splitlines():
         shape = line.partition("=")[2].split(" ")[1] if " = " in line else ""
@@ -186,7 +187,8 @@ def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
     """By blocks of 3 rows (16 rows: 5 blocks and a last row; 7 rows picked: 3 blocks, the
     last one short) or whole: the same partial sums, the same minima on rows without NaN (a
     CPU's minimum may skip a NaN: the row's sum flags it); the same flags, exactly the rows
-    the exact check refuses among those picked, by blocks of 3 rows or of all of them."""
+    the exact check refuses among those picked, gathered by blocks of 3 rows or of all of
+    them, or whole."""
     x = rows(7, (B, K + 1), length=length)
     x[1, 2, 3], x[2, 0, 0], x[3, 3, 9], x[0, 1, 4] = np.nan, -0.5, np.inf, -1.0
     picked = np.zeros((B, K + 1), bool)
@@ -194,22 +196,22 @@ def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
     monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * length * 4)
     numbers = ~np.isnan(x).any(-1).reshape(-1)
     for pick in (np.arange(B * (K + 1)), np.flatnonzero(picked)):
-        (blocks_min, blocks_sums), = _checks._stats((jnp.asarray(x),), [pick], True)
-        (whole_min, whole_sums), = _checks._stats((jnp.asarray(x),), [pick], False)
+        (blocks_min, blocks_sums), = _checks._stats((jnp.asarray(x),), [pick], [True])
+        (whole_min, whole_sums), = _checks._stats((jnp.asarray(x),), [pick], [False])
         np.testing.assert_allclose(blocks_sums, whole_sums, rtol=1e-6)
         np.testing.assert_array_equal(blocks_min[numbers[pick]], whole_min[numbers[pick]])
-    flags = {}
-    for block_bytes in (3 * length * 4, 1 << 30):
+    for block_bytes, fraction in ((3 * length * 4, 1.0), (1 << 30, 1.0), (1 << 30, 0.0)):
         monkeypatch.setattr(_checks, "_BLOCK_BYTES", block_bytes)
-        flags[block_bytes] = _checks.suspect_rows([x], [1e-4], [picked])[0]
-    np.testing.assert_array_equal(*flags.values())
-    np.testing.assert_array_equal(flags[1 << 30], exact_bad(x, 1e-4) & picked)
+        monkeypatch.setattr(_checks, "_GATHER_FRACTION", fraction)
+        np.testing.assert_array_equal(_checks.suspect_rows([x], [1e-4], [picked])[0],
+                                      exact_bad(x, 1e-4) & picked)
 
 
 def test_a_new_selection_compiles_nothing(monkeypatch):
-    """Selections of 0 to 16 rows (by blocks of 3) run one compiled screen, and flag exactly
-    the selected bad rows."""
+    """Selections of 0 to 16 rows (gathered by blocks of 3) run one compiled screen, and flag
+    exactly the selected bad rows."""
     monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * V * 4)
+    monkeypatch.setattr(_checks, "_GATHER_FRACTION", 1.0)
     x = rows(8, (B, K + 1))
     x[1, 1, 0] = -1.0
     order = np.random.default_rng(9).permutation(B * (K + 1))
