@@ -9,6 +9,7 @@ probabilities are not detected; validate once outside (``MarkovChain(...)`` does
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -66,72 +67,176 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
         raise ValueError(f"{name} rows must sum to one (tolerance {tol:g}): {where}")
 
 
-#: Probability arrays of at least this many entries are screened by one compiled pass over
+#: Probability arrays of at least this many entries are screened by one compiled program over
 #: their rows (``suspect_rows``) before the exact check of the rows it flags; smaller ones are
-#: checked by NumPy directly (a compiled pass per shape would cost more than it saves).
+#: checked by NumPy directly (a compiled program per shape would cost more than it saves).
 FUSED_CHECK_ENTRIES = 1 << 20
-#: The screen's partial sums: at most this many terms each, summed level by level.
+#: The screen's partial sums: at most this many terms each.
 _CHUNK = 128
+#: On a CPU the screen gathers the rows a check reads in blocks of about this many bytes (at
+#: least one row), each read from memory once and reduced twice while it is in the cache
+#: (``_screen``), when they are at most ``_GATHER_FRACTION`` of an array's rows; more of them,
+#: it reduces the whole array in place (two passes that read every row: at the bench's size,
+#: all rows, about as fast as gathering them all, faster in two rounds of three).
+_BLOCK_BYTES = 4 << 20
+_GATHER_FRACTION = 0.75
 
 
-def _chunked_sum(x: jax.Array) -> jax.Array:
-    """Row sums over the last axis as a tree of partial sums of at most ``_CHUNK`` terms, each
-    level materialised (``optimization_barrier``: XLA may not merge the levels into one
-    reduction). Every term of a level is a sum of at most ``_CHUNK`` terms of the one below, so
-    for non-negative terms the rounding error is at most ``_levels(V) * (_CHUNK - 1) * eps/2``
-    of the sum, to first order, whatever order XLA adds within a chunk (one reduction of ``V``
-    terms only guarantees ``(V - 1) eps/2``, 2e-3 at ``V = 32,000`` in float32)."""
-    while x.shape[-1] > _CHUNK:
-        n = x.shape[-1] // _CHUNK * _CHUNK
-        head = x[..., :n].reshape(*x.shape[:-1], n // _CHUNK, _CHUNK).sum(-1)
-        parts = [head] + ([x[..., n:].sum(-1, keepdims=True)] if n < x.shape[-1] else [])
-        x = jax.lax.optimization_barrier(jnp.concatenate(parts, axis=-1))
-    return x.sum(-1)
+def _chunk(length: int) -> int:
+    """The terms of each partial sum of the screen over rows of ``length`` terms: the whole row
+    up to ``_CHUNK`` terms; else the largest divisor of ``length`` from ``_CHUNK // 2`` to
+    ``_CHUNK`` (``32,000 = 250 x 128``), so that the rows reshape into their chunks as they lie
+    in memory; else ``_CHUNK``, the last ``length % _CHUNK`` terms summed apart (XLA copies the
+    head of each row, a slice, before it reduces it)."""
+    if length <= _CHUNK:
+        return length
+    return next((c for c in range(_CHUNK, _CHUNK // 2 - 1, -1) if length % c == 0), _CHUNK)
 
 
-def _levels(length: int) -> int:
-    """The levels of ``_chunked_sum`` over ``length`` terms."""
-    levels = 1
-    while length > _CHUNK:
-        length = length // _CHUNK + (length % _CHUNK > 0)
-        levels += 1
-    return levels
+def _row_stats(x: jax.Array) -> tuple:
+    """``(minima (...,), partial sums (..., C))`` of the rows of ``x`` (last axis): each row's
+    minimum and the sums of its consecutive chunks of ``_chunk(V)`` terms, the tail apart."""
+    length = x.shape[-1]
+    chunk = _chunk(length)
+    head = length // chunk * chunk
+    parts = (x if head == length else x[..., :head]).reshape(
+        *x.shape[:-1], head // chunk, chunk).sum(-1)
+    if head < length:
+        parts = jnp.concatenate([parts, x[..., head:].sum(-1, keepdims=True)], axis=-1)
+    return jnp.min(x, axis=-1), parts
 
 
-@jax.jit
-def _screen(arrays: tuple) -> tuple:
-    """``(minima, sums)`` of the rows of each array, in float32 at least: plain reductions,
-    which XLA's CPU backend vectorises (an elementwise select before a reduction, such as NaN
-    at the negative entries, runs about 20 times slower there), in one program for all the
-    arrays (one dispatch; independent reductions may run side by side)."""
+def _gathered_row_stats(rows: jax.Array, index: jax.Array, count: jax.Array, block: int,
+                        dtype) -> tuple:
+    """``_row_stats`` in ``dtype`` of the rows ``rows[index[:count]]`` of ``rows`` ``(n, V)``,
+    by blocks of ``block`` rows gathered in a loop of ``ceil(count / block)`` steps: each block
+    is copied out of memory once (and cast) and both reductions read the copy while it is in the
+    cache. ``index`` has a fixed length, a multiple of ``block``, and ``count`` is traced (a new
+    selection compiles nothing); the stats past the loop's last block are zeros."""
+    shapes = jax.eval_shape(_row_stats, jax.ShapeDtypeStruct(index.shape + rows.shape[1:], dtype))
+
+    def step(i, stats):
+        picked = jax.lax.dynamic_slice_in_dim(index, i * block, block)
+        minima, parts = _row_stats(rows.at[picked].get(mode="promise_in_bounds").astype(dtype))
+        return (jax.lax.dynamic_update_slice_in_dim(stats[0], minima, i * block, 0),
+                jax.lax.dynamic_update_slice_in_dim(stats[1], parts, i * block, 0))
+
+    return jax.lax.fori_loop(0, (count + block - 1) // block, step,
+                             tuple(jnp.zeros(s.shape, s.dtype) for s in shapes))
+
+
+@functools.partial(jax.jit, static_argnames="blocks")
+def _screen(arrays: tuple, selections: tuple | None = None, blocks: tuple | None = None) -> tuple:
+    """``_row_stats`` of each array, in float32 at least (the host adds the partial sums), all
+    in one program (one dispatch): of all its rows, or where its entry of ``blocks`` is a number
+    (on a CPU) of the rows ``index[:count]`` of its rows flattened, ``(index, count)`` its entry
+    of ``selections``, gathered by blocks of that many rows (``_gathered_row_stats``), each row
+    read from memory once.
+
+    The minima and the partial sums are two reductions of the same rows. XLA's CPU backend
+    hands each plain reduction to YNNPACK, which streams the rows at memory speed, but it fuses
+    no two of them into one loop: over whole arrays they read every row twice. Their one-loop
+    forms run far slower on a CPU (jax 0.10.2 at the bench's size, ``B = 256``, ``K = 8``,
+    ``V = 32,000``, on a loaded 2-core machine, against one plain reduction of both arrays:
+    the two plain reductions 1.9 times; a variadic reduce of minima and sums, one loop in XLA's
+    own emitter, 11 times; the two with YNNPACK off, 6 times; a select of the negative entries
+    before a sum, 10 times). The blocks keep YNNPACK's reductions, read each row from memory
+    once, and read only the rows asked for (a caller's check reads only the rows the
+    computation reads). Gathering every row costs about as much as the two passes over the
+    whole array (the copy, then two reductions from the cache), so ``suspect_rows`` gathers
+    only where a check reads at most ``_GATHER_FRACTION`` of the rows (ragged batches: 55% of
+    them at the bench's size). On accelerators, whose XLA backends fuse sibling reductions of
+    the same operand into one kernel (not measured here), whole arrays are reduced at once."""
     out = []
-    for x in arrays:
-        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        out.append((jnp.min(x, axis=-1), _chunked_sum(x)))
+    for i, x in enumerate(arrays):
+        dtype = jnp.promote_types(x.dtype, jnp.float32)
+        if blocks is None or blocks[i] is None:
+            out.append(_row_stats(x.astype(dtype)))
+        else:
+            index, count = selections[i]
+            out.append(_gathered_row_stats(x.reshape(-1, x.shape[-1]), index, count, blocks[i],
+                                           dtype))
     return tuple(out)
 
 
-def suspect_rows(arrays, tolerances) -> list:
+def suspect_rows(arrays, tolerances, selected=None) -> list:
     """For each concrete array of ``arrays``, a boolean mask over its rows (last axis),
     ``True`` on every row that may fail ``check_probabilities(..., tolerance=t)`` with ``t``
-    its entry of ``tolerances``: one compiled pass computes each row's minimum and sum; a row
-    is flagged when its minimum is NaN or has its sign bit set (a negative entry, ``-inf``,
-    ``-0.0``, or a negative subnormal, which the CPU flushes to ``-0.0``) or when its sum (NaN
-    or infinite with a NaN or an infinity) is not within ``t - margin`` of one, the margin
-    bounding the pass's rounding (``_chunked_sum``) with room. Every failing row is flagged (a
-    row that passes may be flagged too, near the tolerance): check the flagged rows exactly."""
+    its entry of ``tolerances``, among the rows its entry of ``selected`` marks (a boolean mask
+    over its rows, or ``None`` for all; the others are ``False``). One compiled program computes
+    each row's minimum and partial sums (``_screen``; on a CPU it reads only the selected rows,
+    each from memory once), the host adds the partial sums in float64; a row is flagged when
+    its minimum is NaN or has its sign bit set (a negative entry, ``-inf``, ``-0.0``, or a
+    negative subnormal, which the CPU reads as ``-0.0``) or when its sum (NaN or infinite with a
+    NaN or an infinity) is not within ``t - margin`` of one, the margin bounding the rounding of
+    the partial sums with room. Every failing row is flagged (a row that passes may be flagged
+    too, near the tolerance): check the flagged rows exactly. One exception: a CPU reads
+    subnormals as zeros of their sign, and the minimum of a row holding both a ``+0.0`` (or a
+    positive subnormal) and a negative subnormal may come out ``+0.0``, so such a row may pass
+    unflagged (telling the zeros apart takes an elementwise pass, several times the screen's
+    cost)."""
     arrays = tuple(jnp.asarray(x) for x in arrays)
+    selected = [None] * len(arrays) if selected is None else list(selected)
+    picks = [np.flatnonzero(np.ones(x.shape[:-1], bool) if chosen is None
+                            else np.broadcast_to(np.asarray(chosen, bool), x.shape[:-1]))
+             for x, chosen in zip(arrays, selected)]
+    cpu = all(d.platform == "cpu" for x in arrays for d in x.devices())
+    gather = [cpu and pick.size <= _GATHER_FRACTION * math.prod(x.shape[:-1])
+              for x, pick in zip(arrays, picks)]
     masks = []
-    for x, tolerance, (minima, sums) in zip(arrays, tolerances, _screen(arrays)):
-        minima, sums = np.asarray(minima), np.asarray(sums)
-        eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
-        # 1.5 times the first-order bound of _chunked_sum, for sums near one (a row whose sum
-        # is far from one is flagged whatever the margin).
-        margin = 1.5 * _levels(x.shape[-1]) * (_CHUNK - 1) * eps / 2
-        with np.errstate(invalid="ignore"):
-            close = np.abs(sums.astype(np.float64) - 1) <= tolerance - margin
-        masks.append(np.signbit(minima) | np.isnan(minima) | ~close)
+    for x, tolerance, (minima, parts), pick in zip(arrays, tolerances,
+                                                   _stats(arrays, picks, gather), picks):
+        with np.errstate(invalid="ignore", over="ignore"):
+            sums = parts.sum(-1, dtype=np.float64)
+            # A partial sum of non-negative terms, c = _chunk(V) of them added in any order,
+            # is off by at most (c - 1) eps/2 of itself to first order, and NumPy's float64 sum
+            # of the partials by at most (their number) 2^-53 of the total: 1.5 times their sum
+            # for rows summing near one (a row whose sum is far from one is flagged whatever
+            # the margin).
+            eps = float(jnp.finfo(jnp.promote_types(x.dtype, jnp.float32)).eps)
+            margin = 1.5 * ((_chunk(x.shape[-1]) - 1) * eps
+                            + parts.shape[-1] * np.finfo(np.float64).eps) / 2
+            close = np.abs(sums - 1) <= tolerance - margin
+        mask = np.zeros(x.shape[:-1], bool)
+        mask.reshape(-1)[pick] = np.signbit(minima) | np.isnan(minima) | ~close
+        masks.append(mask)
     return masks
+
+
+def _selections(arrays, picks, gather) -> tuple:
+    """``(selections, blocks)`` for ``_screen`` to gather the rows ``picks`` (indices into each
+    array's rows flattened) of the arrays ``gather`` marks by blocks of about ``_BLOCK_BYTES``:
+    the indices padded with zeros to a multiple of the block (their length fixed by the array's
+    shape), and their count; ``None`` for the others (reduced whole)."""
+    selections, blocks = [], []
+    for x, pick, gathered in zip(arrays, picks, gather):
+        if not gathered:
+            selections.append(None)
+            blocks.append(None)
+            continue
+        rows = math.prod(x.shape[:-1])
+        width = max(1, x.shape[-1]) * jnp.promote_types(x.dtype, jnp.float32).itemsize
+        block = max(1, min(rows, _BLOCK_BYTES // width))
+        index = np.zeros(-(-rows // block) * block, np.int32)
+        index[:pick.size] = pick
+        selections.append((index, np.int32(pick.size)))
+        blocks.append(block)
+    return tuple(selections), tuple(blocks)
+
+
+def _stats(arrays, picks, gather) -> list:
+    """``(minima, partial sums)`` as NumPy arrays, of the rows ``picks`` of each array (indices
+    into its rows flattened): ``_screen`` of the picked rows gathered by blocks for the arrays
+    ``gather`` marks (on a CPU), of whole arrays then picked for the others."""
+    out = []
+    stats = _screen(arrays, *_selections(arrays, picks, gather))
+    for (minima, parts), pick, gathered in zip(stats, picks, gather):
+        if gathered:
+            out.append((np.asarray(minima)[:pick.size], np.asarray(parts)[:pick.size]))
+        else:
+            out.append((np.asarray(minima).reshape(-1)[pick],
+                        np.asarray(parts).reshape(-1, parts.shape[-1])[pick]))
+    return out
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:

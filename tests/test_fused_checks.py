@@ -1,6 +1,7 @@
-"""The one-pass screen of probability rows (``specjax._checks.suspect_rows``) that
-``verify_drafts``, ``verify_tree`` and ``compare_outputs`` run on large arrays: it flags every
-row the exact check refuses, and the errors are the exact check's, word for word."""
+"""The screen of probability rows (``specjax._checks.suspect_rows``) that ``verify_drafts``,
+``verify_tree`` and ``compare_outputs`` run on large arrays, one compiled program that reads
+each row the computation reads once (on a CPU, by blocks of rows): it flags every row the
+exact check refuses, and the errors are the exact check's, word for word."""
 
 import jax
 import jax.numpy as jnp
@@ -10,15 +11,16 @@ import pytest
 import specjax
 from specjax import _checks
 
-# One shape for every test: B = 4 requests, K = 3 drafts, V = 300 tokens (three levels of
-# partial sums: 300 -> 3 -> 1, with a tail chunk).
+# One shape for every test: B = 4 requests, K = 3 drafts, V = 300 tokens (each row's partial
+# sums: 3 chunks of 100 terms, read in place); V + 1 = 301 = 7 x 43 for the fallback (2 chunks of
+# 128 and a tail of 45).
 B, K, V = 4, 3, 300
 SD = specjax.Speculative()
 
 
-def rows(seed, shape, dtype=np.float32):
+def rows(seed, shape, dtype=np.float32, length=V):
     rng = np.random.default_rng(seed)
-    x = rng.dirichlet(np.full(V, 0.5), size=shape)
+    x = rng.dirichlet(np.full(length, 0.5), size=shape)
     return x.astype(dtype)
 
 
@@ -33,12 +35,14 @@ def exact_bad(x, tol):
             | (np.abs(values.sum(-1, dtype=np.float64) - 1) > tol)
 
 
-def test_the_screen_flags_every_row_that_fails_near_the_tolerance():
+@pytest.mark.parametrize("length", [V, V + 1])
+def test_the_screen_flags_every_row_that_fails_near_the_tolerance(length):
     """Rows scaled to miss one by ``d`` around the float32 tolerance (1e-4), both sides, with
-    mass spread (Dirichlet 0.5) or on one entry: every row the exact check refuses is flagged,
-    and rows well inside pass unflagged."""
+    mass spread (Dirichlet 0.5) or on one entry, in chunks read in place (``V``) or with a tail
+    (``V + 1``): every row the exact check refuses is flagged, and rows well inside pass
+    unflagged."""
     tol = _checks.row_sum_tolerance(np.float32)
-    base = rows(0, (64,), np.float64)
+    base = rows(0, (64,), np.float64, length)
     base[::2, 0] += 50  # half the rows: most of the mass on one entry
     base /= base.sum(-1, keepdims=True)
     misses = np.concatenate([np.linspace(-3 * tol, 3 * tol, 61), [0.0, 1e-6, -1e-6]])
@@ -120,8 +124,9 @@ def test_screened_and_exact_checks_raise_the_same_error(monkeypatch, name, chang
 
     exact = outcome()
     monkeypatch.setattr(_checks, "FUSED_CHECK_ENTRIES", 0)
-    screened = outcome()
-    assert screened == exact
+    for fraction in (0.0, 1.0):  # the read rows screened in whole arrays, or gathered
+        monkeypatch.setattr(_checks, "_GATHER_FRACTION", fraction)
+        assert outcome() == exact
     if name.endswith("(valid)"):
         assert exact is None
     else:
@@ -144,3 +149,78 @@ def test_float64_and_bfloat16_rows_are_screened_in_their_precision(monkeypatch, 
     tol = _checks.row_sum_tolerance(jnp.bfloat16)
     np.testing.assert_array_equal(screen(low, tol),
                                   exact_bad(np.asarray(low, np.float32), tol))
+
+
+def test_chunks_divide_the_rows_when_they_can():
+    """``_chunk``: a short row whole, else the largest divisor from 64 to 128 terms, else 128
+    with a tail."""
+    assert [_checks._chunk(n) for n in (1, 100, 128, 300, 1_000, 32_000, 301, 50_257)] \
+        == [1, 100, 128, 100, 125, 128, 128, 128]
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_the_screen_reads_the_rows_in_place(monkeypatch, blocked):
+    """The compiled screen of rows whose chunks divide them makes no array as large as its
+    inputs (the inputs, free ``bitcast`` views and a loop's handles on them aside): its
+    reductions read the whole rows where they lie, or (by blocks, as on a CPU) blocks of 3
+    rows gathered once, never a copy of the arrays."""
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * V * 4)
+    arrays = (jnp.zeros((B, K + 1, V)), jnp.zeros((B, K, V)))
+    picks = [np.arange(B * (K + 1)), np.arange(0, B * K, 2)]
+    text = _checks._screen.lower(
+        arrays, *_checks._selections(arrays, picks, [blocked] * 2)).compile().as_text()
+    large = []
+    for line in text.splitlines():
+        shape = line.partition("=")[2].split(" ")[1] if " = " in line else ""
+        if "[" in shape and "]" in shape:
+            dims = shape[shape.index("[") + 1:shape.index("]")].split(",")
+            if np.prod([int(n) for n in dims if n]) >= B * K * V:
+                large.append(line.partition("=")[2].split(" ")[2].split("(")[0] + " " + shape)
+    assert sum(item.startswith("parameter ") for item in large) >= 2, large
+    assert all(item.split()[0] in ("parameter", "bitcast", "get-tuple-element")
+               for item in large), large
+    assert ("while" in text) == blocked
+
+
+@pytest.mark.parametrize("length", [V, V + 1])
+def test_blocks_and_whole_rows_give_the_same_screen(monkeypatch, length):
+    """By blocks of 3 rows (16 rows: 5 blocks and a last row; 7 rows picked: 3 blocks, the
+    last one short) or whole: the same partial sums, the same minima on rows without NaN (a
+    CPU's minimum may skip a NaN: the row's sum flags it); the same flags, exactly the rows
+    the exact check refuses among those picked, gathered by blocks of 3 rows or of all of
+    them, or whole."""
+    x = rows(7, (B, K + 1), length=length)
+    x[1, 2, 3], x[2, 0, 0], x[3, 3, 9], x[0, 1, 4] = np.nan, -0.5, np.inf, -1.0
+    picked = np.zeros((B, K + 1), bool)
+    picked[[0, 1, 1, 2, 2, 3, 3], [0, 1, 2, 0, 3, 2, 3]] = True  # (0, 1) left out
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * length * 4)
+    numbers = ~np.isnan(x).any(-1).reshape(-1)
+    for pick in (np.arange(B * (K + 1)), np.flatnonzero(picked)):
+        (blocks_min, blocks_sums), = _checks._stats((jnp.asarray(x),), [pick], [True])
+        (whole_min, whole_sums), = _checks._stats((jnp.asarray(x),), [pick], [False])
+        np.testing.assert_allclose(blocks_sums, whole_sums, rtol=1e-6)
+        np.testing.assert_array_equal(blocks_min[numbers[pick]], whole_min[numbers[pick]])
+    for block_bytes, fraction in ((3 * length * 4, 1.0), (1 << 30, 1.0), (1 << 30, 0.0)):
+        monkeypatch.setattr(_checks, "_BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(_checks, "_GATHER_FRACTION", fraction)
+        np.testing.assert_array_equal(_checks.suspect_rows([x], [1e-4], [picked])[0],
+                                      exact_bad(x, 1e-4) & picked)
+
+
+def test_a_new_selection_compiles_nothing(monkeypatch):
+    """Selections of 0 to 16 rows (gathered by blocks of 3) run one compiled screen, and flag
+    exactly the selected bad rows."""
+    monkeypatch.setattr(_checks, "_BLOCK_BYTES", 3 * V * 4)
+    monkeypatch.setattr(_checks, "_GATHER_FRACTION", 1.0)
+    x = rows(8, (B, K + 1))
+    x[1, 1, 0] = -1.0
+    order = np.random.default_rng(9).permutation(B * (K + 1))
+    _checks.suspect_rows([x], [1e-4], [np.ones((B, K + 1), bool)])
+    compiled = _checks._screen._cache_size()
+    for count in range(B * (K + 1) + 1):
+        picked = np.zeros(B * (K + 1), bool)
+        picked[order[:count]] = True
+        picked = picked.reshape(B, K + 1)
+        flags = _checks.suspect_rows([x], [1e-4], [picked])[0]
+        np.testing.assert_array_equal(flags, exact_bad(x, 1e-4) & picked)
+    assert _checks._screen._cache_size() == compiled

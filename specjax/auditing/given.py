@@ -117,15 +117,17 @@ def _float_array(name, x, ndim):
 def check_valid_rows(checks, batched):
     """Probability checks on the rows ``x[valid]`` of each ``(name, x, valid)`` of ``checks``
     (concrete arrays only), in order; an error names the first bad row by its place in ``x``
-    (``target_probs[b, j]``). Large arrays are screened together by one compiled pass
-    (``_checks.suspect_rows``, which flags every row that may fail) and only the flagged rows
-    are checked exactly, as small ones are checked whole: the same errors, the rows read once."""
+    (``target_probs[b, j]``). Large arrays are screened together by one compiled program
+    (``_checks.suspect_rows`` of the rows ``valid`` marks, which flags every one that may fail)
+    and only the flagged rows are checked exactly, as small ones are checked whole: the same
+    errors, and on a CPU only the rows the computation reads are screened, each read once."""
     checks = [(name, x, np.asarray(valid)) for name, x, valid in checks
               if _checks.is_concrete(x)]
     large = [x.size >= _checks.FUSED_CHECK_ENTRIES for _, x, _ in checks]
     screened = iter(_checks.suspect_rows(
         [x for (_, x, _), big in zip(checks, large) if big],
-        [_checks.row_sum_tolerance(x.dtype) for (_, x, _), big in zip(checks, large) if big]))
+        [_checks.row_sum_tolerance(x.dtype) for (_, x, _), big in zip(checks, large) if big],
+        [valid for (_, _, valid), big in zip(checks, large) if big]))
     for (name, x, valid), big in zip(checks, large):
         tol = _checks.row_sum_tolerance(x.dtype)
         if big:
