@@ -135,9 +135,10 @@ FD_CASES = ["sd", "sd K=2", "calls K=2", "batch M=3", "batch M=40", "batch M=3 K
 
 @pytest.mark.parametrize("name", FD_CASES)
 def test_gradients_match_central_differences(x64, name):
-    """Interior random point, random tangent directions in draft and target, float64."""
+    """Interior random point, random tangent directions in draft and target, float64 (V = T = 4,
+    the size of ``edge_pair``: the float64 programs are those of the edge-case tests)."""
     rng = np.random.default_rng(1)
-    draft, target = random_pair(2, 5, 6)
+    draft, target = random_pair(2, 4, 4)
     d, t = chain(draft), chain(target)
     fn = OBJECTIVES[name]
     g_d, g_t = jax.grad(fn, argnums=(0, 1))(d, t)
@@ -157,14 +158,14 @@ def test_gradients_match_central_differences(x64, name):
 
 def test_gradient_through_logits_matches_central_differences(x64):
     rng = np.random.default_rng(3)
-    shapes = [(5,), (6, 5, 5)]
+    shapes = [(4,), (4, 4, 4)]  # V = T = 4, as everywhere in this module
     d_logits = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
     t_logits = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
 
     def objective(dl, tl):
         return specjax.batch_expected_rejections(
             specjax.MarkovChain.from_logits(*dl), specjax.MarkovChain.from_logits(*tl),
-            num_drafts=4)
+            num_drafts=3)  # M = 3: the programs of test_gradients_match_central_differences
 
     g_d, g_t = jax.grad(objective, argnums=(0, 1))(d_logits, t_logits)
     dirs_d = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
@@ -181,7 +182,7 @@ def test_gradient_through_logits_matches_central_differences(x64):
 
 
 def test_epsilon_gradient_matches_central_differences(x64):
-    d, t = chain(random_pair(4, 5, 6)[0]), chain(random_pair(4, 5, 6)[1])
+    d, t = chain(random_pair(4, 4, 4)[0]), chain(random_pair(4, 4, 4)[1])
 
     def fn(eps):
         return specjax.exact(specjax.BiasedSpeculative(eps), d, t).expected_rejections
@@ -194,7 +195,9 @@ def test_epsilon_gradient_matches_central_differences(x64):
 
 # --- jit, vmap, dtypes -------------------------------------------------------------------------
 
-def stacked_instances(num, num_states=4, horizon=5, dtype=jnp.float32):
+def stacked_instances(num, num_states=4, horizon=4, dtype=jnp.float32):
+    """``num`` random pairs stacked on a leading axis (V = T = 4, the size of ``edge_pair``, so
+    that one instance's programs are those of the edge-case tests)."""
     keys = jax.random.split(jax.random.key(0), 2 * num)
     make = jax.vmap(lambda k: specjax.random_markov_chain(k, num_states, horizon))
     drafts, targets = make(keys[:num]), make(keys[num:])
@@ -216,7 +219,7 @@ def test_vmap_over_instances_equals_loop():
     assert bool(jnp.all(jnp.isfinite(grads.trans)))
     exact = jax.vmap(lambda d, t: specjax.exact(specjax.BatchSpeculative(2), d, t))(
         drafts, targets)
-    assert exact.expected_rejections.shape == (6,) and exact.rejection_rate.shape == (6, 5)
+    assert exact.expected_rejections.shape == (6,) and exact.rejection_rate.shape == (6, 4)
 
 
 def test_default_float32_and_float64_under_x64():
@@ -234,10 +237,10 @@ def test_default_float32_and_float64_under_x64():
 def test_new_values_do_not_recompile():
     d, t = stacked_instances(3)
     pick = lambda i: jax.tree_util.tree_map(lambda x: x[i], (d, t))  # noqa: E731
-    specjax.batch_expected_rejections(*pick(0), num_drafts=2)
+    specjax.batch_expected_rejections(*pick(0), num_drafts=3)  # the edge-case tests' program
     before = theory._forward._cache_size()
     for i in (1, 2):
-        specjax.batch_expected_rejections(*pick(i), num_drafts=2)
+        specjax.batch_expected_rejections(*pick(i), num_drafts=3)
     assert theory._forward._cache_size() == before
     specjax.exact(specjax.BiasedSpeculative(0.1), *pick(0))
     after_first = theory._forward._cache_size()

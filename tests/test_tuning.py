@@ -285,14 +285,17 @@ def test_lowrank_uniform_is_a_saddle_and_init_is_not():
 
 
 def test_result_does_not_depend_on_log_every():
+    """Chunks of 1, 25 (25, 25, 10) and 60 steps give the result of one chunk. The family,
+    objective, optimiser (the default) and step count are those of
+    ``test_tuning_never_increases_its_objective[lowrank-batch(M=3)]``, so the one-chunk program
+    is shared with it; only the chunks of 1, 25 and 10 steps compile here."""
     family = specjax.tuning.LowRankDraft(V, T, 2)
     target = target_chain(7)
     start = family.init(jax.random.key(4))
-    optimizer = optax.adam(0.05)
     runs = [specjax.tune_draft(family, start, target,
-                               specjax.objective(specjax.BatchSpeculative(2)),
-                               num_steps=12, optimizer=optimizer, log_every=k)
-            for k in (None, 1, 5, 12)]
+                               specjax.tuning.make_objective("batch", num_drafts=3),
+                               num_steps=60, log_every=k)
+            for k in (None, 1, 25, 60)]
     for other in runs[1:]:
         np.testing.assert_array_equal(np.asarray(other.history), np.asarray(runs[0].history))
         for a, b in zip(jax.tree_util.tree_leaves((other.params, other.final_params)),
@@ -300,22 +303,27 @@ def test_result_does_not_depend_on_log_every():
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# One optimiser object (a static argument of the compiled steps) and one instance size for every
+# seed of the test below, so that its 1,500-step program compiles once, not once per seed.
+COSINE_ADAM = optax.adam(optax.cosine_decay_schedule(0.05, 1500))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tuned_stationary_draft_beats_kl_fit_on_sd(x64, seed):
     """From a random start (not from the KL fit), the SD-tuned stationary draft has fewer
     expected rejections than the maximum-likelihood draft, on random targets, and reaches the
     global optimum: for a stationary draft Theorem 1's sum is convex in the probabilities, a
-    linear program per row, solved here independently with scipy's HiGHS."""
+    linear program per row, solved here independently with scipy's HiGHS. Four random targets
+    of the module's size (V = 5, T = 12), so the seeds share one compiled program."""
     from scipy.optimize import linprog
-    num_states, horizon = 4 + seed, 10 + 5 * seed
+    num_states, horizon = V, T
     target = target_chain(10 + seed, num_states, horizon)
     family = specjax.tuning.StationaryDraft(num_states, horizon)
     kl_value = float(specjax.expected_rejections(
         family.chain(specjax.tuning.kl_fit(family, target)), target))
-    optimizer = optax.adam(optax.cosine_decay_schedule(0.05, 1500))
     result = specjax.tune_draft(family, family.init(jax.random.key(seed)), target,
                                 specjax.objective(specjax.Speculative()), num_steps=1500,
-                                optimizer=optimizer)
+                                optimizer=COSINE_ADAM)
     tuned = float(result.value)
     assert tuned < kl_value - 1e-3
 
