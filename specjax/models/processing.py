@@ -110,8 +110,8 @@ def apply_penalties(logits, seen, counts, *, repetition=1.0, frequency=0.0, pres
       >>> out = specjax.models.apply_penalties(
       ...     jnp.array([2.0, -1.0, 0.5]), jnp.array([True, True, False]), jnp.array([1, 0, 2]),
       ...     repetition=2.0, frequency=0.5, presence=0.25)
-      >>> [round(float(v), 3) for v in out]
-      [0.25, -2.0, -0.75]
+      >>> tuple(round(float(v), 3) for v in out)
+      (0.25, -2.0, -0.75)
     """
     logits = jnp.asarray(logits)
     counts = jnp.asarray(counts).astype(logits.dtype)
@@ -271,8 +271,8 @@ def penalize(model, penalties: Penalties, *, logits=None) -> FiniteStateModel:
       >>> base = specjax.FiniteStateModel(0, jnp.zeros((1, 2), int), jnp.array([[0.5, 0.5]]))
       >>> model = penalize(base, Penalties(frequency=1.0, cap=2))
       >>> state = model.update(model.update(model.init_state(), 0), 1)  # x_0 = 0, x_1 = 1
-      >>> [round(float(v), 3) for v in model.probs(state)]
-      [0.731, 0.269]
+      >>> tuple(round(float(v), 3) for v in model.probs(state))
+      (0.731, 0.269)
     """
     model = check_model("model", model)
     s, v = model.table.shape
@@ -314,8 +314,8 @@ def constrain(model, grammar: Grammar) -> FiniteStateModel:
       >>> alternate = Grammar(np.array([[True, False, True], [False, True, True]]),
       ...                     np.array([[1, 1, 1], [0, 0, 0]]))  # 0 and 1 alternate, 2 anywhere
       >>> model = constrain(base, alternate)
-      >>> [round(float(v), 3) for v in model.probs(model.update(model.init_state(), 0))]
-      [0.0, 0.6, 0.4]
+      >>> tuple(round(float(v), 3) for v in model.probs(model.update(model.init_state(), 0)))
+      (0.0, 0.6, 0.4)
     """
     model = check_model("model", model)
     grammar = check_grammar(grammar, model.table.shape[1])
