@@ -80,39 +80,48 @@ def _inverse_cdf(u, w):
     return int(np.sum(u * np.sum(w) >= np.cumsum(w)))
 
 
+# The model calls and random bits of the literal loop below, each one jitted program (eagerly,
+# every operation of every call compiles a program of its own).
+_probs = jax.jit(lambda model, state: model.probs(state))
+_update = jax.jit(lambda model, state, token: model.update(state, token))
+_first_token = jax.jit(lambda key, model, chain: engine.first_tokens(
+    key, model.probs(model.init_state()), chain, 1)[0])
+_call_bits = jax.jit(lambda key, m, first, count: engine.chain_bits(
+    jax.random.fold_in(key, m), first, count), static_argnums=3)
+
+
 def _literal_run(draft, target, key, chain, horizon, lookahead):
     """One chain of speculative decoding written as a serving engine's loop, in NumPy float64,
     with the uniforms ``specjax.sampling.blocks`` documents."""
     key_init, key_calls = jax.random.split(key)
     per_call = blocks.uniforms_per_call(lookahead)
     # x_0 is the engines' first token (engine.first_tokens), not part of a call
-    x0 = int(engine.first_tokens(key_init, target.probs(target.init_state()), chain, 1)[0])
+    x0 = int(_first_token(key_init, target, chain))
     tokens, calls, rejections, m = [x0], 0, 0, 0
-    d_state = draft.update(draft.init_state(), x0)
-    t_state = target.update(target.init_state(), x0)
+    d_state = _update(draft, draft.init_state(), x0)
+    t_state = _update(target, target.init_state(), x0)
     while len(tokens) <= horizon:
-        bits = np.asarray(engine.chain_bits(jax.random.fold_in(key_calls, m),
-                                            chain * per_call, per_call))
+        bits = np.asarray(_call_bits(key_calls, m, chain * per_call, per_call))
         u = bits.astype(np.float64) * 2.0**-32
         m += 1
         calls += 1
         drafts, p_rows, s = [], [], d_state
         for j in range(lookahead):
-            p = np.asarray(draft.probs(s), np.float64)
+            p = np.asarray(_probs(draft, s), np.float64)
             x = _inverse_cdf(u[j], p)
             drafts.append(x)
             p_rows.append(p)
-            s = draft.update(s, x)
+            s = _update(draft, s, x)
         emitted, s = [], t_state
         for j in range(lookahead + 1):
-            q = np.asarray(target.probs(s), np.float64)
+            q = np.asarray(_probs(target, s), np.float64)
             if j == lookahead:  # all accepted: the bonus token
                 emitted.append(_inverse_cdf(u[2 * lookahead + j], q))
                 break
             x, p = drafts[j], p_rows[j]
             if u[lookahead + j] * p[x] < q[x]:
                 emitted.append(x)
-                s = target.update(s, x)
+                s = _update(target, s, x)
                 continue
             residual = np.maximum(q - p, 0)
             emitted.append(_inverse_cdf(u[2 * lookahead + j], residual))
@@ -120,7 +129,7 @@ def _literal_run(draft, target, key, chain, horizon, lookahead):
                 rejections += 1
             break
         for x in emitted:
-            d_state, t_state = draft.update(d_state, x), target.update(t_state, x)
+            d_state, t_state = _update(draft, d_state, x), _update(target, t_state, x)
         tokens.extend(emitted)
     return tokens[:horizon + 1], calls, rejections
 
@@ -176,9 +185,10 @@ def test_a_models_own_probs_block_gives_the_scans_tokens():
     np.testing.assert_allclose(models.autoregressive.probs_block(own, state, drafts),
                                models.autoregressive.probs_block(target, state, drafts))
     key = jax.random.key(5)
-    a = specjax.decode(key, specjax.Speculative(K), draft, target, 500, horizon=T,
+    # 3,000 chains: the program of test_chunks_and_stop_tokens_keep_the_tokens's first run
+    a = specjax.decode(key, specjax.Speculative(K), draft, target, 3000, horizon=T,
                        batched_scoring=True)
-    b = specjax.decode(key, specjax.Speculative(K), draft, own, 500, horizon=T,
+    b = specjax.decode(key, specjax.Speculative(K), draft, own, 3000, horizon=T,
                        batched_scoring=True)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.num_calls, b.num_calls)
