@@ -170,27 +170,31 @@ def test_weighted_greedy_maximises_the_weighted_match_over_every_coupling(x64):
             np.testing.assert_allclose(accepted + rejected, q, atol=1e-15)
 
 
-@jax.jit
-def _bound_laws_and_per_token_table(decoder, per_token, draft_trans, target_trans):
-    """The bound decoder's thresholds at every position (``kind_thresholds`` at ``positions=n``)
-    and the per-token optimum's table: one program (eagerly, over a hundred)."""
+PLANS = (engine.TablePlan(engine.ALL_KINDS, None), engine.TablePlan(engine.ALL_KINDS, 4, 2),
+         engine.TablePlan(engine.ALL_KINDS, 3))
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _engine_tables(decoder, per_token, draft_trans, target_trans, plans):
+    """One program (eagerly, over two hundred): the bound decoder's thresholds at every
+    position (``kind_thresholds`` at ``positions=n``), the per-token optimum's table, and for
+    each plan the sampler's table at each position as its scan reads it (``laws.at`` in order,
+    the state carried)."""
+    horizon = draft_trans.shape[0]
     bound = decoder.bind(draft_trans, target_trans)
     expected = [engine.kind_thresholds(bound, draft_trans[n], target_trans[n], engine.ALL_KINDS,
-                                       positions=n) for n in range(draft_trans.shape[0])]
-    return jnp.stack(expected), engine.decoder_table(per_token, draft_trans, target_trans)
-
-
-@functools.partial(jax.jit, static_argnums=3)
-def _engine_tables(decoder, draft_trans, target_trans, plan):
-    """The sampler's table at each position as its scan reads it (``laws.at`` in order, the
-    state carried): one program per plan."""
-    laws = engine.markov_laws(decoder, draft_trans, target_trans, plan)
-    state, out = laws.state, []
-    for n in range(draft_trans.shape[0]):
-        table_n = None if laws.xs is None else laws.xs[n]
-        got, state = laws.at(table_n, jnp.int32(n), state)
-        out.append(got)
-    return jnp.stack(out)
+                                       positions=n) for n in range(horizon)]
+    tables = []
+    for plan in plans:
+        laws = engine.markov_laws(decoder, draft_trans, target_trans, plan)
+        state, out = laws.state, []
+        for n in range(horizon):
+            table_n = None if laws.xs is None else laws.xs[n]
+            got, state = laws.at(table_n, jnp.int32(n), state)
+            out.append(got)
+        tables.append(jnp.stack(out))
+    return (jnp.stack(expected), engine.decoder_table(per_token, draft_trans, target_trans),
+            tables)
 
 
 def test_engine_tables_are_the_bound_decoders_laws_at_every_position():
@@ -200,13 +204,12 @@ def test_engine_tables_are_the_bound_decoders_laws_at_every_position():
     sequence optimum's E[N_rej] differs from the per-token one's by 1e-3 or less)."""
     draft, target = (chain(x) for x in random_pair(1, 4, 5, zero_fraction=0.3))
     decoder = specjax.OptimalMultiDraft(2, sequence_optimal=True)
-    expected, per_token = (np.asarray(x) for x in _bound_laws_and_per_token_table(
-        decoder, specjax.OptimalMultiDraft(2), draft.trans, target.trans))
+    expected, per_token, plan_tables = _engine_tables(
+        decoder, specjax.OptimalMultiDraft(2), draft.trans, target.trans, PLANS)
+    expected, per_token = np.asarray(expected), np.asarray(per_token)
     assert max(int(np.abs(per_token[n] - expected[n]).max()) for n in range(5)) > 2**20
-    for plan in (engine.TablePlan(engine.ALL_KINDS, None),
-                 engine.TablePlan(engine.ALL_KINDS, 4, 2),
-                 engine.TablePlan(engine.ALL_KINDS, 3)):
-        tables = np.asarray(_engine_tables(decoder, draft.trans, target.trans, plan))
+    for plan, tables in zip(PLANS, plan_tables):
+        tables = np.asarray(tables)
         for n in range(5):
             np.testing.assert_allclose(tables[n], expected[n], rtol=0, atol=256,
                                        err_msg=f"{plan}, position {n}")
