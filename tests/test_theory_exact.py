@@ -221,6 +221,16 @@ def test_batch_improvement_closed_forms(x64, num_drafts):
         assert abs(float(got) - expected) < 1e-12
 
 
+@jax.jit
+def _batch_rejections_in_m(d, t):
+    """Batch SD's E[N_rej] for M = 1, 2, 3, 5, 8, 13, 30, then SD's, M = infinity and M = 3000:
+    one program (ten compiled one each)."""
+    return ([specjax.batch_expected_rejections(d, t, num_drafts=m)
+             for m in (1, 2, 3, 5, 8, 13, 30)]
+            + [specjax.expected_rejections(d, t)]
+            + [specjax.batch_expected_rejections(d, t, num_drafts=m) for m in (math.inf, 3000)])
+
+
 def test_batch_rejections_decrease_in_m_to_a_positive_limit(x64):
     rng = np.random.default_rng(8)
     init = np.full(6, 1 / 6)
@@ -228,13 +238,10 @@ def test_batch_rejections_decrease_in_m_to_a_positive_limit(x64):
     # fast (its rate is 1 - p(x*) at the token x* maximising q / p; it can be very slow).
     d = chain((init, random_rows(rng, (20, 6, 6), concentration=5.0)))
     t = chain((init, random_rows(rng, (20, 6, 6), concentration=5.0)))
-    values = [float(specjax.batch_expected_rejections(d, t, num_drafts=m))
-              for m in (1, 2, 3, 5, 8, 13, 30)]
+    *values, sd, limit, big = (float(x) for x in _batch_rejections_in_m(d, t))
     assert all(a >= b - 1e-12 for a, b in zip(values, values[1:]))
-    assert abs(values[0] - float(specjax.expected_rejections(d, t))) < 1e-12
-    limit = float(specjax.batch_expected_rejections(d, t, num_drafts=math.inf))
+    assert abs(values[0] - sd) < 1e-12
     # Full supports: the product of TVs decays geometrically, so a large M reaches the limit.
-    big = float(specjax.batch_expected_rejections(d, t, num_drafts=3000))
     assert abs(big - limit) < 1e-9
     assert 0 < limit <= values[-1]
 
