@@ -177,13 +177,19 @@ jax.tree_util.register_pytree_node(_OwnBlock, lambda m: ((m.model,), None),
                                    lambda _, children: _OwnBlock(children[0]))
 
 
+# models.autoregressive.probs_block (a model's own probs_block, or the scan of probs and update)
+# and the models' methods, each one jitted program (eagerly, an operation each).
+_scored_block = jax.jit(models.autoregressive.probs_block)
+_method_block = jax.jit(lambda model, state, tokens: model.probs_block(state, tokens))
+
+
 def test_a_models_own_probs_block_gives_the_scans_tokens():
     draft, target = _lifted_pair(4)
     own = _OwnBlock(target)
-    state = target.update(target.init_state(), 2)
+    state = _update(target, target.init_state(), 2)
     drafts = jnp.array([1, 3, 0], jnp.int32)
-    np.testing.assert_allclose(models.autoregressive.probs_block(own, state, drafts),
-                               models.autoregressive.probs_block(target, state, drafts))
+    np.testing.assert_allclose(_scored_block(own, state, drafts),
+                               _scored_block(target, state, drafts))
     key = jax.random.key(5)
     # 3,000 chains: the program of test_chunks_and_stop_tokens_keep_the_tokens's first run
     a = specjax.decode(key, specjax.Speculative(K), draft, target, 3000, horizon=T,
@@ -222,18 +228,17 @@ jax.tree_util.register_pytree_node(_LogitsOnly, lambda m: ((m.model,), None),
 def test_a_logits_model_scores_its_block_through_its_softmax():
     draft, target = _lifted_pair(6)
     wrapped = specjax.models.ProcessedModel(model=_LogitsOnly(target))
-    state = target.update(target.init_state(), 1)
+    state = _update(target, target.init_state(), 1)
     drafts = jnp.array([0, 2, 2], jnp.int32)
-    np.testing.assert_allclose(wrapped.probs_block(state, drafts),
-                               models.autoregressive.probs_block(target, state, drafts),
-                               atol=1e-6)
+    np.testing.assert_allclose(_method_block(wrapped, state, drafts),
+                               _scored_block(target, state, drafts), atol=1e-6)
     # temperature: the block's rows are the processed rows, position by position
     hot = specjax.models.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
-    rows = hot.probs_block(state, drafts)
+    rows = _method_block(hot, state, drafts)
     s = state
     for j in range(3):
-        np.testing.assert_allclose(rows[j], hot.probs(s), atol=1e-6)
-        s = target.update(s, drafts[j])
+        np.testing.assert_allclose(rows[j], _probs(hot, s), atol=1e-6)
+        s = _update(target, s, drafts[j])
     trace = specjax.decode(jax.random.key(0), specjax.Speculative(2), draft, _LogitsOnly(target),
                            200, horizon=T, batched_scoring=True)
     assert trace.tokens.shape == (200, T + 1)
