@@ -80,39 +80,48 @@ def _inverse_cdf(u, w):
     return int(np.sum(u * np.sum(w) >= np.cumsum(w)))
 
 
+# The model calls and random bits of the literal loop below, each one jitted program (eagerly,
+# every operation of every call compiles a program of its own).
+_probs = jax.jit(lambda model, state: model.probs(state))
+_update = jax.jit(lambda model, state, token: model.update(state, token))
+_first_token = jax.jit(lambda key, model, chain: engine.first_tokens(
+    key, model.probs(model.init_state()), chain, 1)[0])
+_call_bits = jax.jit(lambda key, m, first, count: engine.chain_bits(
+    jax.random.fold_in(key, m), first, count), static_argnums=3)
+
+
 def _literal_run(draft, target, key, chain, horizon, lookahead):
     """One chain of speculative decoding written as a serving engine's loop, in NumPy float64,
     with the uniforms ``specjax.sampling.blocks`` documents."""
     key_init, key_calls = jax.random.split(key)
     per_call = blocks.uniforms_per_call(lookahead)
     # x_0 is the engines' first token (engine.first_tokens), not part of a call
-    x0 = int(engine.first_tokens(key_init, target.probs(target.init_state()), chain, 1)[0])
+    x0 = int(_first_token(key_init, target, chain))
     tokens, calls, rejections, m = [x0], 0, 0, 0
-    d_state = draft.update(draft.init_state(), x0)
-    t_state = target.update(target.init_state(), x0)
+    d_state = _update(draft, draft.init_state(), x0)
+    t_state = _update(target, target.init_state(), x0)
     while len(tokens) <= horizon:
-        bits = np.asarray(engine.chain_bits(jax.random.fold_in(key_calls, m),
-                                            chain * per_call, per_call))
+        bits = np.asarray(_call_bits(key_calls, m, chain * per_call, per_call))
         u = bits.astype(np.float64) * 2.0**-32
         m += 1
         calls += 1
         drafts, p_rows, s = [], [], d_state
         for j in range(lookahead):
-            p = np.asarray(draft.probs(s), np.float64)
+            p = np.asarray(_probs(draft, s), np.float64)
             x = _inverse_cdf(u[j], p)
             drafts.append(x)
             p_rows.append(p)
-            s = draft.update(s, x)
+            s = _update(draft, s, x)
         emitted, s = [], t_state
         for j in range(lookahead + 1):
-            q = np.asarray(target.probs(s), np.float64)
+            q = np.asarray(_probs(target, s), np.float64)
             if j == lookahead:  # all accepted: the bonus token
                 emitted.append(_inverse_cdf(u[2 * lookahead + j], q))
                 break
             x, p = drafts[j], p_rows[j]
             if u[lookahead + j] * p[x] < q[x]:
                 emitted.append(x)
-                s = target.update(s, x)
+                s = _update(target, s, x)
                 continue
             residual = np.maximum(q - p, 0)
             emitted.append(_inverse_cdf(u[2 * lookahead + j], residual))
@@ -120,7 +129,7 @@ def _literal_run(draft, target, key, chain, horizon, lookahead):
                 rejections += 1
             break
         for x in emitted:
-            d_state, t_state = draft.update(d_state, x), target.update(t_state, x)
+            d_state, t_state = _update(draft, d_state, x), _update(target, t_state, x)
         tokens.extend(emitted)
     return tokens[:horizon + 1], calls, rejections
 
@@ -168,17 +177,24 @@ jax.tree_util.register_pytree_node(_OwnBlock, lambda m: ((m.model,), None),
                                    lambda _, children: _OwnBlock(children[0]))
 
 
+# models.autoregressive.probs_block (a model's own probs_block, or the scan of probs and update)
+# and the models' methods, each one jitted program (eagerly, an operation each).
+_scored_block = jax.jit(models.autoregressive.probs_block)
+_method_block = jax.jit(lambda model, state, tokens: model.probs_block(state, tokens))
+
+
 def test_a_models_own_probs_block_gives_the_scans_tokens():
     draft, target = _lifted_pair(4)
     own = _OwnBlock(target)
-    state = target.update(target.init_state(), 2)
+    state = _update(target, target.init_state(), 2)
     drafts = jnp.array([1, 3, 0], jnp.int32)
-    np.testing.assert_allclose(models.autoregressive.probs_block(own, state, drafts),
-                               models.autoregressive.probs_block(target, state, drafts))
+    np.testing.assert_allclose(_scored_block(own, state, drafts),
+                               _scored_block(target, state, drafts))
     key = jax.random.key(5)
-    a = specjax.decode(key, specjax.Speculative(K), draft, target, 500, horizon=T,
+    # 3,000 chains: the program of test_chunks_and_stop_tokens_keep_the_tokens's first run
+    a = specjax.decode(key, specjax.Speculative(K), draft, target, 3000, horizon=T,
                        batched_scoring=True)
-    b = specjax.decode(key, specjax.Speculative(K), draft, own, 500, horizon=T,
+    b = specjax.decode(key, specjax.Speculative(K), draft, own, 3000, horizon=T,
                        batched_scoring=True)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.num_calls, b.num_calls)
@@ -212,18 +228,17 @@ jax.tree_util.register_pytree_node(_LogitsOnly, lambda m: ((m.model,), None),
 def test_a_logits_model_scores_its_block_through_its_softmax():
     draft, target = _lifted_pair(6)
     wrapped = specjax.models.ProcessedModel(model=_LogitsOnly(target))
-    state = target.update(target.init_state(), 1)
+    state = _update(target, target.init_state(), 1)
     drafts = jnp.array([0, 2, 2], jnp.int32)
-    np.testing.assert_allclose(wrapped.probs_block(state, drafts),
-                               models.autoregressive.probs_block(target, state, drafts),
-                               atol=1e-6)
+    np.testing.assert_allclose(_method_block(wrapped, state, drafts),
+                               _scored_block(target, state, drafts), atol=1e-6)
     # temperature: the block's rows are the processed rows, position by position
     hot = specjax.models.ProcessedModel(model=_LogitsOnly(target), temperature=0.5)
-    rows = hot.probs_block(state, drafts)
+    rows = _method_block(hot, state, drafts)
     s = state
     for j in range(3):
-        np.testing.assert_allclose(rows[j], hot.probs(s), atol=1e-6)
-        s = target.update(s, drafts[j])
+        np.testing.assert_allclose(rows[j], _probs(hot, s), atol=1e-6)
+        s = _update(target, s, drafts[j])
     trace = specjax.decode(jax.random.key(0), specjax.Speculative(2), draft, _LogitsOnly(target),
                            200, horizon=T, batched_scoring=True)
     assert trace.tokens.shape == (200, T + 1)

@@ -159,18 +159,34 @@ def test_literal_single_call_is_unbiased(lookahead):
             assert max_difference(law, target_block_law(target, n, prev)) < 1e-10
 
 
+@functools.partial(jax.jit, static_argnames=("lookahead",))
+def _block_values(d, t, *, lookahead):
+    """``exact_block_expected_calls`` and ``exact_block_accepted_length`` at every position,
+    compiled as one program per instance and lookahead (eagerly, each call compiles dozens)."""
+    lengths = [block.exact_block_accepted_length(d, t, lookahead=lookahead, position=n)
+               for n in range(1, t.horizon + 1)]
+    return block.exact_block_expected_calls(d, t, lookahead=lookahead), jnp.stack(lengths)
+
+
+@functools.lru_cache(maxsize=None)
+def exact_block_values(name, lookahead):
+    """``(expected calls, accepted length (T, V))`` in float64, shared by the tests below."""
+    draft, target = INSTANCES[name]()
+    with jax.enable_x64(True):
+        calls, lengths = _block_values(to_chain(draft), to_chain(target), lookahead=lookahead)
+        return float(calls), np.asarray(lengths)
+
+
 @pytest.mark.parametrize("name, lookahead", LITERAL_CASES)
 def test_exact_values_match_the_literal_algorithm(name, lookahead, x64):
     draft, target = INSTANCES[name]()
     num_states, horizon = target[1].shape[1], target[1].shape[0]
-    d, t = to_chain(draft), to_chain(target)
     law = cached_literal_law(name, lookahead)
     _, calls = ref.expected_counts_from_law(law)
-    exact_calls = float(block.exact_block_expected_calls(d, t, lookahead=lookahead))
+    exact_calls, lengths = exact_block_values(name, lookahead)
     assert abs(exact_calls - calls) < 1e-10
     for n in range(1, horizon + 1):
-        exact = np.asarray(block.exact_block_accepted_length(d, t, lookahead=lookahead,
-                                                             position=n))
+        exact = lengths[n - 1]
         for a in range(num_states):
             call = ref.enumerate_law(
                 lambda c: block_call_literal(c, draft, target, n, a, lookahead))
@@ -219,10 +235,15 @@ def test_sampler_matches_the_literal_joint_law(name, lookahead):
 
 @pytest.mark.parametrize("name, lookahead", SAMPLER_CASES)
 def test_sampler_mean_calls(name, lookahead, x64):
-    draft, target = INSTANCES[name]()
-    exact = float(block.exact_block_expected_calls(to_chain(draft), to_chain(target),
-                                                   lookahead=lookahead))
+    exact, _ = exact_block_values(name, lookahead)
     stats.assert_mean(sampled(name, lookahead).num_calls, exact, f"calls {name} K={lookahead}")
+
+
+@functools.partial(jax.jit, static_argnames=("lookahead",))
+def _first_call_lengths(d, t, *, lookahead):
+    """Block's and token-wise accepted lengths at position 1: one program."""
+    return (block.exact_block_accepted_length(d, t, lookahead=lookahead),
+            block.exact_tokenwise_accepted_length(d, t, lookahead=lookahead))
 
 
 def first_call_accepted(trace, lookahead):
@@ -236,11 +257,8 @@ def test_mean_accepted_length_per_call(lookahead, seed, zero_fraction):
     """A single call (T = K): block's and SD's mean accepted drafts against the exact values."""
     draft, target = random_pair(seed, 4, lookahead, zero_fraction)
     with jax.enable_x64(True):
-        d64, t64 = to_chain(draft), to_chain(target)
-        exact_block = float(target[0] @ np.asarray(
-            block.exact_block_accepted_length(d64, t64, lookahead=lookahead)))
-        exact_token = float(target[0] @ np.asarray(
-            block.exact_tokenwise_accepted_length(d64, t64, lookahead=lookahead)))
+        lengths = _first_call_lengths(to_chain(draft), to_chain(target), lookahead=lookahead)
+        exact_block, exact_token = (float(target[0] @ np.asarray(x)) for x in lengths)
     d, t = to_chain(draft, np.float32), to_chain(target, np.float32)
     key = jax.random.key(11)
     trace = block_decoding(key, d, t, NUM_CHAINS, lookahead=lookahead)
@@ -256,24 +274,37 @@ def block_decoding(key, draft, target, num_chains, *, lookahead):
 
 
 # ----------------------------------------------------------------------------- exact theory
+@functools.partial(jax.jit, static_argnums=2)
+def _three_lengths(d, t, settings):
+    """Token-wise, block, joint and block at ``prev_token`` for every ``(lookahead, position,
+    prev_token)`` of ``settings``: one program per instance (eagerly, hundreds)."""
+    out = []
+    for lookahead, position, a in settings:
+        args = dict(lookahead=lookahead, position=position)
+        out.append((block.exact_tokenwise_accepted_length(d, t, **args),
+                    block.exact_block_accepted_length(d, t, **args),
+                    block.exact_joint_accepted_length(d, t, **args),
+                    block.exact_block_accepted_length(d, t, prev_token=a, **args)))
+    return out
+
+
 def test_block_between_tokenwise_and_joint_bound(x64):
     rng = np.random.default_rng(0)
     for trial in range(6):
         num_states = int(rng.integers(2, 6))
         pair = random_pair(100 + trial, num_states, 5, zero_fraction=0.2 * (trial % 3))
         d, t = to_chain(pair[0]), to_chain(pair[1])
-        for lookahead in (1, 2, 3, 4):
+        settings = []
+        for lookahead in (1, 2, 3, 4):  # the draws in the order of the loop below
             position = int(rng.integers(1, 6))
-            args = dict(lookahead=lookahead, position=position)
-            token = np.asarray(block.exact_tokenwise_accepted_length(d, t, **args))
-            blk = np.asarray(block.exact_block_accepted_length(d, t, **args))
-            bound = np.asarray(block.exact_joint_accepted_length(d, t, **args))
+            settings.append((lookahead, position, int(rng.integers(num_states))))
+        settings = tuple(settings)
+        for (lookahead, position, a), values in zip(settings, _three_lengths(d, t, settings)):
+            token, blk, bound, one = (np.asarray(x) for x in values)
             assert (token <= blk + 1e-12).all() and (blk <= bound + 1e-12).all()
             if lookahead == 1 or position == 5:  # a single draft: all three are SD
                 np.testing.assert_allclose(blk, token, atol=1e-12)
                 np.testing.assert_allclose(bound, token, atol=1e-12)
-            a = int(rng.integers(num_states))
-            one = block.exact_block_accepted_length(d, t, prev_token=a, **args)
             assert one.shape == () and abs(float(one) - blk[a]) < 1e-12
 
 
@@ -282,9 +313,10 @@ def test_motivating_example(x64):
     p, q = np.array([2 / 3, 1 / 3]), np.array([1 / 3, 2 / 3])
     d = specjax.MarkovChain(np.array([1.0, 0.0]), np.tile(p, (2, 2, 1)))
     t = specjax.MarkovChain(np.array([1.0, 0.0]), np.tile(q, (2, 2, 1)))
-    values = [9 * float(f(d, t, lookahead=2, prev_token=0)) for f in (
+    values = [9 * float(v) for v in jax.jit(lambda d, t: [f(d, t, lookahead=2, prev_token=0)
+                                                        for f in (
         block.exact_tokenwise_accepted_length, block.exact_block_accepted_length,
-        block.exact_joint_accepted_length)]
+        block.exact_joint_accepted_length)])(d, t)]  # one program, not 60 eager ones
     np.testing.assert_allclose(values, [10, 11, 12], atol=1e-12)
 
 
@@ -300,17 +332,26 @@ def test_tokenwise_matches_literal_sd(x64):
     assert abs(accepted - exact) < 1e-10
 
 
+@jax.jit
+def _edge_values(d, t):
+    """The three accepted lengths at positions 1 and 2, E[calls] of (d, t) and of (t, t)."""
+    lengths = [f(d, t, lookahead=3, position=position)
+               for f in (block.exact_tokenwise_accepted_length, block.exact_block_accepted_length,
+                         block.exact_joint_accepted_length) for position in (1, 2)]
+    return (lengths, block.exact_block_expected_calls(d, t, lookahead=2),
+            block.exact_block_expected_calls(t, t, lookahead=2))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_finite_at_edge_cases(dtype, x64):
     pair = edge_pair(4, 4)
     d, t = to_chain(pair[0], dtype), to_chain(pair[1], dtype)
-    for f in (block.exact_tokenwise_accepted_length, block.exact_block_accepted_length,
-              block.exact_joint_accepted_length):
-        for position in (1, 2):
-            assert np.isfinite(np.asarray(f(d, t, lookahead=3, position=position))).all()
-    assert np.isfinite(float(block.exact_block_expected_calls(d, t, lookahead=2)))
+    lengths, calls, same_calls = _edge_values(d, t)
+    for values in lengths:
+        assert np.asarray(values).dtype == dtype and np.isfinite(np.asarray(values)).all()
+    assert np.isfinite(float(calls))
     # p = q: every draft is accepted; K = 2 drafts and a bonus, then one draft: 2 calls.
-    assert abs(float(block.exact_block_expected_calls(t, t, lookahead=2)) - 2) < 1e-5
+    assert abs(float(same_calls) - 2) < 1e-5
 
 
 def test_finite_gradients_at_edge_cases(x64):
@@ -361,23 +402,24 @@ def test_validation_errors():
 
 
 def test_deterministic_and_no_recompilation():
+    # V = 7, T = 6, K = 2 and 2,000 chains: the program of the script's run below (shared).
     draft, target = (to_chain(m, np.float32) for m in random_pair(4, 7, 6))
-    run = functools.partial(block_decoding, num_chains=64, lookahead=3)
+    run = functools.partial(block_decoding, num_chains=2000, lookahead=2)
     a = run(jax.random.key(3), draft, target)
     b = run(jax.random.key(3), draft, target)
     c = run(jax.random.key(4), draft, target)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.tokens, c.tokens)
-    assert a.tokens.dtype == jnp.int32 and a.tokens.shape == (64, 7)
-    assert a.rejected.shape == a.new_call.shape == (64, 6)
+    assert a.tokens.dtype == jnp.int32 and a.tokens.shape == (2000, 7)
+    assert a.rejected.shape == a.new_call.shape == (2000, 6)
     size = specjax.sampling.calls.simulate_calls._cache_size()
     draft2, target2 = (to_chain(m, np.float32) for m in random_pair(5, 7, 6))
     run(jax.random.key(3), draft2, target2)
     assert specjax.sampling.calls.simulate_calls._cache_size() == size
     # The first chains of a larger run are a smaller run with the same key.
-    more = block_decoding(jax.random.key(3), draft, target, 96, lookahead=3)
-    np.testing.assert_array_equal(more.tokens[:64], a.tokens)
+    fewer = block_decoding(jax.random.key(3), draft, target, 64, lookahead=2)
+    np.testing.assert_array_equal(a.tokens[:64], fewer.tokens)
 
 
 # ----------------------------------------------------------------------------- the script

@@ -17,6 +17,7 @@ The coupling has continuous randomness, so the literal algorithm is not enumerat
 sequences; specjax's engines draw each root's (token, accepted) from the exact root law.
 """
 
+import functools
 import math
 from collections import defaultdict
 
@@ -159,6 +160,15 @@ MC_ROWS = (
 )
 
 
+@functools.lru_cache(maxsize=None)
+def mc_row_library(row):
+    """``library`` of ``MC_ROWS[row]`` (float64): one program per V for every M, not the
+    dozens of programs of an eager ``gumbel_list_root_law``."""
+    with jax.enable_x64(True):
+        p, q = MC_ROWS[row]
+        return library(p[None], q[None])
+
+
 @pytest.mark.parametrize("num_drafts", [2, 3])
 def test_literal_coupling_fits_the_exact_joint_law(x64, num_drafts):
     """1,000,000 draws of the literal coupling (NumPy, fixed seed) per row, two rows (one with
@@ -166,12 +176,12 @@ def test_literal_coupling_fits_the_exact_joint_law(x64, num_drafts):
     failing falsely with probability ``stats.ALPHA`` = 1e-5)."""
     rng = np.random.default_rng(1500 + num_drafts)
     n = 1_000_000
-    for p, q in MC_ROWS:
-        law = gumbel_list_root_law(jnp.asarray(p), jnp.asarray(q), num_drafts)
+    for row, (p, q) in enumerate(MC_ROWS):
+        accepted, rejected, _ = mc_row_library(row)[num_drafts]
         exact = {}
         for k in range(len(p)):
-            exact[(k, True)] = float(law.accepted[k])
-            exact[(k, False)] = float(law.rejected[k])
+            exact[(k, True)] = float(accepted[0, k])
+            exact[(k, False)] = float(rejected[0, k])
         observed = literal_coupling(p, q, num_drafts, n, rng)
         stats.assert_law(observed, exact, n, f"M = {num_drafts}, p {p}, q {q}")
 
@@ -220,14 +230,15 @@ def test_values_and_gradients_are_finite_at_edge_cases(dtype):
                                       EXACT_EDGE[dtype])
 
 
-def _weighted(m):
-    def f(lp, lq):
-        law = gumbel_list_root_law(jax.nn.softmax(lp), jax.nn.softmax(lq), m)
-        return jnp.sum(law.accepted * jnp.arange(1.0, 6.0, dtype=lp.dtype))
-    return jax.jit(f), jax.jit(jax.grad(f, argnums=(0, 1)))
+def _weighted(lp, lq, m):
+    law = gumbel_list_root_law(jax.nn.softmax(lp), jax.nn.softmax(lq), m)
+    return jnp.sum(law.accepted * jnp.arange(1.0, 6.0, dtype=lp.dtype))
 
 
-_weighted_acceptance = {m: _weighted(m) for m in (1, 2, 3)}
+@jax.jit
+def _values_and_gradients(lp, lq):
+    """``[(value, (grad_p, grad_q))]`` for M = 1, 2, 3: one program for every M."""
+    return [jax.value_and_grad(_weighted, argnums=(0, 1))(lp, lq, m) for m in DRAFTS]
 
 
 def test_gradients_equal_finite_differences(x64):
@@ -237,23 +248,27 @@ def test_gradients_equal_finite_differences(x64):
     of ``q / p`` (where the breakpoint order, a constant, changes)."""
     rng = np.random.default_rng(31)
     for _ in range(8):
-        lp, lq = jnp.asarray(rng.normal(size=5)), jnp.asarray(rng.normal(size=5))
-        for m in (1, 2, 3):
-            f, grad = _weighted_acceptance[m]
-            grads = grad(lp, lq)
-            for which in (0, 1):
-                for i in range(5):
-                    step = jnp.zeros(5).at[i].set(1e-6)
-                    up, down = [lp, lq], [lp, lq]
-                    up[which], down[which] = up[which] + step, down[which] - step
-                    fd = (f(*up) - f(*down)) / 2e-6
-                    assert abs(float(fd - grads[which][i])) < 1e-7, (m, which, i)
+        lp, lq = rng.normal(size=5), rng.normal(size=5)
+        grads = [g for _, g in _values_and_gradients(jnp.asarray(lp), jnp.asarray(lq))]
+        for which in (0, 1):
+            for i in range(5):
+                step = np.zeros(5)
+                step[i] = 1e-6
+                up, down = [lp, lq], [lp, lq]
+                up[which], down[which] = up[which] + step, down[which] - step
+                f_up = _values_and_gradients(*map(jnp.asarray, up))
+                f_down = _values_and_gradients(*map(jnp.asarray, down))
+                for m, grad, (a, _), (b, _) in zip(DRAFTS, grads, f_up, f_down):
+                    fd = (float(a) - float(b)) / 2e-6
+                    assert abs(fd - float(grad[which][i])) < 1e-7, (m, which, i)
 
 
 def test_float32_is_close_to_float64():
     """The float32 root law (M = 1, 2, 3) is within 1e-5 of the float64 one on random rows with
-    zeros and the edge rows (the expansion's cancellation stays small at V = 5)."""
-    p, q = edge_rows(1800, 5, 30)
+    zeros and the edge rows (the expansion's cancellation stays small at V = 7, the largest V
+    of this module; the float64 program is the one test_one_draft_closed_form_and_lossless_split
+    compiles for its (39, 7) rows)."""
+    p, q = edge_rows(1800, 7, 30)
     with jax.enable_x64(True):
         exact = library(p, q)
     low = _library_program(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))

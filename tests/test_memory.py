@@ -116,16 +116,16 @@ def test_other_engines_are_checked_too(available):
 @pytest.mark.parametrize("decoder", [specjax.BlockVerification(2), specjax.TokenTree((2,))],
                          ids=repr)
 def test_call_level_decoders_with_laws_larger_than_the_chains(available, decoder):
-    # V = 300, T = 64, 4 chains: the laws outweigh the chains, and a token-wise law table of
+    # V = 300, T = 20, 4 chains: the laws outweigh the chains, and a token-wise law table of
     # all positions would be over PRECOMPUTED_TABLE_BYTES. The memory check used to ask the
     # token-wise table planner about the call-level decoder and crash (AttributeError).
-    big = specjax.MarkovChain(jnp.full((300,), 1 / 300), jnp.full((64, 300, 300), 1 / 300))
-    assert 64 * 300 * 3 * engine.table_width(300) * 4 > engine.PRECOMPUTED_TABLE_BYTES
+    big = specjax.MarkovChain(jnp.full((300,), 1 / 300), jnp.full((20, 300, 300), 1 / 300))
+    assert 20 * 300 * 3 * engine.table_width(300) * 4 > engine.PRECOMPUTED_TABLE_BYTES
     stats = specjax.decoding_statistics(KEY, decoder, big, big, 4)
-    assert stats.num_chains == 4 and np.all(stats.num_calls <= 64)
-    assert specjax.decode(KEY, decoder, big, big, 4).tokens.shape == (4, 65)
+    assert stats.num_chains == 4 and np.all(stats.num_calls <= 20)
+    assert specjax.decode(KEY, decoder, big, big, 4).tokens.shape == (4, 21)
     available(10**5)
-    with pytest.raises(ValueError, match=r"num_states = 300 \(draft and target, T = 64\) needs "
+    with pytest.raises(ValueError, match=r"num_states = 300 \(draft and target, T = 20\) needs "
                                          r"about .*per-position laws of the calls"):
         specjax.decode(KEY, decoder, big, big, 4)
 

@@ -498,10 +498,17 @@ def test_per_token_optimum_can_reject_more_than_batch_sd_over_a_sequence(x64):
                                                            target_trans[None]))[:, 0]
     assert best - batch > 6e-4, (best, batch)
     assert sequence <= batch + 1e-12, (sequence, batch)
+    alpha, batch_alpha = _root_acceptances(draft_trans, target_trans)
+    assert (np.asarray(alpha) >= np.asarray(batch_alpha) - 1e-15).all()
+
+
+@jax.jit
+def _root_acceptances(draft_trans, target_trans):
+    """``alpha*`` and batch SD's root acceptance, M = 2: one program (eagerly, two dozen)."""
     alpha = specjax.optimal_acceptance(draft_trans, target_trans, num_drafts=2)
     batch_alpha = 1 - specjax.decoders.batch_residual_mass(draft_trans, target_trans,
-                                                  num_drafts=2).sum(-1)
-    assert (np.asarray(alpha) >= np.asarray(batch_alpha) - 1e-15).all()
+                                                           num_drafts=2).sum(-1)
+    return alpha, batch_alpha
 
 
 # ----------------------------------------------------------------------------- 7. edge cases
@@ -601,6 +608,6 @@ def test_packed_radix_argsort_is_numpys_stable_argsort(num_states, dtype):
     rows[2, ::4] = 1e-42 if packed else 1e-30  # 1e-42: subnormal in float32
     rows[2, 1::4] = rows[2, 0]  # a tie run of one value
     x = rows.astype(dtype)
-    with jax.enable_x64(dtype == "float64"):
-        got = np.asarray(multi_draft.stable_argsort_nonnegative(jnp.asarray(x)))
+    with jax.enable_x64(dtype == "float64"):  # one program per shape, not an eager op each
+        got = np.asarray(jax.jit(multi_draft.stable_argsort_nonnegative)(jnp.asarray(x)))
     np.testing.assert_array_equal(got, np.argsort(x, axis=-1, kind="stable"))

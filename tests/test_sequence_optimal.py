@@ -8,6 +8,7 @@ on. The library's exact value must equal it; its sampler must match its exact va
 the target's law.
 """
 
+import functools
 import itertools
 import math
 
@@ -127,15 +128,31 @@ def test_one_position_the_sequence_optimum_is_the_per_token_optimum(x64):
                                atol=1e-12)
 
 
+@jax.jit
+def _ratio_weighted_and_per_token(p, q):
+    """The accepted masses of the weighted greedy with weights ``q / p`` and of the per-token
+    root law, M = 1, 2, 5, infinity: one program (eagerly, dozens)."""
+    out = []
+    for m in (1, 2, 5, math.inf):
+        weights = q / jnp.where(p > 0, p, 1e-300)
+        out.append((multi_draft.weighted_optimal_root_law(p, q, weights, m).accepted,
+                    multi_draft.optimal_root_law(p, q, m).accepted))
+    return out
+
+
 def test_weighted_greedy_with_ratio_weights_is_the_per_token_root_law(x64):
     rng = np.random.default_rng(5)
     p = jnp.asarray(rng.dirichlet(np.full(7, 0.4), size=40))
     q = jnp.asarray(rng.dirichlet(np.full(7, 0.4), size=40))
-    for m in (1, 2, 5, math.inf):
-        weights = q / jnp.where(p > 0, p, 1e-300)
-        weighted = multi_draft.weighted_optimal_root_law(p, q, weights, m)
-        per_token = multi_draft.optimal_root_law(p, q, m)
-        np.testing.assert_allclose(weighted.accepted, per_token.accepted, atol=1e-14)
+    for weighted, per_token in _ratio_weighted_and_per_token(p, q):
+        np.testing.assert_allclose(weighted, per_token, atol=1e-14)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _weighted_law(p, q, weights, num_drafts):
+    """``weighted_optimal_root_law``'s (accepted, rejected): one program per M."""
+    law = multi_draft.weighted_optimal_root_law(p, q, weights, num_drafts)
+    return law.accepted, law.rejected
 
 
 def test_weighted_greedy_maximises_the_weighted_match_over_every_coupling(x64):
@@ -146,11 +163,38 @@ def test_weighted_greedy_maximises_the_weighted_match_over_every_coupling(x64):
         p, q = rng.dirichlet(np.full(4, 0.5)), rng.dirichlet(np.full(4, 0.5))
         weights = rng.normal(size=4)
         for m in (2, 3):
-            law = multi_draft.weighted_optimal_root_law(jnp.asarray(p), jnp.asarray(q),
-                                                        jnp.asarray(weights), m)
+            accepted, rejected = (np.asarray(x) for x in _weighted_law(
+                jnp.asarray(p), jnp.asarray(q), jnp.asarray(weights), m))
             best = -best_root(p, q, -weights, np.zeros(4), m)
-            np.testing.assert_allclose(float(law.accepted @ weights), best, atol=1e-9)
-            np.testing.assert_allclose(law.accepted + law.rejected, q, atol=1e-15)
+            np.testing.assert_allclose(float(accepted @ weights), best, atol=1e-9)
+            np.testing.assert_allclose(accepted + rejected, q, atol=1e-15)
+
+
+PLANS = (engine.TablePlan(engine.ALL_KINDS, None), engine.TablePlan(engine.ALL_KINDS, 4, 2),
+         engine.TablePlan(engine.ALL_KINDS, 3))
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _engine_tables(decoder, per_token, draft_trans, target_trans, plans):
+    """One program (eagerly, over two hundred): the bound decoder's thresholds at every
+    position (``kind_thresholds`` at ``positions=n``), the per-token optimum's table, and for
+    each plan the sampler's table at each position as its scan reads it (``laws.at`` in order,
+    the state carried)."""
+    horizon = draft_trans.shape[0]
+    bound = decoder.bind(draft_trans, target_trans)
+    expected = [engine.kind_thresholds(bound, draft_trans[n], target_trans[n], engine.ALL_KINDS,
+                                       positions=n) for n in range(horizon)]
+    tables = []
+    for plan in plans:
+        laws = engine.markov_laws(decoder, draft_trans, target_trans, plan)
+        state, out = laws.state, []
+        for n in range(horizon):
+            table_n = None if laws.xs is None else laws.xs[n]
+            got, state = laws.at(table_n, jnp.int32(n), state)
+            out.append(got)
+        tables.append(jnp.stack(out))
+    return (jnp.stack(expected), engine.decoder_table(per_token, draft_trans, target_trans),
+            tables)
 
 
 def test_engine_tables_are_the_bound_decoders_laws_at_every_position():
@@ -160,21 +204,15 @@ def test_engine_tables_are_the_bound_decoders_laws_at_every_position():
     sequence optimum's E[N_rej] differs from the per-token one's by 1e-3 or less)."""
     draft, target = (chain(x) for x in random_pair(1, 4, 5, zero_fraction=0.3))
     decoder = specjax.OptimalMultiDraft(2, sequence_optimal=True)
-    bound = decoder.bind(draft.trans, target.trans)
-    expected = [engine.kind_thresholds(bound, draft.trans[n], target.trans[n], engine.ALL_KINDS,
-                                       positions=n) for n in range(5)]
-    per_token = engine.decoder_table(specjax.OptimalMultiDraft(2), draft.trans, target.trans)
-    assert max(int(jnp.abs(per_token[n] - expected[n]).max()) for n in range(5)) > 2**20
-    for plan in (engine.TablePlan(engine.ALL_KINDS, None),
-                 engine.TablePlan(engine.ALL_KINDS, 4, 2),
-                 engine.TablePlan(engine.ALL_KINDS, 3)):
-        laws = engine.markov_laws(decoder, draft.trans, target.trans, plan)
-        state = laws.state
+    expected, per_token, plan_tables = _engine_tables(
+        decoder, specjax.OptimalMultiDraft(2), draft.trans, target.trans, PLANS)
+    expected, per_token = np.asarray(expected), np.asarray(per_token)
+    assert max(int(np.abs(per_token[n] - expected[n]).max()) for n in range(5)) > 2**20
+    for plan, tables in zip(PLANS, plan_tables):
+        tables = np.asarray(tables)
         for n in range(5):
-            table_n = None if laws.xs is None else laws.xs[n]
-            got, state = laws.at(table_n, jnp.int32(n), state)
-            np.testing.assert_allclose(np.asarray(got), np.asarray(expected[n]), rtol=0,
-                                       atol=256, err_msg=f"{plan}, position {n}")
+            np.testing.assert_allclose(tables[n], expected[n], rtol=0, atol=256,
+                                       err_msg=f"{plan}, position {n}")
 
 
 def test_sampler_output_law_rejections_and_calls_match_the_exact_values():
@@ -210,11 +248,14 @@ def test_values_and_gradients_stay_finite_on_edge_rows():
         model = specjax.MarkovChain.from_logits(jnp.log(draft.init), logits)
         return specjax.exact(decoder, model, target).expected_rejections
 
-    logits = jnp.log(jnp.maximum(draft.trans, 1e-30))
-    value, grad = jax.value_and_grad(rejections)(logits)
+    @jax.jit  # one program (eagerly, dozens)
+    def values(logits):
+        return (jax.value_and_grad(rejections)(logits),
+                multi_draft.sequence_optimal_weights(draft.trans, target.trans, 3))
+
+    (value, grad), weights = values(jnp.log(jnp.maximum(draft.trans, 1e-30)))
     assert np.isfinite(float(value)) and bool(jnp.isfinite(grad).all())
-    assert bool(jnp.isfinite(multi_draft.sequence_optimal_weights(
-        draft.trans, target.trans, 3)).all())
+    assert bool(jnp.isfinite(weights).all())
 
 
 def test_settings_it_cannot_run_are_refused_before_any_work():

@@ -1,7 +1,9 @@
 """Exact theory (float64) against brute force, the paper's printed formulas and closed forms."""
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -189,20 +191,44 @@ def test_lookahead_at_least_horizon_is_the_paper_setting(x64):
 
 # --- batch SD: closed forms and M -> infinity -------------------------------------------------
 
+SPREAD = [(8, 2), (12, 3), (10, 5)]  # uniform p on V tokens, uniform q on the first v_small
+BINARY = [(0.5, 0.5), (0.7, 0.5), (0.9, 0.2), (1.0, 0.3)]  # p = (1 - u, u), q = (1 - w, w)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _closed_form_improvements(num_drafts):
+    """``batch_improvement`` on the rows of SPREAD and BINARY: one program per M."""
+    spread = []
+    for v, v_small in SPREAD:
+        p = jnp.full((v,), 1.0 / v)
+        q = jnp.where(jnp.arange(v) < v_small, 1.0 / v_small, 0.0)
+        spread.append(specjax.batch_improvement(p, q, num_drafts=num_drafts))
+    binary = [specjax.batch_improvement(jnp.array([1 - u, u]), jnp.array([1 - w, w]),
+                                        num_drafts=num_drafts) for u, w in BINARY]
+    return spread, binary
+
+
 @pytest.mark.parametrize("num_drafts", [1, 2, 3, 5, 10])
 def test_batch_improvement_closed_forms(x64, num_drafts):
     m = num_drafts
-    for v, v_small in [(8, 2), (12, 3), (10, 5)]:
+    spread, binary = _closed_form_improvements(m)
+    for (v, v_small), got in zip(SPREAD, spread):
         r = v / v_small
-        p = jnp.full((v,), 1.0 / v)
-        q = jnp.where(jnp.arange(v) < v_small, 1.0 / v_small, 0.0)
         expected = (1 - 1 / r) - (1 - 1 / r) ** m
-        assert abs(float(specjax.batch_improvement(p, q, num_drafts=m)) - expected) < 1e-12
-    for u, w in [(0.5, 0.5), (0.7, 0.5), (0.9, 0.2), (1.0, 0.3)]:
-        p = jnp.array([1 - u, u])
-        q = jnp.array([1 - w, w])
+        assert abs(float(got) - expected) < 1e-12
+    for (u, w), got in zip(BINARY, binary):
         expected = abs(u - w) * (1 - u ** (m - 1))
-        assert abs(float(specjax.batch_improvement(p, q, num_drafts=m)) - expected) < 1e-12
+        assert abs(float(got) - expected) < 1e-12
+
+
+@jax.jit
+def _batch_rejections_in_m(d, t):
+    """Batch SD's E[N_rej] for M = 1, 2, 3, 5, 8, 13, 30, then SD's, M = infinity and M = 3000:
+    one program (ten compiled one each)."""
+    return ([specjax.batch_expected_rejections(d, t, num_drafts=m)
+             for m in (1, 2, 3, 5, 8, 13, 30)]
+            + [specjax.expected_rejections(d, t)]
+            + [specjax.batch_expected_rejections(d, t, num_drafts=m) for m in (math.inf, 3000)])
 
 
 def test_batch_rejections_decrease_in_m_to_a_positive_limit(x64):
@@ -212,13 +238,10 @@ def test_batch_rejections_decrease_in_m_to_a_positive_limit(x64):
     # fast (its rate is 1 - p(x*) at the token x* maximising q / p; it can be very slow).
     d = chain((init, random_rows(rng, (20, 6, 6), concentration=5.0)))
     t = chain((init, random_rows(rng, (20, 6, 6), concentration=5.0)))
-    values = [float(specjax.batch_expected_rejections(d, t, num_drafts=m))
-              for m in (1, 2, 3, 5, 8, 13, 30)]
+    *values, sd, limit, big = (float(x) for x in _batch_rejections_in_m(d, t))
     assert all(a >= b - 1e-12 for a, b in zip(values, values[1:]))
-    assert abs(values[0] - float(specjax.expected_rejections(d, t))) < 1e-12
-    limit = float(specjax.batch_expected_rejections(d, t, num_drafts=math.inf))
+    assert abs(values[0] - sd) < 1e-12
     # Full supports: the product of TVs decays geometrically, so a large M reaches the limit.
-    big = float(specjax.batch_expected_rejections(d, t, num_drafts=3000))
     assert abs(big - limit) < 1e-9
     assert 0 < limit <= values[-1]
 
@@ -252,6 +275,18 @@ def test_batch_residual_mass_equals_normalised_chain(x64):
 
 # --- the framework (Theorem 2) -----------------------------------------------------------------
 
+@jax.jit
+def _scaled_rule_values(lam, d, t):
+    """``exact`` and ``output_chain`` of the rule ``b = lam * min(1, q / p)`` with Theorem 4's
+    residual: ``lam`` traced, so one program serves every ``lam`` (a closure per ``lam``
+    compiled each anew)."""
+    def accept(p, q):
+        return lam * specjax.acceptance_probability(p, q, epsilon=0.0)
+
+    rule = specjax.RejectionRule(accept, specjax.optimal_residual)
+    return specjax.exact(rule, d, t), specjax.output_chain(rule, d, t)
+
+
 def test_no_unbiased_rule_beats_sd(x64):
     """Random unbiased rules: ``b = lam * min(1, q/p)`` with Theorem 4's residual (which is then
     ``A``, an exact correction) are unbiased and reject at least as often as SD (Theorem 2)."""
@@ -261,12 +296,7 @@ def test_no_unbiased_rule_beats_sd(x64):
     for lam_value in (1.0, 0.9, 0.5, 0.0):
         lam = jnp.asarray(np.clip(lam_value + 0.05 * rng.standard_normal(5), 0, 1)) \
             if lam_value < 1 else jnp.ones(5)
-
-        def accept(p, q, lam=lam):
-            return lam * specjax.acceptance_probability(p, q, epsilon=0.0)
-
-        exact = specjax.exact(specjax.RejectionRule(accept, specjax.optimal_residual), d, t)
-        out = specjax.output_chain(specjax.RejectionRule(accept, specjax.optimal_residual), d, t)
+        exact, out = _scaled_rule_values(lam, d, t)
         np.testing.assert_allclose(np.asarray(out.trans), np.asarray(t.trans), atol=1e-12)
         np.testing.assert_allclose(np.asarray(exact.marginals),
                                    np.asarray(specjax.marginals(t)), atol=1e-12)
@@ -275,47 +305,62 @@ def test_no_unbiased_rule_beats_sd(x64):
             assert abs(float(exact.expected_rejections) - sd) < 1e-12
 
 
+@jax.jit
+def _biased_values(eps, d, t):
+    """``E[N_rej]`` of ``BiasedSpeculative(eps)`` and the sequence KL of its output chain with
+    the optimal and with the target residual: ``eps`` traced, one program for every ``eps``."""
+    opt = specjax.exact(specjax.BiasedSpeculative(eps), d, t)
+    kl_opt = specjax.theory.sequence_kl(specjax.theory.biased_output_chain(d, t, epsilon=eps), t)
+    kl_uno = specjax.theory.sequence_kl(
+        specjax.theory.biased_output_chain(d, t, epsilon=eps, residual="target"), t)
+    return opt.expected_rejections, kl_opt, kl_uno
+
+
 def test_biased_rules_trade_rejections_for_bias(x64):
     d, t = chains(*random_pair(16, 5, 15))
     sd = float(specjax.expected_rejections(d, t))
     previous = sd
     for eps in (0.05, 0.1, 0.3):
-        opt = specjax.exact(specjax.BiasedSpeculative(eps), d, t)
-        assert float(opt.expected_rejections) < previous
-        previous = float(opt.expected_rejections)
-        kl_opt = float(specjax.theory.sequence_kl(
-            specjax.theory.biased_output_chain(d, t, epsilon=eps), t))
-        kl_uno = float(specjax.theory.sequence_kl(
-            specjax.theory.biased_output_chain(d, t, epsilon=eps, residual="target"), t))
+        rejections, kl_opt, kl_uno = (float(x) for x in _biased_values(jnp.asarray(eps), d, t))
+        assert rejections < previous
+        previous = rejections
         assert 0 < kl_opt < kl_uno
 
 
 # --- Theorems 4-5 --------------------------------------------------------------------------------
+
+@jax.jit
+def _residual_tvs(p, q, epsilon, others):
+    """``L*`` of the optimal biased rule at ``epsilon`` and the TV of its output with the
+    optimal residual, with ``q`` (Decoding-UNO) and with each row set of ``others``."""
+    b = specjax.acceptance_probability(p, q, epsilon=epsilon)
+    reject = specjax.rejection_probability(p, b)
+
+    def tv_of(residual):
+        return specjax.tv_distance(b * p + reject[:, None] * residual, q)
+
+    return (specjax.tv_loss_star(p, q, b), tv_of(specjax.optimal_residual(p, q, b)), tv_of(q),
+            jnp.stack([tv_of(other) for other in others]))
+
 
 def test_pareto_front_identity_and_loss_star_is_attained(x64):
     rng = np.random.default_rng(17)
     p = jnp.asarray(random_rows(rng, (20, 6), zero_fraction=0.3))
     q = jnp.asarray(random_rows(rng, (20, 6), zero_fraction=0.3))
     eps = jnp.linspace(0.0, 1.0, 11)
-    front = specjax.theory.pareto_front(p, q, eps)
+    front = jax.jit(specjax.theory.pareto_front)(p, q, eps)  # one program, not dozens
     assert front.rejection_probability.shape == front.loss_star.shape == (11, 20)
     np.testing.assert_allclose(np.asarray(front.rejection_probability + front.loss_star),
                                np.broadcast_to(np.asarray(front.tv), (11, 20)), atol=1e-12)
     np.testing.assert_allclose(np.asarray(front.loss_star[0]), 0.0, atol=1e-12)  # eps = 0 is SD
     for e in (0.05, 0.3):
-        b = specjax.acceptance_probability(p, q, epsilon=e)
-        reject = specjax.rejection_probability(p, b)
-        loss = specjax.tv_loss_star(p, q, b)
-
-        def tv_of(residual):
-            return specjax.tv_distance(b * p + reject[:, None] * residual, q)
-
-        np.testing.assert_allclose(np.asarray(tv_of(specjax.optimal_residual(p, q, b))),
-                                   np.asarray(loss), atol=1e-12)
-        assert bool(jnp.all(tv_of(q) >= loss - 1e-12))  # Decoding-UNO
-        for _ in range(20):  # any other rejection distribution does no better
-            other = jnp.asarray(random_rows(rng, (20, 6), zero_fraction=0.2))
-            assert bool(jnp.all(tv_of(other) >= loss - 1e-12))
+        others = jnp.asarray(np.stack([random_rows(rng, (20, 6), zero_fraction=0.2)
+                                       for _ in range(20)]))
+        loss, optimal, uno, other = _residual_tvs(p, q, e, others)
+        np.testing.assert_allclose(np.asarray(optimal), np.asarray(loss), atol=1e-12)
+        assert bool(jnp.all(uno >= loss - 1e-12))  # Decoding-UNO
+        for tv in other:  # any other rejection distribution does no better
+            assert bool(jnp.all(tv >= loss - 1e-12))
 
 
 def test_loss_star_vanishes_below_the_sd_threshold(x64):
