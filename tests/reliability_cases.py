@@ -1418,6 +1418,25 @@ def _cases() -> list[Case]:
                                         target_cost=jnp.ones(9), max_budget=8,
                                         max_depth=3), "draft_cost")
     add(kind, "CostModel", "target_cost -1", lambda: S.CostModel(0.1, -1.0), "target_cost")
+    add(kind, "ServingCost", "target_time with a NaN",
+        lambda: S.ServingCost([0.0, 0.1, 0.1], [0.0, math.nan, 1.0]), "target_time")
+    add(kind, "ServingCost", "overhead -1",
+        lambda: S.ServingCost([0.0, 0.1], [0.0, 1.0], overhead=-1.0), "overhead")
+    add(kind, "serving_rate", "batch_size 0",
+        lambda: S.serving_rate(S.Speculative(lookahead=2), d(), t(),
+                               S.ServingCost([0.1] * 8, [1.0] * 32), batch_size=0), "batch_size")
+    add(kind, "serving_rate", "cost a tuple",
+        lambda: S.serving_rate(S.Speculative(lookahead=2), d(), t(), (0.1, 1.0), batch_size=2),
+        "cost")
+    add(kind, "serving_rate", "draft_time table too short for the batch",
+        lambda: S.serving_rate(S.Speculative(lookahead=2), d(), t(),
+                               S.ServingCost([0.1] * 3, [1.0] * 32), batch_size=4), "draft_time")
+    add(kind, "TraversalVerification", "branching (0,)",
+        lambda: S.TraversalVerification((0,)), "branching")
+    add(kind, "TraversalVerification", "children 'top_k'",
+        lambda: S.TraversalVerification((2,), children="top_k"), "children")
+    add(kind, "TraversalVerification", "parents[0] = 0",
+        lambda: S.TraversalVerification.from_parents((0, 0)), "parents")
     add(kind, "CostModel", "draft_cost None", lambda: S.CostModel(None, 1.0), "draft_cost")
     add(kind, "CostModel", "target_cost table of NaN",
         lambda: S.CostModel(0.1, [0.0, math.nan]), "target_cost")

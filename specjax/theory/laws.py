@@ -80,13 +80,20 @@ def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
             f"use specjax.exact(decoder, draft, target).marginals")
     check_pair(draft, target)
     decoder, draft, target, *_ = plan_run(decoder, draft, target, engine="exact")
-    law, _ = decoder.laws(draft.trans, target.trans)
-    trans = law.accepted + law.rejected
+    trans = _output_trans(decoder, draft.trans, target.trans)
     if _checks.is_concrete(trans):
         _checks.check_probabilities(
             "the decoder's output transitions (does residual(p, q, b) have mass wherever "
             "rejection is possible?)", trans)
     return MarkovChain.tree_unflatten(None, (target.init, trans))
+
+
+@jax.jit
+def _output_trans(decoder, draft_trans, target_trans):
+    """The output chain's transitions, one compiled program (op by op, a call compiled about 50
+    small programs; gradients through it compiled as many again)."""
+    law, _ = decoder.laws(draft_trans, target_trans)
+    return law.accepted + law.rejected
 
 
 def biased_output_chain(draft: MarkovChain, target: MarkovChain, *, epsilon,
@@ -128,6 +135,12 @@ def sequence_kl(model_a: MarkovChain, model_b: MarkovChain) -> jax.Array:
     check_chain("model_a", model_a)
     check_chain("model_b", model_b)
     _checks.check_same_shape(model_a, model_b, ("model_a", "model_b"))
+    return _sequence_kl(model_a, model_b)
+
+
+@jax.jit
+def _sequence_kl(model_a, model_b):
+    """``sequence_kl`` after its checks, one compiled program."""
     mu = marginals(model_a)[:-1]  # (T, V): law of x_{n-1}
     rows = _kl_rows(model_a.trans, model_b.trans)  # (T, V)
     reached = mu > 0
