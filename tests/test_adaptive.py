@@ -303,7 +303,7 @@ def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
         def value(dd, tt, decoder=decoder):
             return specjax.expected_time(decoder, dd, tt, COST)
 
-        total, grads = jax.value_and_grad(value, argnums=(0, 1))(d, t)
+        total, grads = jax.jit(jax.value_and_grad(value, argnums=(0, 1)))(d, t)  # one program
         assert np.isfinite(float(total))
         leaves = jax.tree_util.tree_leaves(grads)
         assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves), policy
@@ -325,8 +325,9 @@ def test_gradient_matches_finite_differences(x64):
         moved = specjax.MarkovChain(draft.init, jax.nn.softmax(logits, axis=-1))
         return specjax.expected_time(decoder, moved, target, COST)
 
+    value = jax.jit(value)  # one program for the values and one for the gradient
     logits = jnp.log(draft.trans)
-    grad = jax.grad(value)(logits)
+    grad = jax.jit(jax.grad(value))(logits)
     direction = jnp.asarray(np.random.default_rng(0).normal(size=logits.shape))
     h = 1e-6  # the decisions do not move for so small a step on these chains
     numeric = (value(logits + h * direction) - value(logits - h * direction)) / (2 * h)

@@ -185,7 +185,7 @@ def test_edge_pairs_values_and_gradients_stay_finite(use_x64):
             return specjax.theory.decoding_time(decoder, draft, target, COST).expected_time
 
         trans = jnp.asarray(p, dtype)
-        value, grad = jax.value_and_grad(calls)(trans)
+        value, grad = jax.jit(jax.value_and_grad(calls))(trans)  # one compiled program
         assert np.isfinite(float(value))
         assert np.all(np.isfinite(np.asarray(grad)))
         same = specjax.exact(decoder, target, target)  # p = q: nothing is rejected
