@@ -277,7 +277,7 @@ def test_ordered_trees_are_all_the_plane_trees():
         assert len(found) == catalan[nodes - 1] == len(set(found))
         for depth in (1, 2, 3):
             limited = trees.ordered_trees(nodes, depth)
-            shapes = [specjax.decoders.tree.tree_shape(p) for p in found]
+            shapes = [specjax.decoders.tree_structure.tree_shape(p) for p in found]
             assert len(limited) == sum(s.max_depth <= depth for s in shapes)
 
 
@@ -297,7 +297,7 @@ def test_best_token_tree_value_is_its_exact_value_and_the_best(children, x64):
     for shape in [(5,), (1, 1, 1), (2, 2), (4, 1), (1, 4), (2, 1, 1)]:
         tree = specjax.TokenTree(shape, children=children)
         if tree.num_nodes == 6:
-            assert exact_value(specjax.decoders.tree.branching_parents(shape)) <= value + 1e-12
+            assert exact_value(specjax.decoders.tree_structure.branching_parents(shape)) <= value + 1e-12
 
 
 # ----------------------------------------------------------------------------- static trees

@@ -123,7 +123,7 @@ def call_rows(pair, n, lookahead):
 
 def literal_law(draft, target, parents, children="iid"):
     """Exact law of ``(tokens, rejected, calls)`` by brute force: every call enumerated."""
-    depth = max(specjax.decoders.tree.tree_shape(parents).depth)
+    depth = max(specjax.decoders.tree_structure.tree_shape(parents).depth)
     horizon = target[1].shape[0]
 
     @functools.lru_cache(maxsize=None)
@@ -173,7 +173,7 @@ def small_rows(seed, k, num_states=3):
 def test_literal_call_is_lossless(tree, children):
     """One call's emitted tokens, continued from the target, have the target's law."""
     parents = TREES[tree]
-    k = max(specjax.decoders.tree.tree_shape(parents).depth)
+    k = max(specjax.decoders.tree_structure.tree_shape(parents).depth)
     p_rows, q_rows, bonus = small_rows(5, k)
     rows = list(q_rows) + [bonus]
     num_states = bonus.shape[-1]

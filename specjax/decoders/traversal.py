@@ -102,9 +102,8 @@ from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
 from specjax.decoders.tree_structure import TreeShape
-from specjax.decoders.tree_structure import branching_parents
-from specjax.decoders.tree_structure import check_branching
-from specjax.decoders.tree_structure import check_parents
+from specjax.decoders.tree_structure import check_tree_spec
+from specjax.decoders.tree_structure import spec_shape
 from specjax.decoders.tree_structure import tree_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
@@ -186,23 +185,9 @@ class TraversalVerification(CallDecoder):
     parents: tuple | None = None
 
     def __post_init__(self):
-        if self.branching is None and self.parents is None:
-            raise ValueError("branching: give branching factors, e.g. "
-                             "TraversalVerification((2, 2)), or a parent array with "
-                             "TraversalVerification.from_parents(parents)")
-        if self.branching is not None and self.parents is not None:
-            raise ValueError("branching and parents: give one of them, not both")
-        if self.branching is not None:
-            object.__setattr__(self, "branching", check_branching(self.branching))
-        else:
-            object.__setattr__(self, "parents", check_parents(self.parents))
-            if len(self.parents) < 2:
-                raise ValueError("parents must describe a tree with at least one drafted node "
-                                 "(a lone root drafts nothing: use Autoregressive())")
-        if self.children not in CHILDREN:
-            raise ValueError(f"children must be one of {CHILDREN} for TraversalVerification "
-                             f"(deterministic top-k drafts have no draft law to verify against), "
-                             f"got {self.children!r}")
+        check_tree_spec(self, allowed=CHILDREN, example="(2, 2)",
+                        why_not=" for TraversalVerification (deterministic top-k drafts have no "
+                                "draft law to verify against)")
 
     @classmethod
     def from_parents(cls, parents, *, children: str = "iid") -> "TraversalVerification":
@@ -211,8 +196,7 @@ class TraversalVerification(CallDecoder):
 
     @property
     def shape(self) -> TreeShape:
-        parents = self.parents if self.parents is not None else branching_parents(self.branching)
-        return tree_shape(parents)
+        return spec_shape(self.branching, self.parents)
 
     @property
     def lookahead(self) -> int:

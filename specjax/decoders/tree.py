@@ -87,11 +87,9 @@ from specjax.decoders.draws import draw
 # specjax.decoders.tree_structure; its names are served from here too.
 from specjax.decoders.tree_structure import MAX_TREE_NODES  # noqa: F401
 from specjax.decoders.tree_structure import TreeShape
-from specjax.decoders.tree_structure import branching_parents
-from specjax.decoders.tree_structure import check_branching
-from specjax.decoders.tree_structure import check_parents
+from specjax.decoders.tree_structure import check_tree_spec
 from specjax.decoders.tree_structure import tree_classes
-from specjax.decoders.tree_structure import tree_shape
+from specjax.decoders.tree_structure import spec_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import matmul_highest
 from specjax.numerics import safe_ratio
@@ -199,20 +197,7 @@ class TokenTree(CallDecoder):
     parents: tuple | None = None
 
     def __post_init__(self):
-        if self.branching is None and self.parents is None:
-            raise ValueError("branching: give branching factors, e.g. TokenTree((4, 2)), or a "
-                             "parent array with TokenTree.from_parents(parents)")
-        if self.branching is not None and self.parents is not None:
-            raise ValueError("branching and parents: give one of them, not both")
-        if self.branching is not None:
-            object.__setattr__(self, "branching", check_branching(self.branching))
-        else:
-            object.__setattr__(self, "parents", check_parents(self.parents))
-            if len(self.parents) < 2:
-                raise ValueError("parents must describe a tree with at least one drafted node "
-                                 "(a lone root drafts nothing: use Autoregressive())")
-        if self.children not in CHILDREN:
-            raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+        check_tree_spec(self, allowed=CHILDREN, example="(4, 2)")
 
     @classmethod
     def from_parents(cls, parents, *, children: str = "iid") -> "TokenTree":
@@ -221,8 +206,7 @@ class TokenTree(CallDecoder):
 
     @property
     def shape(self) -> TreeShape:
-        parents = self.parents if self.parents is not None else branching_parents(self.branching)
-        return tree_shape(parents)
+        return spec_shape(self.branching, self.parents)
 
     @property
     def lookahead(self) -> int:

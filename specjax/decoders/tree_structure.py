@@ -126,3 +126,32 @@ def check_branching(branching) -> tuple:
             raise ValueError(f"branching {tuple(branching)} has more than {MAX_TREE_NODES} "
                              "nodes; use smaller factors or fewer levels")
     return tuple(int(f) for f in branching)
+
+
+def check_tree_spec(decoder, *, allowed: tuple, example: str, why_not: str = "") -> None:
+    """The checks of a static tree decoder's specification (``TokenTree``,
+    ``TraversalVerification``), run by its ``__post_init__``: one of ``branching`` and
+    ``parents`` (normalised in place), a tree that drafts at least one node, and ``children`` in
+    ``allowed`` (``why_not`` says why the others are refused). ``example`` is a branching that
+    the first message shows."""
+    name = type(decoder).__name__
+    if decoder.branching is None and decoder.parents is None:
+        raise ValueError(f"branching: give branching factors, e.g. {name}({example}), or a "
+                         f"parent array with {name}.from_parents(parents)")
+    if decoder.branching is not None and decoder.parents is not None:
+        raise ValueError("branching and parents: give one of them, not both")
+    if decoder.branching is not None:
+        object.__setattr__(decoder, "branching", check_branching(decoder.branching))
+    else:
+        object.__setattr__(decoder, "parents", check_parents(decoder.parents))
+        if len(decoder.parents) < 2:
+            raise ValueError("parents must describe a tree with at least one drafted node "
+                             "(a lone root drafts nothing: use Autoregressive())")
+    if decoder.children not in allowed:
+        raise ValueError(f"children must be one of {allowed}{why_not}, got {decoder.children!r}")
+
+
+def spec_shape(branching, parents) -> TreeShape:
+    """The shape of the tree given by ``branching`` or, if that is ``None``, by ``parents``."""
+    return tree_shape(parents if parents is not None else branching_parents(branching))
+
