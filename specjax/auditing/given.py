@@ -148,6 +148,34 @@ def check_valid_rows(checks, batched):
             _checks.check_probabilities(place, np.asarray(x)[b, j])
 
 
+def check_num_drafts(num_drafts, num_requests: int, lookahead: int, batched: bool) -> jax.Array:
+    """``num_drafts`` as int32 counts ``(B,)`` (``K`` for every request when ``None``): integers of
+    shape ``(B,)`` (``()`` for one request), in ``[0, K]`` when concrete."""
+    if num_drafts is None:
+        return jnp.full((num_requests,), lookahead, jnp.int32)
+    counts = jnp.asarray(num_drafts)
+    if not jnp.issubdtype(counts.dtype, jnp.integer):
+        raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
+    if counts.shape != ((num_requests,) if batched else ()):
+        raise ValueError(f"num_drafts must have shape {(num_requests,) if batched else ()} "
+                         f"(one K_b per request), got {counts.shape}")
+    counts = counts.reshape(num_requests).astype(jnp.int32)
+    if _checks.is_concrete(counts):
+        bad = np.flatnonzero((np.asarray(counts) < 0) | (np.asarray(counts) > lookahead))
+        if bad.size:
+            raise ValueError(f"num_drafts must lie in [0, K] = [0, {lookahead}], got "
+                             f"{int(np.asarray(counts)[bad[0]])} at request {bad[0]}")
+    return counts
+
+
+def check_token_ids(ids: np.ndarray, num_tokens: int) -> None:
+    """The drafted ids a verification reads (``ids``, NumPy) lie in ``[0, V)``."""
+    if ids.size and (ids.min() < 0 or ids.max() >= num_tokens):
+        bad = ids[(ids < 0) | (ids >= num_tokens)][0]
+        raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
+                         f"each request's num_drafts, got {int(bad)}")
+
+
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
     """Shapes, dtypes and (when concrete) values of the given-drafts arguments."""
     tokens = jnp.asarray(draft_tokens)
@@ -178,29 +206,11 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
                 f"draft_probs must have shape {(num_requests, lookahead, num_tokens)[-3 + (not batched):]}"
                 f" (the rows the drafts were drawn from, V = {num_tokens} as in target_probs), "
                 f"got {jnp.shape(draft_probs)}; pass None for greedy or n-gram drafts")
-    if num_drafts is None:
-        counts = jnp.full((num_requests,), lookahead, jnp.int32)
-    else:
-        counts = jnp.asarray(num_drafts)
-        if not jnp.issubdtype(counts.dtype, jnp.integer):
-            raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
-        if counts.shape != ((num_requests,) if batched else ()):
-            raise ValueError(f"num_drafts must have shape {(num_requests,) if batched else ()} "
-                             f"(one K_b per request), got {counts.shape}")
-        counts = counts.reshape(num_requests).astype(jnp.int32)
-        if _checks.is_concrete(counts):
-            bad = np.flatnonzero((np.asarray(counts) < 0) | (np.asarray(counts) > lookahead))
-            if bad.size:
-                raise ValueError(f"num_drafts must lie in [0, K] = [0, {lookahead}], got "
-                                 f"{int(np.asarray(counts)[bad[0]])} at request {bad[0]}")
+    counts = check_num_drafts(num_drafts, num_requests, lookahead, batched)
     positions = jnp.arange(lookahead)
     if _checks.is_concrete(tokens) and _checks.is_concrete(counts):
         valid = np.asarray(positions[None] < counts[:, None])
-        ids = np.asarray(tokens)[valid]
-        if ids.size and (ids.min() < 0 or ids.max() >= num_tokens):
-            bad = ids[(ids < 0) | (ids >= num_tokens)][0]
-            raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
-                             f"each request's num_drafts, got {int(bad)}")
+        check_token_ids(np.asarray(tokens)[valid], num_tokens)
         checks = [("target_probs", target,
                    np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])]
         if draft is not None:

@@ -57,6 +57,8 @@ import numpy as np
 
 from specjax.auditing.audit import check_alpha
 from specjax.auditing.compare import generalised_chi2_test
+from specjax.auditing.given import check_num_drafts
+from specjax.auditing.given import check_token_ids
 from specjax.auditing.given import check_valid_rows
 
 __all__ = ["ProvenanceCheck", "check_provenance"]
@@ -136,27 +138,9 @@ def _check(draft_tokens, draft_probs, num_drafts, bins, num_bins, min_variance):
         want = "(B, K, V)" if batched else "(K, V)"
         raise ValueError(f"draft_probs must have shape {want} with B, K = {num_requests}, "
                          f"{lookahead} from draft_tokens, got {np.shape(draft_probs)}")
-    if num_drafts is None:
-        counts = np.full(num_requests, lookahead)
-    else:
-        counts = np.asarray(num_drafts)
-        if not np.issubdtype(counts.dtype, np.integer):
-            raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
-        if counts.shape != ((num_requests,) if batched else ()):
-            raise ValueError(f"num_drafts must have shape {(num_requests,) if batched else ()} "
-                             f"(one K_b per request), got {counts.shape}")
-        counts = counts.reshape(num_requests)
-        bad = np.flatnonzero((counts < 0) | (counts > lookahead))
-        if bad.size:
-            raise ValueError(f"num_drafts must lie in [0, K] = [0, {lookahead}], got "
-                             f"{int(counts[bad[0]])} at request {bad[0]}")
+    counts = np.asarray(check_num_drafts(num_drafts, num_requests, lookahead, batched))
     valid = np.arange(lookahead)[None] < counts[:, None]
-    num_tokens = rows.shape[-1]
-    ids = tokens[valid]
-    if ids.size and (ids.min() < 0 or ids.max() >= num_tokens):
-        bad = ids[(ids < 0) | (ids >= num_tokens)][0]
-        raise ValueError(f"draft_tokens must be ids in [0, V) = [0, {num_tokens}) within "
-                         f"each request's num_drafts, got {int(bad)}")
+    check_token_ids(tokens[valid], rows.shape[-1])
     bins = (bins,) if isinstance(bins, str) else tuple(bins)
     if not bins or any(name not in BINNINGS for name in bins) or len(set(bins)) != len(bins):
         raise ValueError(f"bins must be one or more distinct names of {BINNINGS}, got {bins!r}")
