@@ -358,6 +358,28 @@ def batch_literal(chooser, draft, target, num_drafts, literal_reading=False, rep
 
 
 # ----------------------------------------------------------------------------- exact helpers
+def chain_calls(init, horizon: int, call_law) -> dict:
+    """The exact law of whole decodes, ``{(tokens, rejected, calls): probability}``, from the law
+    of one call: ``call_law(n, prev)`` is ``{(emitted, flags, _): probability}`` for a call that
+    starts at position ``n`` after token ``prev`` (``flags``: the rejected flag of each emitted
+    token). Calls are chained from ``x_0 ~ init`` until ``horizon + 1`` tokens."""
+    states = {((a,), (), 0): float(pr) for a, pr in enumerate(init) if pr > 0}
+    done = defaultdict(float)
+    while states:
+        new = defaultdict(float)
+        for (tokens, rejected, num_calls), pr in states.items():
+            for (emitted, flags, _), pc in call_law(len(tokens), tokens[-1]).items():
+                state = (tokens + emitted, rejected + flags, num_calls + 1)
+                (done if len(state[0]) == horizon + 1 else new)[state] += pr * pc
+        states = new
+    return dict(done)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    """The largest difference between two laws given as ``{outcome: probability}``."""
+    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
 def target_sequence_law(target) -> dict:
     """``{x_0..x_T: q(x_0..x_T)}`` by enumeration."""
     q_init, q_trans = target

@@ -86,16 +86,7 @@ def literal_law(draft, target, lookahead):
     horizon = target[1].shape[0]
     calls = functools.lru_cache(maxsize=None)(lambda n, a: ref.enumerate_law(
         lambda chooser: block_call_literal(chooser, draft, target, n, a, lookahead)))
-    states = {((a,), (), 0): float(pr) for a, pr in enumerate(target[0]) if pr > 0}
-    done = defaultdict(float)
-    while states:
-        new = defaultdict(float)
-        for (tokens, rejected, num_calls), pr in states.items():
-            for (emitted, flags, _), pc in calls(len(tokens), tokens[-1]).items():
-                state = (tokens + emitted, rejected + flags, num_calls + 1)
-                (done if len(state[0]) == horizon + 1 else new)[state] += pr * pc
-        states = new
-    return dict(done)
+    return ref.chain_calls(target[0], horizon, calls)
 
 
 def completed_call_law(draft, target, n, prev, lookahead):
@@ -123,10 +114,6 @@ def target_block_law(target, n, prev):
     return law
 
 
-def max_difference(a, b):
-    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-
-
 INSTANCES = {
     "random": lambda: random_pair(21, 3, 4, zero_fraction=0.3),
     "dense": lambda: random_pair(22, 3, 4),
@@ -146,7 +133,7 @@ def test_literal_block_verification_is_unbiased(name, lookahead):
     """The whole-sequence law of the literal algorithm is the target's, exactly."""
     draft, target = INSTANCES[name]()
     tokens = ref.marginalise_tokens(cached_literal_law(name, lookahead))
-    assert max_difference(tokens, ref.target_sequence_law(target)) < 1e-10
+    assert ref.max_difference(tokens, ref.target_sequence_law(target)) < 1e-10
 
 
 @pytest.mark.parametrize("lookahead", [2, 3])
@@ -156,7 +143,7 @@ def test_literal_single_call_is_unbiased(lookahead):
     for n in (1, 2):
         for prev in range(3):
             law = completed_call_law(draft, target, n, prev, lookahead)
-            assert max_difference(law, target_block_law(target, n, prev)) < 1e-10
+            assert ref.max_difference(law, target_block_law(target, n, prev)) < 1e-10
 
 
 @functools.partial(jax.jit, static_argnames=("lookahead",))

@@ -100,16 +100,7 @@ def literal_law(draft, target, budget, max_depth, rank):
     horizon = target[1].shape[0]
     calls = functools.lru_cache(maxsize=None)(lambda n, a: ref.enumerate_law(
         lambda c: dynamic_call_literal(c, draft, target, n, a, budget, max_depth, rank)))
-    states = {((a,), (), 0): float(pr) for a, pr in enumerate(target[0]) if pr > 0}
-    done = defaultdict(float)
-    while states:
-        new = defaultdict(float)
-        for (tokens, rejected, num_calls), pr in states.items():
-            for (emitted, flags, _), pc in calls(len(tokens), tokens[-1]).items():
-                state = (tokens + emitted, rejected + flags, num_calls + 1)
-                (done if len(state[0]) == horizon + 1 else new)[state] += pr * pc
-        states = new
-    return dict(done)
+    return ref.chain_calls(target[0], horizon, calls)
 
 
 INSTANCES = {

@@ -96,20 +96,7 @@ def literal_law(heads, target, lookahead, **rule):
     horizon = target[1].shape[0]
     calls = functools.lru_cache(maxsize=None)(lambda n, a: ref.enumerate_law(
         lambda chooser: parallel_call_literal(chooser, heads, target, n, a, lookahead, **rule)))
-    states = {((a,), (), 0): float(pr) for a, pr in enumerate(target[0]) if pr > 0}
-    done = defaultdict(float)
-    while states:
-        new = defaultdict(float)
-        for (tokens, rejected, num_calls), pr in states.items():
-            for (emitted, flags, _), pc in calls(len(tokens), tokens[-1]).items():
-                state = (tokens + emitted, rejected + flags, num_calls + 1)
-                (done if len(state[0]) == horizon + 1 else new)[state] += pr * pc
-        states = new
-    return dict(done)
-
-
-def max_difference(a, b):
-    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+    return ref.chain_calls(target[0], horizon, calls)
 
 
 def biased_target(eps):
@@ -149,7 +136,7 @@ def cached_literal_law(name):
 def test_literal_parallel_drafting_is_lossless(name):
     """The whole-sequence law of the literal algorithm is the target's, exactly."""
     tokens = ref.marginalise_tokens(cached_literal_law(name))
-    assert max_difference(tokens, ref.target_sequence_law(pair()[1])) < 1e-10
+    assert ref.max_difference(tokens, ref.target_sequence_law(pair()[1])) < 1e-10
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -102,10 +102,6 @@ def literal_law(tree_name, children, instance):
     return literal(tree_name, children, instance).sequence_law()
 
 
-def max_difference(a: dict, b: dict) -> float:
-    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-
-
 # ----------------------------------------------------------------------------- the reference
 LAW_TREES = ["chain", "star", "(2, 2)", "irregular", "irregular deep", "star of 5"]
 
@@ -120,7 +116,7 @@ def test_literal_sequence_law_is_target(tree_name, children):
         law = literal_law(tree_name, children, instance)
         assert abs(sum(law.values()) - 1) < 1e-12
         tokens = ref.marginalise_tokens(law)
-        assert max_difference(tokens, ref.target_sequence_law(target)) < 1e-12, instance
+        assert ref.max_difference(tokens, ref.target_sequence_law(target)) < 1e-12, instance
         for (seq, rejected, calls), _ in law.items():
             assert len(seq) == len(rejected) + 1 and 1 <= calls <= len(rejected)
 
@@ -137,12 +133,12 @@ def test_literal_drafting_order_and_chaining(children):
         lazy = literal(tree_name, children, instance)
         for n in (1, 2):
             for a in range(target[0].shape[0]):
-                assert max_difference(eager.call(n, a), lazy.call(n, a)) < 1e-13
+                assert ref.max_difference(eager.call(n, a), lazy.call(n, a)) < 1e-13
     draft, target = random_pair(204, 2, 3)
     parents = (-1, 0, 0, 1)
     whole = ref.enumerate_law(lambda c: tr.tree_literal(c, parents, children, draft, target))
     chained = tr.literal_sequence_law(parents, children, draft, target)
-    assert max_difference(whole, chained) < 1e-13
+    assert ref.max_difference(whole, chained) < 1e-13
 
 
 def test_literal_is_sensitive():
@@ -167,9 +163,9 @@ def test_literal_is_sensitive():
         return tuple(x), tuple(flags), len(flags)
 
     biased = ref.marginalise_tokens(ref.enumerate_law(wrong))
-    assert max_difference(biased, ref.target_sequence_law(target)) > 1e-3
+    assert ref.max_difference(biased, ref.target_sequence_law(target)) > 1e-3
     right = ref.marginalise_tokens(tr.literal_sequence_law(parents, "iid", draft, target))
-    assert max_difference(right, ref.target_sequence_law(target)) < 1e-12
+    assert ref.max_difference(right, ref.target_sequence_law(target)) < 1e-12
 
 
 # ----------------------------------------------------------------------------- the call law

@@ -132,21 +132,14 @@ def literal_law(draft, target, parents, children="iid"):
         return ref.enumerate_law(lambda c: traversal_call_literal(c, parents, p_rows, q_rows,
                                                                    bonus, a, children))
 
-    states = {((a,), (), 0): float(pr) for a, pr in enumerate(target[0]) if pr > 0}
-    done = defaultdict(float)
-    while states:
-        new = defaultdict(float)
-        for (tokens, rejected, num_calls), pr in states.items():
-            for (emitted, last_rejected, tau), pc in calls(len(tokens), tokens[-1]).items():
-                flags = (False,) * tau + ((last_rejected,) if len(emitted) > tau else ())
-                state = (tokens + emitted, rejected + flags, num_calls + 1)
-                (done if len(state[0]) == horizon + 1 else new)[state] += pr * pc
-        states = new
-    return dict(done)
+    def flagged(n, a):  # (emitted, last_rejected, tau) -> (emitted, rejected flags, tau)
+        law = defaultdict(float)
+        for (emitted, last_rejected, tau), pc in calls(n, a).items():
+            flags = (False,) * tau + ((last_rejected,) if len(emitted) > tau else ())
+            law[(emitted, flags, tau)] += pc
+        return law
 
-
-def max_difference(a, b):
-    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+    return ref.chain_calls(target[0], horizon, flagged)
 
 
 def to_chain(pair):
@@ -191,7 +184,7 @@ def test_literal_call_is_lossless(tree, children):
         for m in range(k + 1):
             target = {s + (b,): w * rows[m][(s or (prev,))[-1], b]
                       for s, w in target.items() for b in range(num_states)}
-        assert max_difference(law, target) < 1e-12, (tree, children, prev)
+        assert ref.max_difference(law, target) < 1e-12, (tree, children, prev)
 
 
 def literal_call_law(parents, p_rows, q_rows, bonus, num_states, children):
@@ -259,7 +252,7 @@ def test_exact_values_equal_brute_force(name, tree, children, x64):
     calls, rejections and marginals are its values."""
     draft, target = INSTANCES[name]()
     law = cached_law(name, tree, children)
-    assert max_difference(ref.marginalise_tokens(law), ref.target_sequence_law(target)) < 1e-12
+    assert ref.max_difference(ref.marginalise_tokens(law), ref.target_sequence_law(target)) < 1e-12
     rejections, calls = ref.expected_counts_from_law(law)
     decoder = specjax.TraversalVerification.from_parents(TREES[tree], children=children)
     theory = specjax.exact(decoder, to_chain(draft), to_chain(target))
