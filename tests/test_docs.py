@@ -121,18 +121,22 @@ def run_pages(pages, tmp):
 
 
 CODE_PAGES = [p for p in PAGES if python_blocks(p.read_text())]
-# Seconds each page took in a subprocess of its own (a run on a loaded 2-core machine; only the
-# ratios matter): the pages are dealt, longest first, to the least loaded of DOC_RUNS runs, so
-# that the runs take about as long. A page not listed counts as the median.
+# CPU seconds each page took in a subprocess of its own (measured on 4d3eba3, a loaded 2-core
+# machine, start-up included; only the ratios matter): the pages are dealt, longest first, to the
+# least loaded of DOC_RUNS runs, so that the runs take about as long. A page not listed counts as
+# the median.
 PAGE_SECONDS = {
-    "docs/guides/adaptive-drafting.md": 214, "docs/guides/multi-draft.md": 157,
-    "docs/guides/cost.md": 107, "docs/guides/decoders.md": 99, "docs/guides/token-trees.md": 91,
-    "docs/guides/neural-models.md": 83, "docs/guides/new-decoder.md": 78,
-    "docs/guides/check-your-sampler.md": 67, "docs/guides/scale.md": 57,
-    "docs/guides/models.md": 55, "docs/guides/exact-theory.md": 38, "docs/guides/tuning.md": 36,
-    "README.md": 36, "docs/guides/reproducing.md": 30, "docs/guides/lossy-rules.md": 30,
-    "docs/index.md": 25, "docs/guides/engine-metrics.md": 25, "docs/guides/audits.md": 19,
-    "docs/guides/checks.md": 13,
+    "docs/guides/adaptive-drafting.md": 23, "docs/guides/multi-draft.md": 16,
+    "docs/guides/real-model-pairs.md": 15, "docs/guides/token-trees.md": 14,
+    "docs/guides/cost.md": 10, "docs/guides/decoders.md": 9, "docs/guides/neural-models.md": 9,
+    "docs/guides/traversal.md": 9, "docs/guides/new-decoder.md": 8,
+    "docs/guides/check-your-sampler.md": 7, "docs/guides/serving.md": 7,
+    "docs/guides/models.md": 6, "docs/guides/parallel-drafters.md": 6,
+    "docs/guides/provenance.md": 6, "docs/guides/scale.md": 6, "README.md": 5,
+    "docs/guides/exact-theory.md": 5, "docs/guides/engine-metrics.md": 4,
+    "docs/guides/lossy-rules.md": 4, "docs/guides/tuning.md": 4, "docs/guides/audits.md": 3,
+    "docs/guides/checks.md": 3, "docs/guides/reproducing.md": 3, "docs/index.md": 3,
+    "docs/guides/history-dependent.md": 2,
 }
 DOC_RUNS = 2
 
