@@ -106,10 +106,19 @@ def _library_values(p, q):
 _library_program = jax.jit(_library_values)
 
 
+#: Rows ``library`` pads its input to (the most a test passes: 60 random rows and the 9 edge
+#: rows) with uniform rows, so that the tests compile one program per V, not one per (rows, V).
+LIBRARY_ROWS = 69
+
+
 def library(p, q):
-    """``{M: (accepted, rejected, alpha*)}`` (NumPy float64)."""
-    out = _library_program(jnp.asarray(p), jnp.asarray(q))
-    return {m: tuple(np.asarray(a) for a in v) for m, v in zip(DRAFTS, out)}
+    """``{M: (accepted, rejected, alpha*)}`` (NumPy float64) of the rows of ``p`` and ``q``."""
+    p, q = np.asarray(p), np.asarray(q)
+    rows, num_states = p.shape
+    pad = np.full((LIBRARY_ROWS - rows, num_states), 1 / num_states, p.dtype)
+    out = _library_program(jnp.asarray(np.concatenate([p, pad])),
+                           jnp.asarray(np.concatenate([q, pad])))
+    return {m: tuple(np.asarray(a)[:rows] for a in v) for m, v in zip(DRAFTS, out)}
 
 
 # ----------------------------------------------------------------------------- 1. exact law
@@ -162,8 +171,8 @@ MC_ROWS = (
 
 @functools.lru_cache(maxsize=None)
 def mc_row_library(row):
-    """``library`` of ``MC_ROWS[row]`` (float64): one program per V for every M, not the
-    dozens of programs of an eager ``gumbel_list_root_law``."""
+    """``library`` of ``MC_ROWS[row]`` (float64): the program the other tests compile for its V,
+    not the dozens of programs of an eager ``gumbel_list_root_law``."""
     with jax.enable_x64(True):
         p, q = MC_ROWS[row]
         return library(p[None], q[None])
@@ -266,8 +275,7 @@ def test_gradients_equal_finite_differences(x64):
 def test_float32_is_close_to_float64():
     """The float32 root law (M = 1, 2, 3) is within 1e-5 of the float64 one on random rows with
     zeros and the edge rows (the expansion's cancellation stays small at V = 7, the largest V
-    of this module; the float64 program is the one test_one_draft_closed_form_and_lossless_split
-    compiles for its (39, 7) rows)."""
+    of this module; the float64 program is ``library``'s at V = 7, shared with the tests above)."""
     p, q = edge_rows(1800, 7, 30)
     with jax.enable_x64(True):
         exact = library(p, q)
