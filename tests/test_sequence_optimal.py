@@ -177,23 +177,27 @@ PLANS = (engine.TablePlan(engine.ALL_KINDS, None), engine.TablePlan(engine.ALL_K
 @functools.partial(jax.jit, static_argnums=4)
 def _engine_tables(decoder, per_token, draft_trans, target_trans, plans):
     """One program (eagerly, over two hundred): the bound decoder's thresholds at every
-    position (``kind_thresholds`` at ``positions=n``), the per-token optimum's table, and for
-    each plan the sampler's table at each position as its scan reads it (``laws.at`` in order,
-    the state carried)."""
+    position (``kind_thresholds`` at ``positions=n``, one position at a time), the per-token
+    optimum's table, and for each plan the sampler's table at each position as its scan reads
+    it (``laws.at`` in a ``lax.scan`` over ``jnp.arange(T)``, as the sampler's, the state
+    carried). Loops over positions, not unrolled: a program a fraction of the size."""
     horizon = draft_trans.shape[0]
     bound = decoder.bind(draft_trans, target_trans)
-    expected = [engine.kind_thresholds(bound, draft_trans[n], target_trans[n], engine.ALL_KINDS,
-                                       positions=n) for n in range(horizon)]
+    expected = jax.lax.map(lambda n: engine.kind_thresholds(
+        bound, draft_trans[n], target_trans[n], engine.ALL_KINDS, positions=n),
+        jnp.arange(horizon, dtype=jnp.int32))
     tables = []
     for plan in plans:
         laws = engine.markov_laws(decoder, draft_trans, target_trans, plan)
-        state, out = laws.state, []
-        for n in range(horizon):
-            table_n = None if laws.xs is None else laws.xs[n]
-            got, state = laws.at(table_n, jnp.int32(n), state)
-            out.append(got)
-        tables.append(jnp.stack(out))
-    return (jnp.stack(expected), engine.decoder_table(per_token, draft_trans, target_trans),
+
+        def step(state, xs, laws=laws):
+            table_n, n = xs
+            got, state = laws.at(table_n, n, state)
+            return state, got
+
+        _, out = jax.lax.scan(step, laws.state, (laws.xs, jnp.arange(horizon, dtype=jnp.int32)))
+        tables.append(out)
+    return (expected, engine.decoder_table(per_token, draft_trans, target_trans),
             tables)
 
 
