@@ -226,11 +226,13 @@ def test_edge_cases_stay_finite_with_gradients(x64):
                              ).expected_calls
 
     same = jnp.log(target.trans)
-    disjoint = jnp.broadcast_to(jnp.where(jnp.arange(V) == 0, 0.0, -jnp.inf), target.trans.shape)
+    disjoint = jnp.broadcast_to(jnp.where(jnp.arange(V) == 0, 0.0, -jnp.inf),
+                                target.trans.shape).astype(same.dtype)  # same's program
     one_hot = specjax.MarkovChain(init=target.init,
                                   trans=jax.nn.one_hot(jnp.ones((T, V), int), V))
+    value_and_grad = jax.jit(jax.value_and_grad(calls))  # one program for both (eagerly, dozens)
     for logits, tgt in ((same, target), (disjoint, one_hot)):
-        value, grad = jax.value_and_grad(calls)(logits, tgt)
+        value, grad = value_and_grad(logits, tgt)
         assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
 
 
