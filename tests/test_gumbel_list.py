@@ -54,8 +54,10 @@ def quadrature_rejected(p, q, num_drafts, k):
     big_q, big_c = a.sum(), np.maximum(a, b).sum()
     tol = {"epsabs": 1e-14, "epsrel": 1e-12, "limit": 200}
 
+    pairs = list(zip(a.tolist(), b.tolist()))  # plain floats: the integrand runs 10^5 times
+
     def inner(u):
-        f = lambda v: math.exp(-v - np.maximum(u * a, (u + v) * b).sum())
+        f = lambda v: math.exp(-v - sum([max(u * aj, (u + v) * bj) for aj, bj in pairs]))
         kinks = sorted(u * (aj / bj - 1) for aj, bj in zip(a, b) if bj > 0 and aj > bj)
         if not kinks:
             return integrate.quad(f, 0, np.inf, **tol)[0]
@@ -89,9 +91,10 @@ def literal_coupling(p, q, num_drafts, n, rng, chunk=250_000):
         x = np.argmin(e * inv_p, axis=-1)
         y = np.argmin((e * inv_q).reshape(size, num_drafts * v), axis=-1) % v
         accepted = (x == y[:, None]).any(-1)
-        keys, c = np.unique(np.stack([y, accepted], 1), axis=0, return_counts=True)
-        for (token, acc), count in zip(keys, c):
-            counts[(int(token), bool(acc))] += int(count)
+        # counted by bincount of 2 Y + accepted (np.unique(..., axis=0) took half the time)
+        for cell, count in enumerate(np.bincount(2 * y + accepted, minlength=2 * v)):
+            if count:
+                counts[(cell // 2, bool(cell % 2))] += int(count)
     return counts
 
 
