@@ -101,15 +101,22 @@ def test_exact_rejections_equal_bellman_on_edge_rows(x64):
     np.testing.assert_allclose(float(got.expected_rejections), expected, rtol=0, atol=1e-9)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _exact_of(decoders, draft, target):
+    """``exact`` of each decoder: one program (nine ``exact`` programs otherwise)."""
+    return [specjax.exact(decoder, draft, target) for decoder in decoders]
+
+
 @pytest.mark.parametrize("seed", [0])
 def test_sequence_optimum_never_loses_to_the_per_token_optimum_nor_to_batch_sd(x64, seed):
     draft, target = random_pair(10 + seed, 5, 6, zero_fraction=0.2)
     draft, target = chain(draft), chain(target)
-    for m in (2, 4, math.inf):
-        sequence = specjax.exact(specjax.OptimalMultiDraft(m, sequence_optimal=True), draft,
-                                 target)
-        token = specjax.exact(specjax.OptimalMultiDraft(m), draft, target)
-        batch = specjax.exact(specjax.BatchSpeculative(m), draft, target)
+    drafts = (2, 4, math.inf)
+    values = _exact_of(tuple(d for m in drafts for d in (
+        specjax.OptimalMultiDraft(m, sequence_optimal=True), specjax.OptimalMultiDraft(m),
+        specjax.BatchSpeculative(m))), draft, target)
+    for i, m in enumerate(drafts):
+        sequence, token, batch = values[3 * i: 3 * i + 3]
         # Bellman: no root verifier beats it, batch SD's and the per-token optimum's included
         # (the per-token optimum itself can lose to batch SD over a sequence, by up to 7e-4
         # on the random chains of tests/test_optimal_multi_draft.py).
