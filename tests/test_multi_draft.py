@@ -5,6 +5,7 @@ together; here they are checked against literal transcriptions (``tests/referenc
 exactly, against closed forms, and by Monte Carlo.
 """
 
+import functools
 import math
 
 import jax
@@ -45,7 +46,7 @@ def test_verifying_a_one_hot_draft_accepts_with_q_and_resamples_q_without_x(x64)
     q[0] = [0, 0.5, 0.5, 0, 0]  # the greedy token has q = 0: always rejected
     x = np.array([0, 1, 2, 3])
     p = np.eye(5)[x]
-    law = _verify.speculative_law(jnp.asarray(p), jnp.asarray(q))
+    law = jax.jit(_verify.speculative_law)(jnp.asarray(p), jnp.asarray(q))  # one program
     np.testing.assert_allclose(law.accepted, q * p, atol=1e-15)
     np.testing.assert_allclose(law.rejected, q * (1 - p), atol=1e-15)
 
@@ -120,10 +121,30 @@ def ref_rows(rng):
     return random_rows(rng, (6, 4), zero_fraction=0.3, concentration=0.7)
 
 
-@pytest.mark.parametrize("num_drafts", [1, 2, 3, 4, 7, math.inf])
+WOR_DRAFTS = (1, 2, 3, 4, 7, math.inf)
+
+
+@jax.jit
+def _wor_laws(p, q):
+    """``{M: batch_without_replacement_root_law(p, q, M)}`` for every ``M`` of ``WOR_DRAFTS``
+    and SD's law: one program (eagerly, each law compiles dozens)."""
+    laws = {m: specjax.decoders.multi_draft.batch_without_replacement_root_law(p, q, m)
+            for m in WOR_DRAFTS}
+    return laws, _verify.speculative_law(p, q)
+
+
+@functools.lru_cache(maxsize=None)
+def wor_laws():
+    """``_wor_laws`` of ``wor_rows`` in float64 (NumPy), shared by the tests below."""
+    p, q = wor_rows()
+    with jax.enable_x64(True):
+        return jax.tree_util.tree_map(np.asarray, _wor_laws(jnp.asarray(p), jnp.asarray(q)))
+
+
+@pytest.mark.parametrize("num_drafts", WOR_DRAFTS)
 def test_without_replacement_root_law_equals_brute_force_and_is_unbiased(x64, num_drafts):
     p, q = wor_rows()
-    law = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), num_drafts)
+    law = wor_laws()[0][num_drafts]
     stages = min(4, num_drafts)
     for row in range(p.shape[0]):
         acc, rej = root_law_reference(p[row], q[row], stages)
@@ -135,13 +156,13 @@ def test_without_replacement_root_law_equals_brute_force_and_is_unbiased(x64, nu
 
 def test_without_replacement_one_draft_is_sd_and_all_tokens_never_reject(x64):
     p, q = wor_rows()
-    one = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 1)
-    sd = _verify.speculative_law(jnp.asarray(p), jnp.asarray(q))
+    laws, sd = wor_laws()
+    one = laws[1]
     np.testing.assert_allclose(one.accepted, sd.accepted, atol=1e-15)
     np.testing.assert_allclose(one.rejected, sd.rejected, atol=1e-15)
     # M = V: every token the draft can propose is eventually proposed, so a rejection only
     # happens for target mass where p = 0.
-    every = specjax.decoders.multi_draft.batch_without_replacement_root_law(jnp.asarray(p), jnp.asarray(q), 4)
+    every = laws[4]
     np.testing.assert_allclose(every.rejected, np.where(p > 0, 0.0, q), atol=1e-12)
 
 
@@ -155,7 +176,7 @@ def test_without_replacement_equals_enumerated_literal_algorithm(x64, num_drafts
         lambda ch: ref.batch_literal(ch, draft, target, num_drafts, replacement=False))
     assert_laws_equal(ref.marginalise_tokens(law), ref.target_sequence_law(target))
     p, q = jnp.asarray(draft[1]), jnp.asarray(target[1])
-    root, verify = specjax.BatchSpeculative(num_drafts, replacement=False).laws(p, q)
+    root, verify = jax.jit(specjax.BatchSpeculative(num_drafts, replacement=False).laws)(p, q)
     assert_laws_equal(kernel_law(target[0], root, verify, _verify.bonus_law(q), horizon), law)
     rej, calls = ref.expected_counts_from_law(law)
     exact = specjax.exact(specjax.BatchSpeculative(num_drafts, replacement=False), chain(draft),
@@ -196,21 +217,21 @@ def test_without_replacement_gradients_are_finite_at_edge_cases():
         return specjax.batch_expected_rejections(d, t, num_drafts=3, replacement=False)
 
     logits = jnp.log(jnp.asarray(draft[1], jnp.float32))
-    value, grads = jax.value_and_grad(total, argnums=(0, 1))(
+    value, grads = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))(  # one program
         logits, jnp.asarray(target[1], jnp.float32))
     assert np.isfinite(value)
     assert all(np.isfinite(g).all() for g in grads)
 
 
 def test_without_replacement_validation():
-    draft, target = specjax.paper_instance(horizon=3)
+    draft, target = specjax.paper_instance(horizon=20)  # the instance of the test above
     key = jax.random.key(0)
     with pytest.raises(ValueError, match="replacement must be True or False"):
         specjax.batch_speculative_decoding(key, draft, target, 10, num_drafts=2,
                                            replacement="no")
     with pytest.raises(ValueError, match="num_drafts"):
         specjax.exact(specjax.BatchSpeculative(0, replacement=False), draft, target)
-    big = specjax.random_markov_chain(jax.random.key(1), 64, 2)
+    big = specjax.MarkovChain(jnp.full(64, 1 / 64), jnp.full((2, 64, 64), 1 / 64))
     with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):
         specjax.batch_expected_rejections(big, big, num_drafts=4, replacement=False)
     with pytest.raises(ValueError, match="num_drafts = 4 without replacement enumerates"):

@@ -8,6 +8,7 @@ Batches of 8 rows of ``V = 256`` tokens, a buffer of 64 tokens (``BUCKET_BUFFER`
 real vocabularies) and ``M`` in 1, 2, 4, 8 throughout, so the compiled programs are shared.
 """
 
+import functools
 import math
 
 import jax
@@ -140,8 +141,21 @@ def test_rows_that_overflow_the_buffer_take_the_sort():
     overflow = np.stack([o[2] for o in out])
     assert overflow[:, 1:].all() and not overflow[:, 0].any(), overflow
     # the same rows one at a time: the plain row alone is computed by buckets
-    alone = oa.iid_optimal_acceptance(p[:1], q[:1], 2, method="buckets", buffer=BUFFER)
+    alone = _by_buckets(p[:1], q[:1], 2, BUFFER)
     np.testing.assert_allclose(alone, numpy_optimum(p[:1], q[:1], 2)[0], atol=TOL)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _by_buckets(p, q, m, buffer):
+    """``iid_optimal_acceptance(..., method="buckets")``: one program (eagerly, dozens)."""
+    return oa.iid_optimal_acceptance(p, q, m, method="buckets", buffer=buffer)
+
+
+@jax.jit
+def _small_and_whole_buffers(p, q):
+    """M = 2 with a buffer of 2 tokens (its overflow flags and values) and of ``V`` tokens."""
+    return (oa._bucket_search(p, q, 2, 2).overflow,
+            [oa.iid_optimal_acceptance(p, q, 2, method="buckets", buffer=b) for b in (2, V)])
 
 
 def test_a_small_buffer_overflows_and_stays_exact():
@@ -149,9 +163,9 @@ def test_a_small_buffer_overflows_and_stays_exact():
     result is the sort's; ``buffer = V`` never overflows."""
     rng = np.random.default_rng(3)
     p, q = _rows(rng, 4, 0.1, 0.3)
-    assert np.asarray(oa._bucket_search(jnp.asarray(p), jnp.asarray(q), 2, 2).overflow).all()
-    for buffer in (2, V):
-        got = oa.iid_optimal_acceptance(p, q, 2, method="buckets", buffer=buffer)
+    overflow, values = _small_and_whole_buffers(jnp.asarray(p), jnp.asarray(q))
+    assert np.asarray(overflow).all()
+    for got in values:
         np.testing.assert_allclose(got, numpy_optimum(p, q, 2)[0], atol=TOL)
 
 
@@ -180,8 +194,10 @@ def test_gradients_equal_the_sorts():
         p[row, zero - 16: zero] = 0  # null tokens after the last one with p > 0 and q = 0
         q[row] /= q[row].sum()
         p[row] /= p[row].sum()
+    flags = {m: overflow for m, (_, _, overflow) in zip(DRAFTS, _both(jnp.asarray(p),
+                                                                       jnp.asarray(q)))}
     for m in GRAD_DRAFTS:  # the buckets compute every row (no row takes the sort)
-        assert not oa._bucket_search(jnp.asarray(p), jnp.asarray(q), m, BUFFER).overflow.any()
+        assert not np.asarray(flags[m]).any()
     buckets, by_sort = _gradients(jnp.asarray(p), jnp.asarray(q))
     for m, got, want in zip(GRAD_DRAFTS, buckets, by_sort):
         rows = _separated(p, q, m, 2e-5)

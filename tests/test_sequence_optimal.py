@@ -101,15 +101,22 @@ def test_exact_rejections_equal_bellman_on_edge_rows(x64):
     np.testing.assert_allclose(float(got.expected_rejections), expected, rtol=0, atol=1e-9)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _exact_of(decoders, draft, target):
+    """``exact`` of each decoder: one program (nine ``exact`` programs otherwise)."""
+    return [specjax.exact(decoder, draft, target) for decoder in decoders]
+
+
 @pytest.mark.parametrize("seed", [0])
 def test_sequence_optimum_never_loses_to_the_per_token_optimum_nor_to_batch_sd(x64, seed):
     draft, target = random_pair(10 + seed, 5, 6, zero_fraction=0.2)
     draft, target = chain(draft), chain(target)
-    for m in (2, 4, math.inf):
-        sequence = specjax.exact(specjax.OptimalMultiDraft(m, sequence_optimal=True), draft,
-                                 target)
-        token = specjax.exact(specjax.OptimalMultiDraft(m), draft, target)
-        batch = specjax.exact(specjax.BatchSpeculative(m), draft, target)
+    drafts = (2, 4, math.inf)
+    values = _exact_of(tuple(d for m in drafts for d in (
+        specjax.OptimalMultiDraft(m, sequence_optimal=True), specjax.OptimalMultiDraft(m),
+        specjax.BatchSpeculative(m))), draft, target)
+    for i, m in enumerate(drafts):
+        sequence, token, batch = values[3 * i: 3 * i + 3]
         # Bellman: no root verifier beats it, batch SD's and the per-token optimum's included
         # (the per-token optimum itself can lose to batch SD over a sequence, by up to 7e-4
         # on the random chains of tests/test_optimal_multi_draft.py).
@@ -177,23 +184,27 @@ PLANS = (engine.TablePlan(engine.ALL_KINDS, None), engine.TablePlan(engine.ALL_K
 @functools.partial(jax.jit, static_argnums=4)
 def _engine_tables(decoder, per_token, draft_trans, target_trans, plans):
     """One program (eagerly, over two hundred): the bound decoder's thresholds at every
-    position (``kind_thresholds`` at ``positions=n``), the per-token optimum's table, and for
-    each plan the sampler's table at each position as its scan reads it (``laws.at`` in order,
-    the state carried)."""
+    position (``kind_thresholds`` at ``positions=n``, one position at a time), the per-token
+    optimum's table, and for each plan the sampler's table at each position as its scan reads
+    it (``laws.at`` in a ``lax.scan`` over ``jnp.arange(T)``, as the sampler's, the state
+    carried). Loops over positions, not unrolled: a program a fraction of the size."""
     horizon = draft_trans.shape[0]
     bound = decoder.bind(draft_trans, target_trans)
-    expected = [engine.kind_thresholds(bound, draft_trans[n], target_trans[n], engine.ALL_KINDS,
-                                       positions=n) for n in range(horizon)]
+    expected = jax.lax.map(lambda n: engine.kind_thresholds(
+        bound, draft_trans[n], target_trans[n], engine.ALL_KINDS, positions=n),
+        jnp.arange(horizon, dtype=jnp.int32))
     tables = []
     for plan in plans:
         laws = engine.markov_laws(decoder, draft_trans, target_trans, plan)
-        state, out = laws.state, []
-        for n in range(horizon):
-            table_n = None if laws.xs is None else laws.xs[n]
-            got, state = laws.at(table_n, jnp.int32(n), state)
-            out.append(got)
-        tables.append(jnp.stack(out))
-    return (jnp.stack(expected), engine.decoder_table(per_token, draft_trans, target_trans),
+
+        def step(state, xs, laws=laws):
+            table_n, n = xs
+            got, state = laws.at(table_n, n, state)
+            return state, got
+
+        _, out = jax.lax.scan(step, laws.state, (laws.xs, jnp.arange(horizon, dtype=jnp.int32)))
+        tables.append(out)
+    return (expected, engine.decoder_table(per_token, draft_trans, target_trans),
             tables)
 
 

@@ -120,9 +120,11 @@ def _stopped_target_marginals(target, stop):
 def test_lossless_decoders_output_the_target_law_cut_at_the_stop(x64):
     draft, target = _pair(1)
     want = _stopped_target_marginals(target, {0})
-    for decoder in (specjax.Speculative(3), specjax.BatchSpeculative(2, lookahead=2),
-                    specjax.OptimalMultiDraft(2), specjax.ThresholdVerification()):
-        got = specjax.exact(decoder, draft, target, stop_tokens=0)
+    decoders = (specjax.Speculative(3), specjax.BatchSpeculative(2, lookahead=2),
+                specjax.OptimalMultiDraft(2), specjax.ThresholdVerification())
+    values = jax.jit(lambda d, t: [specjax.exact(decoder, d, t, stop_tokens=0)
+                                   for decoder in decoders])(draft, target)  # one program
+    for decoder, got in zip(decoders, values):
         np.testing.assert_allclose(np.asarray(got.marginals), want, atol=1e-12,
                                    err_msg=type(decoder).__name__)
 
@@ -130,11 +132,19 @@ def test_lossless_decoders_output_the_target_law_cut_at_the_stop(x64):
 def test_finite_state_recursion_equals_the_markov_recursion_on_the_lift(x64):
     draft, target = _pair(2)
     lift = models.FiniteStateModel.from_markov_chain
-    for decoder in (specjax.Speculative(2), specjax.Speculative(), specjax.Autoregressive()):
-        d = None if isinstance(decoder, specjax.Autoregressive) else draft
-        want = specjax.exact(decoder, d, target, stop_tokens=[1])
-        got = specjax.exact(decoder, None if d is None else lift(d), lift(target), horizon=T,
-                            stop_tokens=[1])
+    decoders = (specjax.Speculative(2), specjax.Speculative(), specjax.Autoregressive())
+
+    @jax.jit  # one program (six exact programs otherwise)
+    def values(draft, target, lifted_draft, lifted_target):
+        out = []
+        for decoder in decoders:
+            ar = isinstance(decoder, specjax.Autoregressive)
+            out.append((specjax.exact(decoder, None if ar else draft, target, stop_tokens=[1]),
+                        specjax.exact(decoder, None if ar else lifted_draft, lifted_target,
+                                      horizon=T, stop_tokens=[1])))
+        return out
+
+    for decoder, (want, got) in zip(decoders, values(draft, target, lift(draft), lift(target))):
         for field in want._fields:
             np.testing.assert_allclose(np.asarray(getattr(got, field)),
                                        np.asarray(getattr(want, field)), atol=1e-13,
@@ -226,11 +236,13 @@ def test_edge_cases_stay_finite_with_gradients(x64):
                              ).expected_calls
 
     same = jnp.log(target.trans)
-    disjoint = jnp.broadcast_to(jnp.where(jnp.arange(V) == 0, 0.0, -jnp.inf), target.trans.shape)
+    disjoint = jnp.broadcast_to(jnp.where(jnp.arange(V) == 0, 0.0, -jnp.inf),
+                                target.trans.shape).astype(same.dtype)  # same's program
     one_hot = specjax.MarkovChain(init=target.init,
                                   trans=jax.nn.one_hot(jnp.ones((T, V), int), V))
+    value_and_grad = jax.jit(jax.value_and_grad(calls))  # one program for both (eagerly, dozens)
     for logits, tgt in ((same, target), (disjoint, one_hot)):
-        value, grad = jax.value_and_grad(calls)(logits, tgt)
+        value, grad = value_and_grad(logits, tgt)
         assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
 
 
