@@ -105,8 +105,11 @@ def test_enumerated_gradient_is_exact_and_a_central_difference(x64, problem64, d
     def exact(p):
         return specjax.exact(decoder, family().chain(p), target).expected_rejections
 
-    grad = jax.grad(value)(params)
-    np.testing.assert_allclose(grad, jax.grad(exact)(params), rtol=0, atol=1e-10)
+    # Compiled programs, not op by op (the gradients op by op compiled about 30 programs each);
+    # the value's program serves both points of the difference.
+    value = jax.jit(value)
+    grad = jax.jit(jax.grad(value))(params)
+    np.testing.assert_allclose(grad, jax.jit(jax.grad(exact))(params), rtol=0, atol=1e-10)
     h = 1e-6
     difference = (value(params + h * direction) - value(params - h * direction)) / (2 * h)
     np.testing.assert_allclose(jnp.sum(grad * direction), difference, rtol=1e-6)
@@ -153,7 +156,7 @@ def test_equinox_module_draft(x64, problem64):
         rows = jax.nn.softmax(jax.vmap(m)(jnp.arange(V)), axis=-1)
         return specjax.MarkovChain(jnp.full((V,), 1.0 / V), jnp.broadcast_to(rows, (T, V, V)))
 
-    value, grad = eqx.filter_value_and_grad(lambda m: loss(m, rec).value)(model)
+    value, grad = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: loss(m, rec).value))(model)
     exact = specjax.exact(sd, chain(model), target).expected_rejections
     np.testing.assert_allclose(value, exact, rtol=0, atol=1e-10)
     leaves = jax.tree_util.tree_leaves(grad)
@@ -179,7 +182,7 @@ def test_recorded_rollouts_estimate_the_exact_value(rollouts):
     mine = specjax.Recording.from_arrays(rec.tokens, rows, rec.target_probs)
     for decoder in (specjax.Speculative(1), specjax.Speculative(),
                     specjax.BatchSpeculative(2, lookahead=2)):
-        out = decoding_objective(decoder, apply)(params, rec)
+        out = jax.jit(decoding_objective(decoder, apply))(params, rec)  # one program each
         np.testing.assert_allclose(jnp.mean(out.per_sequence), out.value, rtol=1e-5)
         if isinstance(decoder, specjax.Speculative):
             np.testing.assert_allclose(out.value, specjax.estimate(decoder, mine)
@@ -202,19 +205,28 @@ def test_edge_cases_finite(rollouts):
         "-inf logits": (jnp.where(recorded > 0, -jnp.inf, 0.0), rows, True),
         "q(x_t) = 0": (rows, zero_q / jnp.sum(zero_q, -1, keepdims=True).clip(1e-30), False),
     }
+    # One compiled program per decoder (or divergence) and logits flag, shared by the cases
+    # (op by op, the gradients compiled about 140 programs).
+    decoders = (specjax.Speculative(2), specjax.Speculative(),
+                specjax.BatchSpeculative(2, lookahead=2))
+    losses = {(decoder, logits): decoding_objective(decoder, lambda p, _: p, "time", cost=COST,
+                                                    logits=logits)
+              for decoder in decoders for logits in (False, True)}
+    gradients = {key: jax.jit(jax.value_and_grad(lambda p, case, loss=loss: loss(p, case).value))
+                 for key, loss in losses.items()}
+    divergences = {(name, logits): jax.jit(jax.grad(divergence_objective(
+        lambda p, _: p, name, logits=logits))) for name in ("tv", "kl") for logits in (False, True)}
     for name, (params, q, logits) in cases.items():
         case = specjax.Recording(tokens, token_probs(q, tokens), token_probs(q, tokens),
                                  target_probs=q, draft_probs=q)
-        for decoder in (specjax.Speculative(2), specjax.Speculative(),
-                        specjax.BatchSpeculative(2, lookahead=2)):
-            loss = decoding_objective(decoder, lambda p, _: p, "time", cost=COST, logits=logits)
-            value, grad = jax.value_and_grad(lambda p, loss=loss: loss(p, case).value)(params)
+        for decoder in decoders:
+            value, grad = gradients[decoder, logits](params, case)
             assert np.isfinite(value) and np.all(np.isfinite(grad)), (name, decoder)
             if name == "p = q":
+                loss = jax.jit(losses[decoder, logits])
                 assert float(loss(params, case).expected_rejections) == 0.0
         for divergence in ("tv", "kl") if name != "p(x_t) = 0" else ("tv",):
-            grad = jax.grad(divergence_objective(lambda p, _: p, divergence, logits=logits))(
-                params, case)
+            grad = divergences[divergence, logits](params, case)
             assert np.all(np.isfinite(grad)), (name, divergence)
 
 

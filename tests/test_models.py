@@ -388,11 +388,13 @@ def test_exact_models_edge_cases_are_finite_with_gradients(x64):
                            specjax.MarkovChain(init, q))
     for rule, lookahead in [(SD, None), (("batch", 3), 2)]:
         def cost(table_p, table_q, rule=rule, lookahead=lookahead):
-            d = FiniteStateModel(draft.start, draft.next_state, table_p)
-            t = FiniteStateModel(target.start, target.next_state, table_q)
+            d = FiniteStateModel(int(draft.start), draft.next_state, table_p)
+            t = FiniteStateModel(int(target.start), target.next_state, table_q)
             out = specjax.exact(make(rule, lookahead), d, t, horizon=4)
             return out.expected_rejections + out.expected_calls + jnp.sum(out.acceptance_rate)
-        value, grads = jax.value_and_grad(cost, argnums=(0, 1))(draft.table, target.table)
+        # One compiled program per case (the gradient op by op compiled about 20 each).
+        value, grads = jax.jit(jax.value_and_grad(cost, argnums=(0, 1)))(draft.table,
+                                                                          target.table)
         assert np.isfinite(value) and all(np.isfinite(g).all() for g in grads), (rule, lookahead)
     got = specjax.exact(make(("batch", 3), 2), draft, target, horizon=4)
     np.testing.assert_allclose(got.expected_rejections, markov.expected_rejections, atol=1e-12)
@@ -408,8 +410,9 @@ def test_exact_gradient_matches_finite_differences(x64):
 
     logits = jnp.log(draft.table)
     direction = jnp.asarray(np.random.default_rng(0).normal(size=logits.shape))
-    grad = jax.grad(cost)(logits)
+    grad = jax.jit(jax.grad(cost))(logits)
     h = 1e-6
+    cost = jax.jit(cost)  # one program for both evaluations
     numeric = (cost(logits + h * direction) - cost(logits - h * direction)) / (2 * h)
     np.testing.assert_allclose(jnp.sum(grad * direction), numeric, rtol=1e-6)
 
@@ -498,12 +501,13 @@ def test_new_values_do_not_recompile():
     sd = specjax.Speculative()
     simulate = specjax.sampling.models._simulate_models
     forward = specjax.theory.finite_state.forward_finite_state
-    # 10 chains, horizon 3: the program of test_public_entry_points_validate_models_and_horizon.
-    specjax.decode(KEY, sd, draft, target, 10, horizon=3)
+    # 300 chains, horizon 6, K = 3: the program of test_public_samplers_take_protocol_models[sd]
+    # and test_public_entry_points_validate_models_and_horizon (compiled once, here).
+    specjax.decode(KEY, specjax.Speculative(3), draft, target, 300, horizon=6)
     specjax.exact(sd, draft.as_finite_state(2), target.as_finite_state(), horizon=4)
     sim_before, exact_before = simulate._cache_size(), forward._cache_size()
     draft2, target2 = random_ngram(7, 2, 3), random_ngram(8, 3, 3)
-    specjax.decode(jax.random.key(1), sd, draft2, target2, 10, horizon=3)
+    specjax.decode(jax.random.key(1), specjax.Speculative(3), draft2, target2, 300, horizon=6)
     specjax.exact(sd, draft2.as_finite_state(2), target2.as_finite_state(), horizon=4)
     assert simulate._cache_size() == sim_before
     assert forward._cache_size() == exact_before
@@ -579,13 +583,14 @@ def test_public_entry_points_validate_models_and_horizon():
         specjax.speculative_decoding(KEY, draft, target, 10)
     with pytest.raises(ValueError, match="horizon must be a positive integer"):
         specjax.speculative_decoding(KEY, draft, target, 10, horizon=0)
-    # Protocol models run sharded and through the counts-only path, like Markov chains.
-    plain = specjax.speculative_decoding(KEY, draft, target, 10, horizon=3)
-    sharded = specjax.speculative_decoding(KEY, draft, target, 10, horizon=3,
+    # Protocol models run sharded and through the counts-only path, like Markov chains (300
+    # chains, horizon 6, K = 3: the unsharded program is test_new_values_do_not_recompile's).
+    plain = specjax.speculative_decoding(KEY, draft, target, 300, horizon=6, lookahead=3)
+    sharded = specjax.speculative_decoding(KEY, draft, target, 300, horizon=6, lookahead=3,
                                            sharding=specjax.chain_sharding())
     np.testing.assert_array_equal(plain.tokens, sharded.tokens)
-    counts = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 10,
-                                         horizon=3, chunk_size=4)
+    counts = specjax.decoding_statistics(KEY, specjax.Speculative(3), draft, target, 300,
+                                         horizon=6, chunk_size=128)
     np.testing.assert_array_equal(counts.num_rejections, plain.num_rejections)
     np.testing.assert_array_equal(counts.rejected, np.asarray(plain.rejected).sum(0))
     with pytest.raises(ValueError, match="BlockVerification does not support Monte Carlo"):

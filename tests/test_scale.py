@@ -82,7 +82,8 @@ def test_statistics_equal_trace_counts_in_padded_chunks(name):
     sizes of the same code (each size is a compilation of its own, about 1.5 s of the suite's
     CPU per case); a case whose bonus positions the chunks count (``EARLY_BONUS``) also in one
     shot, whose verified counts are the reference. The 4-device check (``sharded_check.py``)
-    runs every case again in padded chunks on four layouts' shards."""
+    runs every case's ``decode`` sharded, and the statistics of one case per counting path in
+    padded chunks on the devices' shards."""
     decoder = CASES[name]
     draft, target = instance()
     key = jax.random.key(11)
@@ -117,21 +118,26 @@ def test_statistics_equal_trace_counts_in_padded_chunks(name):
         assert got.num_chains == num_chains
 
 
+# The tests below run 3,000 chains of the module's instance in chunks of 1,100 (or one chunk
+# of 1,100) as test_statistics_equal_trace_counts_in_padded_chunks[sd] (and [autoregressive],
+# [batch M=2 K=2]) does, so that their programs are that test's, not compilations of their own.
 def test_statistics_first_chains_of_a_larger_run():
+    """The statistics of 1,100 chains (one chunk) are those of the first 1,100 chains of a
+    3,000-chain run (here its trace; its chunked statistics equal its trace in the test
+    above)."""
     draft, target = instance()
     key = jax.random.key(2)
-    small = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 500)
-    large = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 2000,
-                                        chunk_size=700)
-    assert np.array_equal(small.num_rejections, large.num_rejections[:500])
+    small = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 1100)
+    large = specjax.decode(key, specjax.Speculative(), draft, target, 3000)
+    assert np.array_equal(small.num_rejections, large.num_rejections[:1100])
 
 
 def test_statistics_progress_bar(capsys):
     draft, target = instance()
     specjax.decoding_statistics(jax.random.key(0), specjax.Speculative(), draft, target,
-                                1000, chunk_size=400, progress=True)
+                                3000, chunk_size=1100, progress=True)
     err = capsys.readouterr().err
-    assert "3/3" in err and "1,000/1,000" in err
+    assert "3/3" in err and "3,000/3,000" in err
 
 
 def test_statistics_derived_rates():
@@ -193,16 +199,17 @@ def test_statistics_validation():
 def test_statistics_deprecated_sampler_first_form_still_counts_the_same():
     draft, target = instance()
     key = jax.random.key(4)
-    new = specjax.decoding_statistics(key, specjax.BatchSpeculative(2, lookahead=3), draft,
-                                      target, 500, chunk_size=200)
+    new = specjax.decoding_statistics(key, specjax.BatchSpeculative(2, lookahead=2), draft,
+                                      target, 3000, chunk_size=1100)
     with pytest.warns(DeprecationWarning, match="decoding_statistics"):
         old = specjax.decoding_statistics(specjax.batch_speculative_decoding, key, draft, target,
-                                          500, num_drafts=2, lookahead=3, chunk_size=200)
+                                          3000, num_drafts=2, lookahead=2, chunk_size=1100)
     for field in ("num_rejections", "rejected", "verified", "new_call", "final_token_counts"):
         assert np.array_equal(np.asarray(getattr(new, field)), np.asarray(getattr(old, field)))
     with pytest.warns(DeprecationWarning):
-        auto = specjax.decoding_statistics(specjax.autoregressive_decoding, key, target, 100)
-    assert int(auto.new_call.sum()) == 100 * target.horizon
+        auto = specjax.decoding_statistics(specjax.autoregressive_decoding, key, target, 3000,
+                                           chunk_size=1100)
+    assert int(auto.new_call.sum()) == 3000 * target.horizon
 
 
 def test_sharding_validation_on_one_device():
@@ -217,10 +224,11 @@ def test_sharding_validation_on_one_device():
         specjax.speculative_decoding(key, draft, target, 8, sharding=NamedSharding(mesh, P("a", "b")))
     with pytest.raises(ValueError, match="devices must name at least one"):
         specjax.chain_sharding([])
-    # A one-device mesh is a valid layout and changes nothing.
-    plain = specjax.speculative_decoding(key, draft, target, 8)
+    # A one-device mesh is a valid layout and changes nothing (3,000 chains: the unsharded
+    # program is test_statistics_equal_trace_counts_in_padded_chunks[sd]'s trace).
+    plain = specjax.speculative_decoding(key, draft, target, 3000)
     for layout in (mesh, one, NamedSharding(mesh, P("a"))):
-        sharded = specjax.speculative_decoding(key, draft, target, 8, sharding=layout)
+        sharded = specjax.speculative_decoding(key, draft, target, 3000, sharding=layout)
         assert np.array_equal(plain.tokens, sharded.tokens)
 
 
@@ -239,11 +247,12 @@ def test_sharding_validation_counts_shards():
 def test_sharded_equals_unsharded_on_four_host_devices():
     """In a subprocess with 4 forced CPU devices (the flag must not leak into this process):
     every case of ``sampler_cases.CASES``, sharded over 4 devices (one case also over 2 devices,
-    a 2x2 mesh and one axis of it), returns exactly the unsharded trace, and the chunked
-    statistics path on the same layouts exactly the trace's counts (a case outside
-    ``REPRODUCIBLE``: the same for all chains but ``MAX_DIFFERING`` of them); n-grams (protocol
-    models) and stop tokens run sharded as unsharded; and the compiled trace path has no
-    cross-device communication."""
+    a 2x2 mesh and one axis of it), returns exactly the unsharded trace (a case outside
+    ``REPRODUCIBLE``: the same for all chains but ``MAX_DIFFERING`` of them), and the chunked
+    statistics path on the same layouts exactly the trace's counts for one case per counting
+    path (token-wise on Markov chains, call-level); n-grams (protocol models), batched scoring
+    and stop tokens run sharded as unsharded, their statistics too; and the compiled trace path
+    has no cross-device communication."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -327,7 +336,8 @@ def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
             return jnp.sum(specjax.exact(specjax.Speculative(lookahead), d, t)
                            .acceptance_rate)
         logits = jnp.log(jnp.asarray(draft_pair[1], jnp.float32))
-        value, grad = jax.value_and_grad(total)(logits)
+        # One compiled program per lookahead (the gradient op by op compiled about 25 each).
+        value, grad = jax.jit(jax.value_and_grad(total))(logits)
         assert np.isfinite(value) and np.isfinite(grad).all()
 
 

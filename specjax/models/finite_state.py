@@ -58,10 +58,14 @@ class FiniteStateModel:
                 or not 0 <= start < num_contexts:
             raise ValueError(f"start must be an integer state in [0, {num_contexts}), got "
                              f"{start!r}")
-        if _checks.is_concrete(next_state) and next_state.size and (
-                int(next_state.min()) < 0 or int(next_state.max()) >= num_contexts):
-            raise ValueError(f"next_state must hold states in [0, {num_contexts}), got values "
-                             f"in [{int(next_state.min())}, {int(next_state.max())}]")
+        if _checks.is_concrete(next_state) and next_state.size:
+            # On the host (NumPy): no program compiled for the check, and a concrete array
+            # closed over by a jitted function is checked there too (jnp's min would be traced).
+            states = np.asarray(next_state)
+            low, high = int(states.min()), int(states.max())
+            if low < 0 or high >= num_contexts:
+                raise ValueError(f"next_state must hold states in [0, {num_contexts}), got "
+                                 f"values in [{low}, {high}]")
         if not jnp.issubdtype(table.dtype, jnp.floating):
             table = table.astype(jnp.result_type(float))
         _checks.check_probabilities("table", table)

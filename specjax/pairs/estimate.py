@@ -99,8 +99,8 @@ def rates(decoder, recording: Recording):
     if entry is not None:
         return entry.root_rejection, entry.rejection
     if recording.target_probs is not None:
-        root, inside, loss = decoder_rates(decoder, recording.draft_probs,
-                                           recording.target_probs, recording.tokens[:, 1:])
+        root, inside, loss = _decoder_rates(decoder, recording.draft_probs,
+                                            recording.target_probs, recording.tokens[:, 1:])
         if _checks.is_concrete(loss) and not float(loss) <= lossless_tolerance(loss.dtype):
             raise ValueError(
                 f"decoder: {decoder!r} is not lossless on the recorded rows (its accepted and "
@@ -145,6 +145,9 @@ def _spread(terms, scale):
 
 
 _filter = jax.jit(phase_filter, static_argnames=("lookahead",))
+# Compiled, not op by op: a decoder's laws on the rows are a few dozen operations, each a
+# program of its own when run eagerly (compiled again for every new shape of recording).
+_decoder_rates = jax.jit(decoder_rates)
 
 
 def call_columns(decoder, horizon: int, lookahead: int, cost: CostModel | None) -> np.ndarray:
@@ -232,6 +235,14 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
 def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time=None):
     """An ``Estimate`` from per-sequence values: ``rejections`` ``(B,)``, ``weighted`` ``(B, 3)``
     (calls, drafted tokens, time) and ``accepted_at`` ``(B, K)``."""
+    # One compiled program (op by op, the means and ratios below are about 40 programs,
+    # compiled again for every new B or K); ``num_sequences`` stays a Python int.
+    summary = _summarise(rejections, weighted, accepted_at, weights, autoregressive_time)
+    return summary._replace(num_sequences=int(rejections.shape[0]))
+
+
+@jax.jit
+def _summarise(rejections, weighted, accepted_at, weights, autoregressive_time):
     calls, drafted, time = weighted[:, 0], weighted[:, 1], weighted[:, 2]
     mean = functools.partial(weighted_mean_se, weights=weights)
     rej, rej_se = mean(rejections)
@@ -261,7 +272,7 @@ def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time
         accepted_at=at, accepted_at_se=at_se,
         acceptance_per_position=per_position, acceptance_per_position_se=per_position_se,
         accepted_length=length, accepted_length_se=length_se, metrics=metrics,
-        num_sequences=int(rejections.shape[0]))
+        num_sequences=None)
 
 
 def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
