@@ -150,8 +150,11 @@ def _solve_position(p_rows, q_rows, bonus_row, after, costs):
     return values, jnp.max(stop_max, axis=0), jnp.min(go_min, axis=0)
 
 
-@functools.partial(jax.jit, static_argnames=("lookahead", "cost"))
-def _backward(draft_trans, target_trans, *, lookahead: int, cost):
+@functools.partial(jax.jit, static_argnames=("lookahead",))
+def _backward(init, draft_trans, target_trans, draft_cost, stop_costs, *, lookahead: int):
+    """``(expected_time, values (T + 1, V), stop_max, go_min)``; ``(draft_cost, stop_costs)``
+    the ``call_costs`` of ``K = lookahead`` drafts, traced (one program for every cost
+    model)."""
     horizon, num_states, _ = target_trans.shape
     dtype = target_trans.dtype
     k = lookahead
@@ -162,7 +165,7 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
     for n in range(horizon, num_full, -1):  # the last calls: fewer drafts, static shapes
         depth = horizon - n + 1
         w, s, g = _solve_position(draft_trans[n - 1:], target_trans[n - 1:], None,
-                                  window[:depth + 1], call_costs(cost, depth, dtype))
+                                  window[:depth + 1], (draft_cost, stop_costs[:depth + 1]))
         window = jnp.concatenate([w[None], window[:-1]])
         pad = ((0, k - depth), (0, 0))
         values.append(w)
@@ -173,7 +176,7 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
         p_rows = jax.lax.dynamic_slice_in_dim(draft_trans, n - 1, k)
         q_rows = jax.lax.dynamic_slice_in_dim(target_trans, n - 1, k)
         bonus_row = jax.lax.dynamic_index_in_dim(target_trans, n - 1 + k, keepdims=False)
-        w, s, g = _solve_position(p_rows, q_rows, bonus_row, window, call_costs(cost, k, dtype))
+        w, s, g = _solve_position(p_rows, q_rows, bonus_row, window, (draft_cost, stop_costs))
         return jnp.concatenate([w[None], window[:-1]]), (w, s, g)
 
     parts = [tuple(jnp.stack(x) for x in (values, stop_max, go_min))] if values else []
@@ -181,15 +184,17 @@ def _backward(draft_trans, target_trans, *, lookahead: int, cost):
         _, out = jax.lax.scan(step, window, jnp.arange(num_full, 0, -1))
         parts.append(out)
     values, stop_max, go_min = (jnp.concatenate(x)[::-1] for x in zip(*parts))
-    return values, stop_max, go_min  # position n = 1..T first
+    values = jnp.concatenate([values, jnp.zeros((1, num_states), dtype)])  # position n = 1..T + 1
+    return init.astype(dtype) @ values[0], values, stop_max, go_min
 
 
 def call_costs(cost, depth: int, dtype):
     """``(draft_cost, stop costs)`` of ``_solve_position``: a draft pass, and ``(depth + 1,)``
     the time of the target call (and overhead) after ``d = 0..depth`` drafts."""
-    stop = jnp.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
-                        for d in range(depth + 1)], dtype)
-    return jnp.asarray(cost.draft_cost, dtype), stop
+    stop = np.asarray([cost.call_time(draft_passes=0, tokens_scored=d + 1)
+                       for d in range(depth + 1)], dtype)
+    # Made on the host: jnp.asarray would compile a conversion per shape.
+    return jax.device_put(np.asarray(cost.draft_cost, dtype)), jax.device_put(stop)
 
 
 def _read_thresholds(stop_max, go_min):
@@ -199,12 +204,18 @@ def _read_thresholds(stop_max, go_min):
     depth ``K`` always stops."""
     both = np.isfinite(np.asarray(stop_max)) & np.isfinite(np.asarray(go_min))
     separated = bool(np.all(np.asarray(stop_max)[both] < np.asarray(go_min)[both]))
+    return _midway(stop_max, go_min), separated
+
+
+@jax.jit  # one program, not one per operation
+def _midway(stop_max, go_min):
+    """The thresholds of ``_read_thresholds``."""
     thresholds = jnp.where(
         jnp.isfinite(stop_max) & jnp.isfinite(go_min),
         jnp.where(stop_max < go_min, (stop_max + go_min) / 2, stop_max),
         jnp.where(jnp.isfinite(go_min), -1.0, 1.0)).astype(stop_max.dtype)
     last = jnp.ones(thresholds.shape[:-2] + (1, thresholds.shape[-1]), thresholds.dtype)
-    return jnp.concatenate([thresholds, last], axis=-2), separated
+    return jnp.concatenate([thresholds, last], axis=-2)
 
 
 def check_chains(draft, target) -> None:
@@ -255,11 +266,11 @@ def optimal_stopping(draft, target, cost, *, max_lookahead: int) -> OptimalStopp
         raise ValueError(f"max_lookahead: the backward induction enumerates V**K = "
                          f"{num_states}**{k} drafted paths per previous token, beyond "
                          f"{MAX_PATHS * 4} (2**24); use a smaller max_lookahead")
-    values, stop_max, go_min = _backward(draft.trans, target.trans, lookahead=k, cost=cost)
-    dtype = values.dtype
+    expected_time, values, stop_max, go_min = _backward(
+        target.init, draft.trans, target.trans, *call_costs(cost, k, target.trans.dtype),
+        lookahead=k)
     thresholds, separated = _read_thresholds(stop_max, go_min)
     decoder = AdaptiveSpeculative(ThresholdTable(thresholds), max_lookahead=k)
-    values = jnp.concatenate([values, jnp.zeros((1, num_states), dtype)])
-    return OptimalStopping(expected_time=target.init.astype(dtype) @ values[0],
+    return OptimalStopping(expected_time=expected_time,
                            values=values, thresholds=thresholds, threshold_form=separated,
                            decoder=decoder)

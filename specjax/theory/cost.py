@@ -35,6 +35,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -243,15 +244,25 @@ def decoding_time(decoder, draft, target, cost: CostModel, *,
     times = np.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
                         for d, s in zip(passes, scored)])
     dtype = new_call.dtype
+    # The per-call numbers in the models' dtype on the host: jnp.asarray would compile a
+    # conversion per shape.
+    times, passes, scored = (np.asarray(x, dtype) for x in (times, passes, scored))
+    ar_time = np.asarray(num_positions * (cost.target_time(1) + cost.call_overhead), dtype)
+    return _summary(new_call, weights, times, passes, scored, ar_time,
+                    num_positions=num_positions)
+
+
+@functools.partial(jax.jit, static_argnames=("num_positions",))
+def _summary(new_call, weights, times, passes, scored, ar_time, *, num_positions):
+    """``decoding_time``'s ``DecodingTime`` from the call law (one program, not one per
+    operation): ``new_call`` ``(T,)``, ``weights`` ``(T, K + 1)`` for a random draft length
+    (else ``None``), the per-call work ``(T,)`` or ``(K + 1,)``."""
 
     def total(per_call):
-        per_call = jnp.asarray(per_call, dtype)
         return jnp.sum(new_call * per_call if weights is None else weights @ per_call, axis=-1)
 
     expected_time = total(times)
-    ar_time = jnp.asarray(num_positions * (cost.target_time(1) + cost.call_overhead), dtype)
-    call_time = (jnp.asarray(times, dtype) if weights is None else
-                 safe_ratio(weights @ jnp.asarray(times, dtype), new_call, 0))
+    call_time = times if weights is None else safe_ratio(weights @ times, new_call, 0)
     return DecodingTime(
         expected_time=expected_time,
         autoregressive_time=ar_time,
@@ -273,8 +284,9 @@ def drafted_law(decoder, draft, target, lookahead: int):
     if not isinstance(target, MarkovChain):
         raise ValueError(f"{type(decoder).__name__} has exact values on MarkovChain models only, "
                          f"got {type(target).__name__}")
-    result, drafted = calls.forward_calls(decoder, draft, target, lookahead=lookahead,
-                                          with_drafted=True)
+    # The depths too, as engine_metrics asks for them: one compiled program serves both.
+    result, _, drafted = calls.forward_calls(decoder, draft, target, lookahead=lookahead,
+                                             with_depths=True, with_drafted=True)
     return drafted, result.new_call
 
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
@@ -106,13 +107,25 @@ def engine_metrics(decoder, draft, target) -> EngineMetrics:
         depths = recursion.accepted_by_depth(target.init, draft.trans, target.trans, decoder,
                                              lookahead=lookahead)
     dtype = new_call.dtype
-    accepted_at = jnp.sum(depths, axis=0).astype(dtype)
-    expected_calls = jnp.sum(new_call)
+    # The drafts per call on the host, in the models' dtype: jnp.asarray would compile a
+    # conversion per shape.
     if drafted:
         drafts = depth_works(decoder, lookahead)[1] - 1  # tokens scored but the root
-        expected_drafted = jnp.sum(drafted[0] @ jnp.asarray(drafts, dtype))
+        return _summary(new_call, depths, drafted[0], np.asarray(drafts, dtype))
+    return _summary(new_call, depths, None, np.asarray(scored - 1, dtype))
+
+
+@jax.jit  # one program, not one per operation
+def _summary(new_call, depths, drafted, drafts):
+    """``engine_metrics`` from the call law: ``drafts`` the tokens drafted by a call of each
+    depth (``drafted`` ``(T, K + 1)``, a random draft length's law) or at each position
+    (``drafted`` ``None``)."""
+    accepted_at = jnp.sum(depths, axis=0).astype(new_call.dtype)
+    expected_calls = jnp.sum(new_call)
+    if drafted is not None:
+        expected_drafted = jnp.sum(drafted @ drafts)
     else:
-        expected_drafted = jnp.sum(new_call * jnp.asarray(scored - 1, dtype))
+        expected_drafted = jnp.sum(new_call * drafts)
     accepted = jnp.sum(accepted_at)
     reached = jnp.concatenate([expected_calls[None], accepted_at[:-1]])
     return EngineMetrics(

@@ -126,7 +126,7 @@ def _stationary_rows(name: str, model: MarkovChain) -> jax.Array:
         raise ValueError(f"{name} must be a stationary MarkovChain (the same transition rows at "
                          "every position) for the long-run rate; use decoding_time or "
                          "optimal_stopping for a non-stationary chain")
-    return model.trans[0]
+    return jax.device_put(np.asarray(model.trans)[0])  # concrete: no program to compile
 
 
 def _call_rows(p, q, depth: int):
@@ -195,10 +195,15 @@ def _recurrent_part(kernel, starts: np.ndarray, argument: str) -> np.ndarray:
 
 
 def _solve_rate(kernel, tokens, times, part: np.ndarray):
-    """``(lambda, mu, h)`` of the call chain restricted to ``part`` (closed, one closed class):
-    ``mu`` stationary, ``mu . h = 0``, ``(I - P) h = tau - lambda R`` on ``part``; ``mu`` and
-    ``h`` are 0 outside it."""
-    index = jnp.asarray(np.flatnonzero(part))
+    """``(lambda, mu, h, mu . R, mu . tau, 1 / lambda)`` of the call chain restricted to ``part``
+    (closed, one closed class): ``mu`` stationary, ``mu . h = 0``, ``(I - P) h = tau - lambda R``
+    on ``part``; ``mu`` and ``h`` are 0 outside it."""
+    return _solve_on(kernel, tokens, times, np.flatnonzero(part))
+
+
+@jax.jit  # one program per size, not one per operation
+def _solve_on(kernel, tokens, times, index):
+    """``_solve_rate`` on the states ``index``."""
     sub = kernel[index][:, index]
     size = sub.shape[0]
     eye = jnp.eye(size, dtype=kernel.dtype)
@@ -208,19 +213,30 @@ def _solve_rate(kernel, tokens, times, part: np.ndarray):
     lam = (mu @ times[index]) / (mu @ tokens[index])
     h = jnp.linalg.solve(eye - sub + jnp.outer(ones, mu), times[index] - lam * tokens[index])
     zeros = jnp.zeros(kernel.shape[:1], kernel.dtype)
-    return lam, zeros.at[index].set(mu), zeros.at[index].set(h)
+    mu, h = zeros.at[index].set(mu), zeros.at[index].set(h)
+    return lam, mu, h, mu @ tokens, mu @ times, 1 / lam
+
+
+def _at_first_position(decoder):
+    """The decoder as a call at position 1 reads it: a ``ThresholdTable``'s first row (its rows
+    are the same), so that one program serves the chains of every horizon."""
+    if isinstance(decoder, AdaptiveSpeculative) and isinstance(decoder.policy, ThresholdTable):
+        first = jax.device_put(np.asarray(decoder.policy.thresholds)[:1])
+        return AdaptiveSpeculative(ThresholdTable(first), max_lookahead=decoder.max_lookahead)
+    return decoder
 
 
 def _evaluate(decoder, p, q, times, depth: int, argument: str):
-    """``(lambda, mu, h, R, tau)`` of a decoder's call chain from its initial call state."""
-    kernel, tokens, call_times = _call_kernel(decoder, p, q, times, depth=depth)
+    """``_solve_rate``'s ``(lambda, mu, h, mu . R, mu . tau, 1 / lambda)`` of a decoder's call
+    chain from its initial call state."""
+    kernel, tokens, call_times = _call_kernel(_at_first_position(decoder), p, q, times,
+                                              depth=depth)
     num_states = q.shape[-1]
     starts = np.zeros(kernel.shape[0], bool)
     first = decoder.initial_call_state * num_states
     starts[first:first + num_states] = True  # any token, in the initial call state
     part = _recurrent_part(kernel, starts, argument)
-    lam, mu, h = _solve_rate(kernel, tokens, call_times, part)
-    return lam, mu, h, tokens, call_times
+    return _solve_rate(kernel, tokens, call_times, part)
 
 
 def _check_stationary_policy(decoder) -> None:
@@ -244,8 +260,8 @@ def _check_depth(argument: str, depth: int, horizon: int) -> None:
 
 def _work_times(decoder, depth: int, cost, dtype) -> jax.Array:
     passes, scored = depth_works(decoder, depth)
-    return jnp.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
-                        for d, s in zip(passes, scored)], dtype)
+    return jax.device_put(np.asarray([cost.call_time(draft_passes=int(d), tokens_scored=int(s))
+                                      for d, s in zip(passes, scored)], dtype))
 
 
 def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
@@ -299,26 +315,30 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
     dtype = q.dtype
     times = _work_times(decoder, depth, cost, dtype)
     argument = "decoder" if decoder.num_call_states > 1 else "target"
-    lam, mu, h, tokens, call_times = _evaluate(decoder, p, q, times, depth, argument)
+    lam, mu, h, tokens_per_call, time_per_call, rate = _evaluate(decoder, p, q, times, depth,
+                                                                 argument)
     shape = (decoder.num_call_states, q.shape[-1]) if decoder.num_call_states > 1 else (-1,)
-    return StationaryRate(tokens_per_time=1 / lam, time_per_token=lam,
-                          tokens_per_call=mu @ tokens, time_per_call=mu @ call_times,
+    return StationaryRate(tokens_per_time=rate, time_per_token=lam,
+                          tokens_per_call=tokens_per_call, time_per_call=time_per_call,
                           start_law=mu.reshape(shape), relative_values=h.reshape(shape))
 
 
-@functools.partial(jax.jit, static_argnames=("depth", "cost"))
-def _improve(p, q, h, lam, *, depth: int, cost):
+@functools.partial(jax.jit, static_argnames=("depth",))
+def _improve(p, q, h, lam, costs, *, depth: int):
     """One improvement step: the backward induction of one call with the value after a call
-    that emits ``j + 1`` tokens and ends on ``y`` set to ``h(y) - lambda (j + 1)``."""
+    that emits ``j + 1`` tokens and ends on ``y`` set to ``h(y) - lambda (j + 1)``; ``costs``
+    the ``call_costs`` of ``depth`` drafts (traced: one program for every cost model). Returns
+    ``(max |values - h|, max |h|, stop_max, go_min)``."""
     dtype = q.dtype
     p_rows, q_rows = _call_rows(p, q, depth)
     after = h[None] - lam * jnp.arange(1, depth + 2, dtype=dtype)[:, None]
-    return _adaptive._solve_position(p_rows, q_rows, q, after,
-                                     _adaptive.call_costs(cost, depth, dtype))
+    values, stop_max, go_min = _adaptive._solve_position(p_rows, q_rows, q, after, costs)
+    return jnp.max(jnp.abs(values - h)), jnp.max(jnp.abs(h)), stop_max, go_min
 
 
 def _policy(thresholds, horizon: int, depth: int) -> AdaptiveSpeculative:
-    table = jnp.broadcast_to(thresholds, (horizon,) + thresholds.shape)
+    table = np.asarray(thresholds)
+    table = jax.device_put(np.broadcast_to(table, (horizon,) + table.shape))
     return AdaptiveSpeculative(ThresholdTable(table), max_lookahead=depth)
 
 
@@ -376,30 +396,34 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
     dtype = q.dtype
     eps = float(jnp.finfo(dtype).eps)
     # Start from SD with lookahead K: go on before depth K, stop there.
-    thresholds = jnp.full((depth + 1, num_states), -1.0, dtype).at[depth].set(1.0)
-    policy = _policy(thresholds, target.horizon, depth)
+    start = np.full((depth + 1, num_states), -1.0, dtype)
+    start[depth] = 1.0
+    thresholds = jax.device_put(start)
+    # The policies are evaluated as a call at position 1 reads them (one row: _at_first_position).
+    policy = _policy(thresholds, 1, depth)
     times = _work_times(policy, depth, cost, dtype)
+    costs = _adaptive.call_costs(cost, depth, dtype)
     separated, best = True, None
     iterations = 0
     for iterations in range(1, max_iterations + 1):
-        lam, _, h, _, _ = _evaluate(policy, p, q, times, depth, "target")
+        lam, _, h, _, _, rate = _evaluate(policy, p, q, times, depth, "target")
         if best is not None and float(lam) > float(best["lam"]) * (1 + 64 * eps):
             break  # no better (rounding): keep the previous policy
-        values, stop_max, go_min = _improve(p, q, h, lam, depth=depth, cost=cost)
-        residual = jnp.max(jnp.abs(values - h))
-        scale = max(1.0, float(jnp.max(jnp.abs(h))), float(times[-1]), float(lam) * depth)
-        best = dict(lam=lam, h=h, thresholds=thresholds, separated=separated, policy=policy,
+        residual, h_scale, stop_max, go_min = _improve(p, q, h, lam, costs, depth=depth)
+        scale = max(1.0, float(h_scale), float(np.asarray(times)[-1]), float(lam) * depth)
+        best = dict(lam=lam, rate=rate, h=h, thresholds=thresholds, separated=separated,
                     residual=residual, converged=float(residual) <= 1e3 * eps * scale)
         if best["converged"]:
             break  # the optimality equation holds: no policy does better
         new, separated = _adaptive._read_thresholds(stop_max, go_min)
-        if bool(jnp.all(new == thresholds)):
+        if np.array_equal(np.asarray(new), np.asarray(thresholds)):
             break  # the improvement does not change the policy (not in threshold form)
         thresholds = new
-        policy = _policy(thresholds, target.horizon, depth)
+        policy = _policy(thresholds, 1, depth)
     lam = best["lam"]
-    return OptimalRate(tokens_per_time=1 / lam, time_per_token=lam,
+    return OptimalRate(tokens_per_time=best["rate"], time_per_token=lam,
                        relative_values=best["h"], thresholds=best["thresholds"],
-                       threshold_form=best["separated"], decoder=best["policy"],
+                       threshold_form=best["separated"],
+                       decoder=_policy(best["thresholds"], target.horizon, depth),
                        iterations=iterations, bellman_residual=best["residual"],
                        converged=best["converged"])
