@@ -22,6 +22,13 @@ def small_pair(v=4, t=5, seed=0):
     return specjax.random_markov_chain(kd, v, t), specjax.random_markov_chain(kt, v, t)
 
 
+def uniform_chain(v, t):
+    """A float32 ``MarkovChain`` of uniform rows, built from NumPy (no compiled program, where
+    ``random_markov_chain`` compiles its Dirichlet draw for every new shape)."""
+    return specjax.MarkovChain(np.full(v, 1 / v, np.float32), np.full((t, v, v), 1 / v,
+                                                                       np.float32))
+
+
 
 
 def _accept(p, q):
@@ -62,17 +69,19 @@ def test_from_logits_is_softmax_and_differentiable():
     chain = specjax.MarkovChain.from_logits(jnp.zeros(3), logits)
     np.testing.assert_allclose(chain.init, 1 / 3, rtol=1e-6)
     assert chain.trans[0, 0, 1] == 0.0
-    g = jax.grad(lambda l: specjax.MarkovChain.from_logits(jnp.zeros(3), l).trans[0, 0, 0])(
-        jnp.zeros((1, 3, 3)))
+    g = jax.jit(jax.grad(lambda l: specjax.MarkovChain.from_logits(jnp.zeros(3),
+                                                                   l).trans[0, 0, 0]))(
+        jnp.zeros((1, 3, 3)))  # one compiled program (op by op, the gradient compiled 30)
     assert jnp.isfinite(g).all()
 
 
 def test_random_markov_chain_is_deterministic_and_concentration_matters():
-    a = specjax.random_markov_chain(KEY, 5, 3)
-    b = specjax.random_markov_chain(KEY, 5, 3)
+    # (V, T) = (4, 5), small_pair's: one compiled Dirichlet draw for the whole module
+    a = specjax.random_markov_chain(KEY, 4, 5)
+    b = specjax.random_markov_chain(KEY, 4, 5)
     np.testing.assert_array_equal(a.trans, b.trans)
-    peaked = specjax.random_markov_chain(KEY, 50, 3, concentration=0.05)
-    flat = specjax.random_markov_chain(KEY, 50, 3, concentration=50.0)
+    peaked = specjax.random_markov_chain(KEY, 4, 5, concentration=0.05)
+    flat = specjax.random_markov_chain(KEY, 4, 5, concentration=50.0)
     assert peaked.trans.max(-1).mean() > flat.trans.max(-1).mean()
 
 
@@ -120,8 +129,7 @@ def test_random_markov_chain_validation(kwargs, match):
 # ----------------------------------------------------------------------------- sampler validation
 def test_sampler_validation_errors():
     d, t = small_pair()
-    other_v, _ = small_pair(v=3)
-    other_t, _ = small_pair(t=6)
+    other_v, other_t = uniform_chain(3, 5), uniform_chain(4, 6)
     with pytest.raises(ValueError, match="same number of states V"):
         specjax.speculative_decoding(KEY, other_v, t, 10)
     with pytest.raises(ValueError, match="same horizon T"):
@@ -169,21 +177,23 @@ def test_trace_fields_and_determinism(sampler):
 
 
 def test_calls_structure():
-    d, t = small_pair(t=8)
-    sd = specjax.speculative_decoding(KEY, d, t, 500)
+    # The module's pair and numbers of chains (the sd and autoregressive runs are the programs
+    # of test_prefix_of_chains_is_stable and test_trace_fields_and_determinism).
+    d, t = small_pair()
+    horizon = t.horizon
+    sd = specjax.speculative_decoding(KEY, d, t, 1000)
     # K = T: a call at n = 1 and after every rejection before T.
     np.testing.assert_array_equal(sd.num_calls, 1 + sd.rejected[:, :-1].sum(-1))
-    ar = specjax.autoregressive_decoding(KEY, t, 10)
-    assert (ar.num_calls == 8).all() and (ar.num_rejections == 0).all()
-    k2 = specjax.speculative_decoding(KEY, d, t, 500, lookahead=2)
+    ar = specjax.autoregressive_decoding(KEY, t, 64)
+    assert (ar.num_calls == horizon).all() and (ar.num_rejections == 0).all()
+    k2 = specjax.speculative_decoding(KEY, d, t, 1000, lookahead=2)
     # No block is longer than K + 1 tokens: at most 2 drafts and a bonus per call.
     starts = np.asarray(k2.new_call)
     for row in starts:
-        gaps = np.diff(np.append(np.nonzero(row)[0], 8))
+        gaps = np.diff(np.append(np.nonzero(row)[0], horizon))
         assert (gaps <= 3).all()
-    big = specjax.speculative_decoding(KEY, d, t, 100, lookahead=100)
-    none = specjax.speculative_decoding(KEY, d, t, 100)
-    np.testing.assert_array_equal(big.tokens, none.tokens)
+    big = specjax.speculative_decoding(KEY, d, t, 1000, lookahead=100)
+    np.testing.assert_array_equal(big.tokens, sd.tokens)  # K >= T is K = T
 
 
 def test_identical_draft_and_target_never_rejects():
@@ -195,13 +205,15 @@ def test_identical_draft_and_target_never_rejects():
 
 
 def test_disjoint_supports_always_reject():
-    v, horizon = 4, 6
+    # small_pair's V and T and 1,000 chains: the programs of
+    # test_identical_draft_and_target_never_rejects
+    v, horizon = 4, 5
     p_row = jnp.array([0.5, 0.5, 0.0, 0.0])
     q_row = jnp.array([0.0, 0.0, 0.5, 0.5])
     d = specjax.MarkovChain(jnp.ones(v) / v, jnp.broadcast_to(p_row, (horizon, v, v)))
     t = specjax.MarkovChain(jnp.ones(v) / v, jnp.broadcast_to(q_row, (horizon, v, v)))
-    for trace in (specjax.speculative_decoding(KEY, d, t, 2000),
-                  specjax.batch_speculative_decoding(KEY, d, t, 2000, num_drafts=3)):
+    for trace in (specjax.speculative_decoding(KEY, d, t, 1000),
+                  specjax.batch_speculative_decoding(KEY, d, t, 1000, num_drafts=4)):
         assert (trace.num_rejections == horizon).all()
         assert (trace.tokens[:, 1:] >= 2).all()
 
@@ -268,11 +280,12 @@ def test_decoders_inside_a_users_jit_trace_once():
 
 def test_user_jit_and_vmap_over_keys():
     d, t = small_pair()
-    run = jax.jit(lambda k, d, t: specjax.speculative_decoding(k, d, t, 16).num_rejections)
+    # 32 chains: the direct run is test_no_recompilation_for_new_values' program
+    run = jax.jit(lambda k, d, t: specjax.speculative_decoding(k, d, t, 32).num_rejections)
     keys = jax.random.split(KEY, 3)
     out = jax.vmap(run, in_axes=(0, None, None))(keys, d, t)
-    assert out.shape == (3, 16)
-    direct = specjax.speculative_decoding(keys[1], d, t, 16).num_rejections
+    assert out.shape == (3, 32)
+    direct = specjax.speculative_decoding(keys[1], d, t, 32).num_rejections
     np.testing.assert_array_equal(out[1], direct)
 
 
@@ -285,9 +298,9 @@ def test_raw_uint32_key_accepted():
 def test_prefix_of_chains_is_stable():
     """Chain c's randomness does not depend on num_chains (partitionable Threefry)."""
     d, t = small_pair()
-    small = specjax.speculative_decoding(KEY, d, t, 10)
+    small = specjax.speculative_decoding(KEY, d, t, 64)  # test_trace_fields' program
     large = specjax.speculative_decoding(KEY, d, t, 1000)
-    np.testing.assert_array_equal(small.tokens, large.tokens[:10])
+    np.testing.assert_array_equal(small.tokens, large.tokens[:64])
 
 
 def test_float64_under_x64(x64):

@@ -120,13 +120,17 @@ def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64)
     np.testing.assert_allclose(one.expected_rejections, sd.expected_rejections, atol=1e-12)
     assert exact.expected_rejections > sd.expected_rejections
     # Tuning: a differentiable objective of the outside decoder, in the draft and in its leaf.
-    for quantity in ("rejections", "calls", "tradeoff"):
-        cost = specjax.objective(decoder, quantity, weight=2.0)
-        grad = jax.grad(lambda trans: cost(specjax.MarkovChain(draft.init, trans), target))(
-            draft.trans)
+    # (each gradient in one compiled program: run op by op they compiled about 60 small ones)
+    @jax.jit
+    def grads(trans):
+        return [jax.grad(lambda trans: specjax.objective(decoder, quantity, weight=2.0)(
+            specjax.MarkovChain(draft.init, trans), target))(trans)
+            for quantity in ("rejections", "calls", "tradeoff")]
+
+    for grad in grads(draft.trans):
         assert np.isfinite(grad).all()
-    grad_cap = jax.grad(lambda c: specjax.exact(CappedSpeculative(c), draft,
-                                                target).expected_rejections)(0.7)
+    grad_cap = jax.jit(jax.grad(lambda c: specjax.exact(CappedSpeculative(c), draft,
+                                                        target).expected_rejections))(0.7)
     assert np.isfinite(grad_cap) and grad_cap < 0  # accepting more rejects less
     family = specjax.tuning.StationaryDraft(num_states=4, horizon=6)
     result = specjax.tune_draft(family, family.init(jax.random.key(1), 0.5), target,
@@ -159,7 +163,10 @@ def test_a_call_level_decoder_defined_outside_equals_tokenwise_sd(x64):
     final = np.bincount(np.asarray(trace.tokens[:, -1]), minlength=4)
     stats.assert_law(dict(enumerate(final)), dict(enumerate(np.asarray(want.marginals[-1]))),
                      20_000, "x_T")
-    counts = specjax.decoding_statistics(KEY, decoder, draft, target, 20_000, chunk_size=6000)
+    # One chunk: the program of the decode above (test_scale's
+    # test_statistics_equal_trace_counts_in_padded_chunks runs every call-level case of CASES in
+    # padded chunks through the same engine).
+    counts = specjax.decoding_statistics(KEY, decoder, draft, target, 20_000)
     np.testing.assert_array_equal(counts.rejected, np.asarray(trace.rejected).sum(0))
     # Verified drafts per position: binomial, |z| <= 4.5 with the largest possible SE.
     verified = counts.verified / 20_000
@@ -216,8 +223,9 @@ def _old_exact(name, draft, target):
 @pytest.mark.parametrize("name", list(LEGACY_CASES))
 def test_new_entry_points_equal_the_old_conveniences(name):
     draft, target = instance()
-    new = specjax.decode(KEY, CASES[name], draft, target, 256)
-    old = _old_sampler(name, KEY, draft, target, 256)
+    # 64 chains: the programs of test_tokens_and_exact_values_equal_the_previous_implementation
+    new = specjax.decode(KEY, CASES[name], draft, target, 64)
+    old = _old_sampler(name, KEY, draft, target, 64)
     for field in new._fields:
         np.testing.assert_array_equal(getattr(new, field), getattr(old, field), err_msg=field)
     old_exact = _old_exact(name, draft, target)
@@ -278,7 +286,8 @@ def test_every_decoder_entry_point_and_model_kind_works_or_is_refused(name, kind
     draft, target, kw = _models(kind)
     decoder = CASES[name]
     calls = {
-        "decode": lambda: specjax.decode(KEY, decoder, draft, target, 8, **kw).tokens,
+        # 4 chains: the program of one chunk of decoding_statistics' 8 chains, compiled once
+        "decode": lambda: specjax.decode(KEY, decoder, draft, target, 4, **kw).tokens,
         "decoding_statistics": lambda: specjax.decoding_statistics(
             KEY, decoder, draft, target, 8, chunk_size=4, **kw).rejected,
         "exact": lambda: specjax.exact(decoder, draft, target, **kw).expected_calls,

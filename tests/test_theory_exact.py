@@ -97,7 +97,9 @@ def test_theorem1_formula(x64, seed):
 
 @pytest.mark.parametrize("num_drafts", [1, 2, 4, 5])
 def test_theorem3_printed_formula(x64, num_drafts):
-    draft, target = random_pair(3, 7, 30, zero_fraction=0.3)
+    # T = 50, test_theorem1_formula's size: M = 2's program is also
+    # test_forward_recursion_matches_reference_recursion's
+    draft, target = random_pair(3, 7, 50, zero_fraction=0.3)
     got = float(specjax.batch_expected_rejections(*chains(draft, target), num_drafts=num_drafts))
     assert abs(got - ref.theorem3_rejections(draft, target, num_drafts)) < 1e-9
 
@@ -107,7 +109,9 @@ def test_theorem3_printed_formula(x64, num_drafts):
     ("batch", None, 2), ("batch", None, 6),
 ])
 def test_forward_recursion_matches_reference_recursion(x64, kind, lookahead, num_drafts):
-    draft, target = random_pair(4, 7, 40, zero_fraction=0.3)
+    # T = 50: the programs of K = T (test_theorem1_formula) and of batch M = 2
+    # (test_theorem3_printed_formula)
+    draft, target = random_pair(4, 7, 50, zero_fraction=0.3)
     d, t = chains(draft, target)
     if kind == "sd":
         exact = specjax.exact(specjax.Speculative(lookahead), d, t)

@@ -334,4 +334,7 @@ def decode(key, decoder, draft, target, num_chains: int, *, horizon: int | None 
                chains_what=f"tokens and flags of every chain, T = {run.horizon:,}",
                chains_remedy="use specjax.decoding_statistics (counts only, chunked) or fewer "
                              "chains")
-    return run_chunk(key, replicate(run), 0, num_chains)[0]
+    # offset as decoding_statistics passes it (np.uint32; every engine reads it as uint32), so
+    # that a chunk of its chains reuses this run's compiled program (a Python 0 is a weakly
+    # typed int32 and compiled a second program for the same run)
+    return run_chunk(key, replicate(run), np.uint32(0), num_chains)[0]
