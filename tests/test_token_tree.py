@@ -84,13 +84,10 @@ def _stacked_lengths(decoder, draft, target):
 def accepted_lengths(decoder, draft, target):
     """``(T, V)``: ``specjax.accepted_length`` at every position ``1..T``. A token-wise decoder's
     positions are compiled as one program (instead of one per position); a tree's call law runs
-    operation by operation (``jax.disable_jit``), whose compiled operations every tree and
-    position of this module share (a program per tree and position costs more here)."""
+    operation by operation, whose compiled operations every tree and position share."""
     if isinstance(decoder, specjax.TokenTree):
-        with jax.disable_jit():
-            return np.stack([np.asarray(specjax.accepted_length(decoder, draft, target,
-                                                                position=n))
-                             for n in range(1, target.horizon + 1)])
+        return np.stack([np.asarray(specjax.accepted_length(decoder, draft, target, position=n))
+                         for n in range(1, target.horizon + 1)])
     return np.asarray(_stacked_lengths(decoder, draft, target))
 
 
@@ -220,9 +217,8 @@ def test_exact_matches_literal(tree_name, children, x64):
                                    ref.rejected_measure(law, num_states, horizon), atol=1e-10)
         np.testing.assert_allclose(np.asarray(result.marginals),
                                    ref.forward_marginals(*target), atol=1e-10)
-        lengths = accepted_lengths(tree, d, t)
         for n in range(1, horizon + 1):
-            np.testing.assert_allclose(lengths[n - 1],
+            np.testing.assert_allclose(np.asarray(specjax.accepted_length(tree, d, t, position=n)),
                                        literal(tree_name, children, instance).accepted_length(n),
                                        atol=1e-10, err_msg=f"{instance}, position {n}")
 

@@ -172,27 +172,17 @@ def forward_calls(decoder, draft, target, *, lookahead: int, with_depths: bool =
 
 
 def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):
-    """``(V,)``: the expected drafts kept by a call at ``position`` from each previous token.
-
-    One compiled program (not the call law operation by operation): ``position`` is traced for
-    a full-length call (``position <= T - K``), so those positions share it, as in
-    ``forward_calls``; the last ``K`` positions are static (the call drafts fewer tokens)."""
+    """``(V,)``: the expected drafts kept by a call at ``position`` from each previous token."""
     if decoder.num_call_states > 1:
         raise ValueError(f"decoder: accepted_length gives one value per previous token, but a "
                          f"call of {type(decoder).__name__} also depends on the earlier calls "
                          f"(a state carried from call to call); use specjax.exact or "
                          f"specjax.theory.engine_metrics")
-    last = position if position > target.horizon - lookahead else None
-    return _accepted_length(decoder, draft, target, jnp.asarray(position), lookahead=lookahead,
-                            last=last)
-
-
-@functools.partial(jax.jit, static_argnames=("lookahead", "last"))
-def _accepted_length(decoder, draft, target, position, *, lookahead: int, last: int | None):
-    """``accepted_length_calls`` at the traced ``position`` (a full-length call) or, with
-    ``last``, at that static position of the last ``K``."""
-    n = position if last is None else last
-    p_rows, q_rows, bonus_row, _ = _call_rows(draft, target, n, lookahead)
-    law = decoder.call_law(p_rows, q_rows, bonus_row, with_bonus=bonus_row is not None,
-                           **_position(decoder, n))
+    horizon = target.horizon
+    k = min(lookahead, horizon - position + 1)
+    with_bonus = position + k <= horizon
+    bonus_row = target.trans[position - 1 + k] if with_bonus else None
+    law = decoder.call_law(draft.trans[position - 1: position - 1 + k],
+                           target.trans[position - 1: position - 1 + k], bonus_row,
+                           with_bonus=with_bonus, **_position(decoder, position))
     return jnp.sum(law.kept, axis=(0, 2))
