@@ -38,6 +38,15 @@ def to_chain(pair):
     return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))
 
 
+@functools.partial(jax.jit, static_argnames="positions")
+def accepted_lengths(decoders, draft, target, positions=(1,)):
+    """``specjax.accepted_length`` of each decoder at each position (``[decoder][position]``),
+    compiled as one program: called one by one, each decoder's call law runs operation by
+    operation (100+ compiles per decoder; 360 for the speed-of-light test's 38 decoders)."""
+    return [[specjax.accepted_length(d, draft, target, position=n) for n in positions]
+            for d in decoders]
+
+
 # ----------------------------------------------------------------------------- brute force
 def brute_tree(rank_trans, n, prev, budget, max_depth):
     """The kept prefixes (tuples of tokens) of the call at ``n`` after ``prev``."""
@@ -125,9 +134,10 @@ def test_accepted_length_equals_brute_force(rank, budget, max_depth, x64):
     for name in ("random", "dense"):
         draft, target = INSTANCES[name]()
         decoder = specjax.DynamicTree(budget, max_depth=max_depth, rank=rank)
-        for n in (1, 2, 4):
-            got = np.asarray(specjax.accepted_length(decoder, to_chain(draft), to_chain(target),
-                                                     position=n))
+        positions = (1, 2, 4)
+        lengths, = accepted_lengths((decoder,), to_chain(draft), to_chain(target), positions)
+        for n, got in zip(positions, lengths):
+            got = np.asarray(got)
             want = brute_accepted(draft, target, budget, max_depth, rank, n)
             np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"{name} n={n}")
 
@@ -156,26 +166,30 @@ def test_speed_of_light_beats_every_deterministic_tree(x64):
     that size, for every previous token: every static top-k tree and EAGLE-2's tree."""
     draft, target = map(to_chain, INSTANCES["dense"]())
     shapes = [(1,), (2,), (3,), (1, 1), (2, 1), (1, 2), (1, 1, 1), (2, 2), (3, 1), (2, 1, 1)]
+    cases = []  # (shape, depth, the speed of light, the trees it beats)
     for shape in shapes:
         tree = specjax.TokenTree(shape, children="top_k")
         for depth in (len(shape), 4):
             light = specjax.DynamicTree(tree.num_nodes, max_depth=depth, rank="target")
-            best = np.asarray(specjax.accepted_length(light, draft, target))
-            for other in (tree, specjax.DynamicTree(tree.num_nodes, max_depth=depth)):
-                got = np.asarray(specjax.accepted_length(other, draft, target))
-                assert np.all(got <= best + 1e-12), (shape, depth, other)
+            cases.append((shape, depth, light,
+                          (tree, specjax.DynamicTree(tree.num_nodes, max_depth=depth))))
+    decoders = list(dict.fromkeys(d for *_, light, others in cases for d in (light,) + others))
+    lengths = dict(zip(decoders, (np.asarray(x) for x, in accepted_lengths(decoders, draft,
+                                                                           target))))
+    for shape, depth, light, others in cases:
+        for other in others:
+            assert np.all(lengths[other] <= lengths[light] + 1e-12), (shape, depth, other)
 
 
 def test_chain_budget_two_is_greedy_drafting(x64):
     """Two nodes ranked by the draft: the draft's most probable token, kept with the target's
     probability of it (a top-1 tree)."""
     draft, target = map(to_chain, INSTANCES["random"]())
-    for n in (1, 3):
-        got = specjax.accepted_length(specjax.DynamicTree(2, max_depth=3), draft, target,
-                                      position=n)
-        top1 = specjax.accepted_length(specjax.TokenTree((1,), children="top_k"), draft,
-                                       target, position=n)
-        np.testing.assert_allclose(got, top1, atol=1e-12)
+    dynamic, top1 = accepted_lengths((specjax.DynamicTree(2, max_depth=3),
+                                      specjax.TokenTree((1,), children="top_k")), draft, target,
+                                     (1, 3))
+    for got, want in zip(dynamic, top1):  # positions 1 and 3
+        np.testing.assert_allclose(got, want, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- Monte Carlo

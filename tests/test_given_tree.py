@@ -192,10 +192,12 @@ def test_averaged_over_drafted_trees_the_output_is_the_targets(x64, rule, num_no
         if w > 0:
             weights.append(w)
             trees.append(tokens)
-    tokens = np.stack(trees)
+    # One batch size for every case (the V**4 trees of 5 nodes), padded with copies of the first
+    # tree, whose outcomes are not read: the cases of a rule and stop setting share a program.
+    tokens = np.stack(trees + [trees[0]] * (V ** 4 - len(trees)))
     law = specjax.verify_tree_law(tree, jnp.asarray(tokens), jnp.asarray(draft[tokens]),
                                   jnp.asarray(target[tokens]),
-                                  num_nodes=jnp.full(len(trees), num_nodes),
+                                  num_nodes=jnp.full(len(tokens), num_nodes),
                                   stop_tokens=stop or None)
     assert abs(sum(weights) - 1) < 1e-12
     total = {}

@@ -155,6 +155,18 @@ TREES = {  # parent arrays: chains, stars, uniform and irregular trees
 }
 
 
+@functools.partial(jax.jit, static_argnames="with_bonus")
+def jitted_call_law(decoder, p_rows, q_rows, bonus_row, *, with_bonus):
+    """``decoder.call_law`` as one program per decoder and shape (not operation by operation)."""
+    return decoder.call_law(p_rows, q_rows, bonus_row, with_bonus=with_bonus)
+
+
+@functools.partial(jax.jit, static_argnames="with_bonus")
+def jitted_call_law_from(decoder, start, p_rows, q_rows, bonus_row, *, with_bonus):
+    """``decoder.call_law_from`` as one program (not operation by operation)."""
+    return decoder.call_law_from(start, p_rows, q_rows, bonus_row, with_bonus=with_bonus)
+
+
 def small_rows(seed, k, num_states=3):
     (_, p), (_, q) = random_pair(seed, num_states, k + 1, zero_fraction=0.3)
     return p[:k], q[:k], q[k]
@@ -213,19 +225,18 @@ def test_call_law_equals_the_literal_rule(tree, children, x64):
     tokens exhausts the draft law without replacement)."""
     parents = TREES[tree]
     decoder = specjax.TraversalVerification.from_parents(parents, children=children)
-    call_law = decoder.call_law
     for k in range(1, decoder.lookahead + 1):
         p_rows, q_rows, bonus = small_rows(11 + k, k)
         for with_bonus in (True, False):
             literal = literal_call_law(parents, p_rows, q_rows, bonus if with_bonus else None, 3,
                                        children)
-            law = call_law(jnp.asarray(p_rows), jnp.asarray(q_rows), jnp.asarray(bonus),
-                           with_bonus=with_bonus)
+            law = jitted_call_law(decoder, jnp.asarray(p_rows), jnp.asarray(q_rows),
+                                  jnp.asarray(bonus), with_bonus=with_bonus)
             for got, want in zip(law, literal):
                 np.testing.assert_allclose(np.asarray(got), want, atol=1e-12, rtol=0)
     start = np.random.default_rng(7).dirichlet(np.ones(3))  # the deepest call, with bonus
-    pushed = decoder.call_law_from(
-        jnp.asarray(start), jnp.asarray(p_rows), jnp.asarray(q_rows), jnp.asarray(bonus),
+    pushed = jitted_call_law_from(
+        decoder, jnp.asarray(start), jnp.asarray(p_rows), jnp.asarray(q_rows), jnp.asarray(bonus),
         with_bonus=True)
     literal = literal_call_law(parents, p_rows, q_rows, bonus, 3, children)
     for got, want in zip(pushed, literal):
@@ -269,8 +280,8 @@ def test_chains_are_block_verification(x64):
     traversal, block = specjax.TraversalVerification((1, 1, 1)), specjax.BlockVerification(3)
     for k, with_bonus in ((3, True), (2, False)):
         rows = (jnp.asarray(p[:k]), jnp.asarray(q[:k]), jnp.asarray(q[k]))
-        for a, b in zip(traversal.call_law(*rows, with_bonus=with_bonus),
-                        block.call_law(*rows, with_bonus=with_bonus)):
+        for a, b in zip(jitted_call_law(traversal, *rows, with_bonus=with_bonus),
+                        jitted_call_law(block, *rows, with_bonus=with_bonus)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-14, rtol=0)
 
 
@@ -310,7 +321,8 @@ def test_edge_rows_give_finite_values_and_gradients(x64):
         return specjax.exact(decoder, specjax.MarkovChain(draft.init, p_trans),
                              specjax.MarkovChain(target.init, q_trans)).expected_calls
 
-    value, grads = jax.value_and_grad(calls, argnums=(0, 1))(draft.trans, target.trans)
+    value, grads = jax.jit(jax.value_and_grad(calls, argnums=(0, 1)))(  # one program
+        draft.trans, target.trans)
     assert np.isfinite(float(value))
     assert all(np.all(np.isfinite(np.asarray(g))) for g in grads)
     same = float(calls(target.trans, target.trans))
