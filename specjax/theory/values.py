@@ -128,13 +128,6 @@ def _tokenwise_accepted_length(decoder, draft, target, *, position, lookahead):
     return total + jnp.sum(more, axis=0)
 
 
-#: ``calls.accepted_length_calls`` as one compiled program per decoder, position and ``K``: run
-#: op by op, a call law (a tree's beam, block verification's masses) compiled dozens of small
-#: programs at every call.
-_calls_accepted_length = functools.partial(jax.jit, static_argnames=("position", "lookahead"))(
-    calls.accepted_length_calls)
-
-
 def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
     """Expected number of drafts accepted by a call that starts at ``position``, exactly.
 
@@ -168,8 +161,8 @@ def accepted_length(decoder, draft, target, *, position: int = 1) -> jax.Array:
     if lookahead == 0:
         return jnp.zeros((target.num_states,), target.dtype)
     if isinstance(decoder, CallDecoder):
-        return _calls_accepted_length(decoder, draft, target, position=int(position),
-                                      lookahead=lookahead)
+        return calls.accepted_length_calls(decoder, draft, target, position=int(position),
+                                           lookahead=lookahead)
     return _tokenwise_accepted_length(decoder, draft, target, position=int(position),
                                       lookahead=lookahead)
 
