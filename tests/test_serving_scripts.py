@@ -1,20 +1,7 @@
 """End-to-end runs of scripts/study_serving.py and scripts/benchmark_serving.py at toy sizes."""
 
-import importlib
-import pathlib
-import sys
-
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def import_script(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
+from test_scripts import import_script
 
 
 @pytest.mark.slow

@@ -1,23 +1,10 @@
 """Smoke test of scripts/token_tree_study.py on a tiny setting, and the n-gram lift it uses."""
 
-import importlib
-import pathlib
-import sys
-
 import numpy as np
+from test_scripts import import_script
 
 import specjax
 from specjax.models.autoregressive import NGramModel
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def import_script(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 def test_token_tree_study_tiny(tmp_path):
