@@ -101,9 +101,8 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.draws import bernoulli
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
-from specjax.decoders.tree_structure import TreeShape
+from specjax.decoders.tree_structure import TreeSpec
 from specjax.decoders.tree_structure import check_tree_spec
-from specjax.decoders.tree_structure import spec_shape
 from specjax.decoders.tree_structure import tree_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
@@ -149,7 +148,7 @@ def _euler_tour(parents: tuple):
 
 
 @pytree_dataclass
-class TraversalVerification(CallDecoder):
+class TraversalVerification(TreeSpec, CallDecoder):
     """Traversal Verification (Weng et al. 2025) of a static draft tree: leaf to root, one whole
     sequence at a time (see the module docstring for the rule, its source and its exact law).
 
@@ -183,39 +182,12 @@ class TraversalVerification(CallDecoder):
     _: dataclasses.KW_ONLY
     children: str = "iid"
     parents: tuple | None = None
+    label_name = "traversal verification"
 
     def __post_init__(self):
         check_tree_spec(self, allowed=CHILDREN, example="(2, 2)",
                         why_not=" for TraversalVerification (deterministic top-k drafts have no "
                                 "draft law to verify against)")
-
-    @classmethod
-    def from_parents(cls, parents, *, children: str = "iid") -> "TraversalVerification":
-        """The tree with parent array ``parents`` (``parents[0] = -1``, ``parents[i] < i``)."""
-        return cls(None, children=children, parents=parents)
-
-    @property
-    def shape(self) -> TreeShape:
-        return spec_shape(self.branching, self.parents)
-
-    @property
-    def lookahead(self) -> int:
-        return self.shape.max_depth
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes of the tree, root included."""
-        return len(self.shape.parents)
-
-    @property
-    def label(self) -> str:
-        tree = (f"{self.branching}" if self.branching is not None
-                else f"{self.num_nodes}-node tree")
-        return f"traversal verification {tree}, {self.children}"
-
-    def truncate(self, lookahead: int) -> "TraversalVerification":
-        del lookahead  # the sampler drops the nodes beyond the horizon by itself
-        return self
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         """The exact law's arrays (``law_size``) must stay within ``MAX_PATHS`` elements."""
@@ -240,12 +212,6 @@ class TraversalVerification(CallDecoder):
             return total + (num_states**(rank + len(kids) * grow + 1) if kids else 0)
 
         return size(0, 1, 0)
-
-    def call_work(self, depth: int) -> tuple[int, int]:
-        """One draft pass per level and the nodes of the tree cut at ``depth`` (root
-        included), for ``specjax.CostModel``."""
-        levels = min(depth, self.shape.max_depth)
-        return levels, sum(1 for d in self.shape.depth if d <= levels)
 
     @property
     def num_uniforms(self) -> int:

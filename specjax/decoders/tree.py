@@ -86,10 +86,10 @@ from specjax.decoders.draws import draw
 # The tree's shape (parent arrays, depths, classes of nodes) lives in
 # specjax.decoders.tree_structure; its names are served from here too.
 from specjax.decoders.tree_structure import MAX_TREE_NODES  # noqa: F401
-from specjax.decoders.tree_structure import TreeShape
+from specjax.decoders.tree_structure import TreeShape  # noqa: F401  (served from here)
+from specjax.decoders.tree_structure import TreeSpec
 from specjax.decoders.tree_structure import check_tree_spec
 from specjax.decoders.tree_structure import tree_classes
-from specjax.decoders.tree_structure import spec_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import matmul_highest
 from specjax.numerics import safe_ratio
@@ -171,7 +171,7 @@ def first_hit(accepted):
 
 
 @pytree_dataclass
-class TokenTree(CallDecoder):
+class TokenTree(TreeSpec, CallDecoder):
     """A static draft tree verified top-down in one target call.
 
     ``TokenTree((4, 2))``: the root has 4 children and each of them 2 (13 nodes, depth 2).
@@ -195,48 +195,15 @@ class TokenTree(CallDecoder):
     _: dataclasses.KW_ONLY
     children: str = "iid"
     parents: tuple | None = None
+    label_name = "token tree"
 
     def __post_init__(self):
         check_tree_spec(self, allowed=CHILDREN, example="(4, 2)")
-
-    @classmethod
-    def from_parents(cls, parents, *, children: str = "iid") -> "TokenTree":
-        """The tree with parent array ``parents`` (``parents[0] = -1``, ``parents[i] < i``)."""
-        return cls(None, children=children, parents=parents)
-
-    @property
-    def shape(self) -> TreeShape:
-        return spec_shape(self.branching, self.parents)
-
-    @property
-    def lookahead(self) -> int:
-        return self.shape.max_depth
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes of the tree, root included: the tokens one call verifies."""
-        return len(self.shape.parents)
-
-    @property
-    def label(self) -> str:
-        tree = (f"{self.branching}" if self.branching is not None
-                else f"{self.num_nodes}-node tree")
-        return f"token tree {tree}, {self.children}"
-
-    def truncate(self, lookahead: int) -> "TokenTree":
-        del lookahead  # the sampler stops at the horizon by itself
-        return self
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         if self.children == "without_replacement":
             multi_draft.check_without_replacement_size(self.shape.max_children, num_states,
                                                        num_states)
-
-    def call_work(self, depth: int) -> tuple[int, int]:
-        """One draft pass per level and the nodes of the tree cut at ``depth`` (root
-        included), for ``specjax.CostModel``."""
-        levels = min(depth, self.shape.max_depth)
-        return levels, sum(1 for d in self.shape.depth if d <= levels)
 
     @property
     def num_uniforms(self) -> int:

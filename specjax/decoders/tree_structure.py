@@ -155,3 +155,45 @@ def spec_shape(branching, parents) -> TreeShape:
     """The shape of the tree given by ``branching`` or, if that is ``None``, by ``parents``."""
     return tree_shape(parents if parents is not None else branching_parents(branching))
 
+
+class TreeSpec:
+    """What a decoder given by a static tree derives from its fields ``branching``,
+    ``children`` and ``parents`` (checked by ``check_tree_spec``): its shape, depth (the
+    ``lookahead``), nodes, label and work per call. Mixed in before ``CallDecoder`` by
+    ``TokenTree`` and ``TraversalVerification``, which name themselves in ``label_name``."""
+
+    label_name = "tree"
+
+    @classmethod
+    def from_parents(cls, parents, *, children: str = "iid"):
+        """The tree with parent array ``parents`` (``parents[0] = -1``, ``parents[i] < i``)."""
+        return cls(None, children=children, parents=parents)
+
+    @property
+    def shape(self) -> TreeShape:
+        return spec_shape(self.branching, self.parents)
+
+    @property
+    def lookahead(self) -> int:
+        return self.shape.max_depth
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the tree, root included: the tokens one call verifies."""
+        return len(self.shape.parents)
+
+    @property
+    def label(self) -> str:
+        tree = (f"{self.branching}" if self.branching is not None
+                else f"{self.num_nodes}-node tree")
+        return f"{self.label_name} {tree}, {self.children}"
+
+    def truncate(self, lookahead: int):
+        del lookahead  # the sampler leaves out the nodes beyond the horizon by itself
+        return self
+
+    def call_work(self, depth: int) -> tuple[int, int]:
+        """One draft pass per level and the nodes of the tree cut at ``depth`` (root
+        included), for ``specjax.CostModel``."""
+        levels = min(depth, self.shape.max_depth)
+        return levels, sum(1 for d in self.shape.depth if d <= levels)
