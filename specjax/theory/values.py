@@ -96,7 +96,12 @@ def exact(decoder, draft, target, *, horizon: int | None = None,
                 f"stop_tokens: {type(decoder).__name__} has no exact values with stop tokens "
                 f"yet (its call law gives each position's masses, not where a call's path "
                 f"stops); token-wise decoders have them, and specjax.decode stops any decoder")
-        return calls.forward_calls(decoder, draft, target, lookahead=lookahead)
+        # The program engine_metrics and decoding_time compile (with the depths and, for a
+        # random draft length, the drafted law): one compilation serves the three, and the
+        # values are the same (those extra outputs only add sums of the same laws).
+        return calls.forward_calls(decoder, draft, target, lookahead=lookahead,
+                                   with_depths=True,
+                                   with_drafted=decoder.has_drafted_call_law)[0]
     if kind == "finite_state":
         stop = _checks.stop_mask(stop_tokens, target.num_states, target.table.dtype)
         return forward_finite_state(decoder, draft, target, horizon=horizon, lookahead=lookahead,
