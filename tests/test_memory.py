@@ -146,8 +146,16 @@ def test_decoding_statistics_refuses_per_chain_results_or_a_chunk_that_cannot_fi
     assert stats.num_chains == 4_000
 
 
+def uniform_chain(num_states, horizon):
+    """A float32 chain of uniform rows, built in NumPy: for checks that read only its sizes (no
+    Dirichlet sampler to compile)."""
+    return specjax.MarkovChain(np.full((num_states,), 1 / num_states, np.float32),
+                               np.full((horizon, num_states, num_states), 1 / num_states,
+                                       np.float32))
+
+
 def test_exact_refuses_tables_that_cannot_fit(available):
-    draft, target = specjax.paper_instance(num_states=11, horizon=13)
+    draft = target = uniform_chain(11, 13)
     available(10**3)
     with pytest.raises(ValueError, match=r"num_states = 11 \(draft and target, T = 13\) needs "
                                          r"about .*exact recursion"):
@@ -198,7 +206,11 @@ def test_tables_by_position_equal_the_whole_table_for_larger_models():
     """Thresholds built per position in blocks of rows (a ``fori_loop``, the last block
     overlapping) equal the table of all positions bit for bit, for a decoder whose laws sum
     rows (batch SD's root)."""
-    draft, target = specjax.paper_instance(seed=4, num_states=150, horizon=2)
+    # Random rows drawn by NumPy (jax.random.dirichlet would compile a sampler for this size).
+    rng = np.random.default_rng(4)
+    draft, target = (specjax.MarkovChain(np.full((150,), 1 / 150, np.float32),
+                                         rng.dirichlet(np.ones(150), (2, 150)).astype(np.float32))
+                     for _ in range(2))
     for decoder in (specjax.BatchSpeculative(3),):
         lookahead = decoder.resolve_lookahead(2)
         plan = engine.TablePlan(engine.row_kinds(decoder, lookahead, 2), 64)
