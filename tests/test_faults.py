@@ -19,9 +19,10 @@ from tests.stats import count_rows
 KEY = jax.random.key(19)
 
 
-def _narrow_chain(seed, dtype, num_states=3, horizon=2):
+def _narrow_chain(seed, dtype, num_states=4, horizon=3):
     """A random chain stored in a narrow float type, and the float64 law its rows define
-    (each row normalised in float64, as the samplers' thresholds normalise it)."""
+    (each row normalised in float64, as the samplers' thresholds normalise it). ``V = 4, T = 3``:
+    the size of the chains of the rule tests below, so that one Dirichlet sampler is compiled."""
     chain = specjax.random_markov_chain(jax.random.key(seed), num_states, horizon)
     init, trans = chain.init.astype(dtype), chain.trans.astype(dtype)
     exact = [np.asarray(x, np.float64) for x in (init, trans)]
