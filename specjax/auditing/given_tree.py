@@ -62,7 +62,8 @@ import numpy as np
 from specjax import _checks
 from specjax.auditing.given import check_valid_rows
 from specjax.auditing.given import _float_array
-from specjax.auditing.given import _unbatch
+from specjax.auditing.given import host_or_device
+from specjax.auditing.given import unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
 from specjax.auditing.given import computation_arrays
@@ -147,7 +148,7 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
                       num_nodes) -> _TreeInputs:
     """Shapes, dtypes and (when concrete) values of the given-tree arguments."""
     size = tree.num_nodes
-    tokens = jnp.asarray(tree_tokens)
+    tokens = host_or_device(tree_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"tree_tokens must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim not in (1, 2) or tokens.shape[-1] != size:
@@ -174,15 +175,15 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
             raise ValueError(f"draft_probs must have the shape of target_probs "
                              f"{tuple(jnp.shape(target_probs))}, got {jnp.shape(draft_probs)}")
     if num_nodes is None:
-        counts = jnp.full((num_requests,), size, jnp.int32)
+        counts = np.full((num_requests,), size, np.int32)
     else:
-        counts = jnp.asarray(num_nodes)
+        counts = host_or_device(num_nodes)
         if not jnp.issubdtype(counts.dtype, jnp.integer) \
                 or counts.shape != ((num_requests,) if batched else ()):
             raise ValueError(f"num_nodes must be integers of shape "
                              f"{(num_requests,) if batched else ()}, got dtype {counts.dtype} "
                              f"and shape {counts.shape}")
-        counts = counts.reshape(num_requests).astype(jnp.int32)
+        counts = counts.reshape(num_requests).astype(np.int32)
         if _checks.is_concrete(counts):
             values = np.asarray(counts)
             bad = np.flatnonzero((values < 1) | (values > size))
@@ -228,8 +229,12 @@ def _accept_probability(d, r):
     return jnp.where(d > 0, jnp.minimum(d, r) / jnp.where(d > 0, d, 1), 0)
 
 
-@functools.partial(jax.jit, static_argnames=("tree", "with_bonus"))
-def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
+@functools.partial(jax.jit, static_argnames=("tree", "with_bonus", "batched"))
+def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus, batched=True):
+    return unbatch(_verify_batch(tree, inputs, u, v, stop, with_bonus), batched)
+
+
+def _verify_batch(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
     parents, depth = tree.shape.parents, tree.shape.max_depth
     size = len(parents)
     num_requests = inputs.tokens.shape[0]
@@ -289,8 +294,12 @@ def _no_child_present(tree: TokenTree, num_nodes, node):
     return jnp.asarray(_first_child(tree))[node] >= num_nodes
 
 
-@functools.partial(jax.jit, static_argnames=("tree", "with_bonus"))
-def _tree_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
+@functools.partial(jax.jit, static_argnames=("tree", "with_bonus", "batched"))
+def _tree_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus, batched=True):
+    return unbatch(_batch_law(tree, inputs, stop, with_bonus), batched)
+
+
+def _batch_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
     size = len(tree.shape.parents)
     q_all = inputs.target_probs
     num_requests, _, num_tokens = q_all.shape
@@ -400,8 +409,8 @@ def verify_tree(key, decoder, tree_tokens, draft_probs, target_probs, *, num_nod
     num_requests, size = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (size, size), inputs.batched,
                            inputs.target_probs.dtype)
-    return _unbatch(_verify_tree(tree, inputs._replace(batched=None), u, v, stop, with_bonus),
-                    inputs.batched)
+    return _verify_tree(tree, inputs._replace(batched=None), u, v, stop, with_bonus,
+                        inputs.batched)
 
 
 def verify_tree_law(decoder, tree_tokens, draft_probs, target_probs, *, num_nodes=None,
@@ -427,5 +436,4 @@ def verify_tree_law(decoder, tree_tokens, draft_probs, target_probs, *, num_node
     tree = tree_of(decoder)
     inputs = check_tree_inputs(tree, tree_tokens, draft_probs, target_probs, num_nodes)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
-    return _unbatch(_tree_law(tree, inputs._replace(batched=None), stop, with_bonus),
-                    inputs.batched)
+    return _tree_law(tree, inputs._replace(batched=None), stop, with_bonus, inputs.batched)
