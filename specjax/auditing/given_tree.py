@@ -335,30 +335,40 @@ def _batch_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
 def _end_tree_law(tree, inputs, outcome, reach, stop, with_bonus):
     """Outputs after the endings. A stop token at drafted node ``s`` (the first on its path)
     ends every output through ``s``: their mass ``reach[s]`` moves to ``(parent(s), t_s)``.
-    Without the bonus, an output that reached a node with no child ends on that node's token."""
+    Without the bonus, an output that reached a node with no child ends on that node's token.
+
+    A node that loses its outcomes has no child that gives it mass (its children are blocked,
+    or not in the request), so every move is made at once: the outcomes masked, then the moved
+    masses added by one contraction with the parent map (per-node scatters compile slowly)."""
     parents = tree.shape.parents
     size = len(parents)
+    num_requests = outcome.shape[0]
     rows_valid = jnp.arange(size)[None] < inputs.num_nodes[:, None]
-    blocked = jnp.zeros_like(reach, bool)  # a stop among the node's ancestors (itself included)
+    no_block = jnp.zeros((num_requests,), bool)
+    blocked = [no_block] * size  # a stop among the node's ancestors (itself included)
+    gain = jnp.zeros_like(reach)  # (B, N): the mass moved from node to (parent, its token)
     if stop.shape[0]:
         is_stop = jnp.isin(inputs.tokens, stop) & rows_valid & (jnp.arange(size)[None] > 0)
+        first = [no_block] * size
         for node in range(1, size):
-            above = blocked[:, parents[node]]
-            first = is_stop[:, node] & ~above
-            outcome = outcome.at[:, node].multiply(jnp.where(above | first, 0, 1)[:, None])
-            gain = jnp.where(first, reach[:, node], 0)
-            outcome = outcome.at[jnp.arange(outcome.shape[0]), parents[node],
-                                 inputs.tokens[:, node]].add(gain)
-            blocked = blocked.at[:, node].set(above | first)
+            above = blocked[parents[node]]
+            first[node] = is_stop[:, node] & ~above
+            blocked[node] = above | first[node]
+        first = jnp.stack(first, axis=1)
+        gain = jnp.where(first, reach, 0)
+        outcome = outcome * jnp.where(jnp.stack(blocked, axis=1), 0, 1)[..., None]
     if not with_bonus:
-        for node in range(1, size):
-            leaf = _no_child_present(tree, inputs.num_nodes, jnp.full_like(inputs.num_nodes,
-                                                                            node))
-            move = leaf & rows_valid[:, node] & ~blocked[:, node]
-            mass = jnp.where(move, outcome[:, node].sum(-1), 0)
-            outcome = outcome.at[:, node].multiply(jnp.where(move, 0, 1)[:, None])
-            outcome = outcome.at[jnp.arange(outcome.shape[0]), parents[node],
-                                 inputs.tokens[:, node]].add(mass)
+        nodes = jnp.arange(size)
+        leaf = jnp.asarray(_first_child(tree))[None] >= inputs.num_nodes[:, None]
+        move = leaf & rows_valid & ~jnp.stack(blocked, axis=1) & (nodes[None] > 0)
+        gain = gain + jnp.where(move, outcome.sum(-1), 0)
+        outcome = outcome * jnp.where(move, 0, 1)[..., None]
+    if stop.shape[0] or not with_bonus:
+        to_parent = np.zeros((size, size), np.float32)  # (node, its parent), the root's none
+        to_parent[np.arange(1, size), np.asarray(parents[1:])] = 1
+        token = jax.nn.one_hot(inputs.tokens, outcome.shape[-1], dtype=outcome.dtype)
+        outcome = outcome + jnp.einsum("bc,cn,bcv->bnv", gain, to_parent.astype(outcome.dtype),
+                                       token, precision=jax.lax.Precision.HIGHEST)
     return outcome
 
 
