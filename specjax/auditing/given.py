@@ -106,14 +106,12 @@ class DraftsLaw(NamedTuple):
 
 
 def host_or_device(x):
-    """A concrete argument as a NumPy array (``_checks.host_array``: its value checks read it on
-    the host anyway, and NumPy's reshapes and casts compile nothing, where every eager ``jnp``
-    operation compiles a program of its own per shape); a tracer, or a device array of at least
-    ``_checks.FUSED_CHECK_ENTRIES`` entries (screened on its device, not copied), as it is."""
-    if isinstance(x, jax.Array) and (not _checks.is_concrete(x)
-                                     or x.size >= _checks.FUSED_CHECK_ENTRIES):
-        return x
-    return _checks.host_array(x)
+    """A jax array (or tracer) as it is, anything else (NumPy arrays, lists, numbers) as a
+    NumPy array of the dtype ``jnp.asarray`` would give it (``_checks.host_array``): the input
+    checks read it on the host anyway, and NumPy's reshapes and casts compile nothing, where
+    every eager ``jnp`` operation (``jnp.asarray`` of a NumPy array included) compiles a program
+    of its own per shape. The kernels take NumPy arrays as they are."""
+    return x if isinstance(x, jax.Array) else _checks.host_array(x)
 
 
 def _xp(x):
