@@ -23,6 +23,21 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def host_array(x) -> np.ndarray:
+    """``x`` as a NumPy array of the dtype ``jnp.asarray(x)`` would give it (JAX's canonical
+    dtype: float64 and int64 are float32 and int32 unless ``jax_enable_x64``), without running
+    anything on a device: ``jnp.asarray`` of a NumPy array compiles a program of its own for
+    each new shape and dtype. For concrete arguments that are checked on the host and then
+    passed to a jitted function (which takes NumPy arrays as they are)."""
+    x = np.asarray(x)
+    return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
+
+
+def _dtype(x):
+    """The dtype ``jnp.asarray(x)`` would have, without converting ``x``."""
+    return x.dtype if isinstance(x, (jax.Array, np.ndarray)) else host_array(x).dtype
+
+
 def row_sum_tolerance(dtype) -> float:
     """Absolute tolerance for ``sum(row) == 1`` in the given floating dtype: ``1e-9`` in
     float64, ``1e-4`` in float32, and for narrower types a tolerance the dtype can hold (4 units
@@ -40,7 +55,7 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
     Value checks are skipped for tracers (see module docstring). ``tolerance`` on the row sums
     defaults to ``row_sum_tolerance(dtype)``.
     """
-    if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+    if not jnp.issubdtype(_dtype(x), jnp.floating):
         raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
     if not is_concrete(x):
         return

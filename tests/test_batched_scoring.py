@@ -284,12 +284,13 @@ def test_equal_and_disjoint_models_give_their_known_counts():
                            batched_scoring=True)
     np.testing.assert_array_equal(trace.num_rejections, 0)
     np.testing.assert_array_equal(trace.num_calls, 3)  # calls of 3, 3 and 1 tokens
-    left = models.NGramModel(table=jnp.array([[0.5, 0.5, 0.0]]), order=1)
-    right = models.NGramModel(table=jnp.array([[0.0, 0.0, 1.0]]), order=1)
+    # the same row after every context (order 2, V = 3, T = 7: the program of the run above)
+    left = models.NGramModel(table=jnp.array([[0.5, 0.5, 0.0]] * 3), order=2)
+    right = models.NGramModel(table=jnp.array([[0.0, 0.0, 1.0]] * 3), order=2)
     trace = specjax.decode(jax.random.key(1), specjax.Speculative(2), left, right, 400,
-                           horizon=5, batched_scoring=True)
-    np.testing.assert_array_equal(trace.num_rejections, 5)  # every draft rejected
-    np.testing.assert_array_equal(trace.num_calls, 5)
+                           horizon=7, batched_scoring=True)
+    np.testing.assert_array_equal(trace.num_rejections, 7)  # every draft rejected
+    np.testing.assert_array_equal(trace.num_calls, 7)
     np.testing.assert_array_equal(np.asarray(trace.tokens)[:, 1:], 2)
 
 

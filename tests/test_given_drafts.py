@@ -59,8 +59,8 @@ def test_kernel_equals_the_literal_transcription_token_for_token(x64):
             u[:, 0] = 0.0
             v[:, :2] = 0.0
         for greedy in (False, True):
-            out = specjax.verify_drafts(None, SD, x, None if greedy else p, q,
-                                        num_drafts=counts, uniforms=(u, v))
+            out = jax.tree.map(np.asarray, specjax.verify_drafts(
+                None, SD, x, None if greedy else p, q, num_drafts=counts, uniforms=(u, v)))
             for b in range(4):
                 want = literal_verify(x[b], p[b], q[b], counts[b], u[b], v[b], greedy=greedy)
                 assert np.asarray(out.tokens[b]).tolist() == want.tolist(), (trial, b, greedy)
@@ -158,8 +158,8 @@ def test_exact_law_equals_the_literal_closed_form_for_every_rule(x64):
     ]
     for decoder, accept, residual in rules:
         for greedy in (False, True):
-            law = specjax.verify_drafts_law(decoder, x, None if greedy else p, q,
-                                            num_drafts=counts)
+            law = jax.tree.map(np.asarray, specjax.verify_drafts_law(
+                decoder, x, None if greedy else p, q, num_drafts=counts))
             for b in range(4):
                 want = literal_law(x[b], p[b], q[b], counts[b], greedy, accept, residual)
                 np.testing.assert_allclose(law.outcome[b], want, atol=1e-13,
@@ -266,19 +266,23 @@ def test_block_verification_law_equals_the_literal_algorithm_enumerated(x64, sto
                 assert abs(got.get(key, 0.0) - mass) < 1e-12, (seed, b, key)
 
 
-def _one_position_rule(decoder, x, p_row, q_row, part):
+def _position_rule(decoder, x, p_rows, q_rows, part):
     """The kernel at one drafted position as a rule of one uniform, for ``audit_exact``: the
     accept uniform (``part="accept"``, sample uniform 0.5) or the sample uniform after a sure
-    rejection (``part="residual"``, accept uniform just below 1)."""
-    q_rows = jnp.stack([q_row, q_row])
-    below_one = jnp.nextafter(jnp.asarray(1.0, q_row.dtype), 0)
+    rejection (``part="residual"``, accept uniform just below 1). The position is one of the rows
+    ``(x, p_rows, q_rows)``: the one whose target row is the audited ``q`` (the audit's draft
+    row is the one-hot of ``x``), so one rule, and one compiled program, serves every row."""
+    below_one = np.nextafter(np.asarray(1.0, q_rows.dtype), 0)
 
     def verify_u(u, p_, q_, x_):
-        del p_, q_, x_
+        del p_, x_
+        row = jnp.argmax(jnp.all(q_rows == q_[None], axis=-1))
         accept_u, sample_u = (u, 0.5) if part == "accept" else (below_one, u)
-        out = specjax.verify_drafts(None, decoder, jnp.array([x]), p_row[None], q_rows,
+        out = specjax.verify_drafts(None, decoder, jnp.asarray(x)[row][None],
+                                    jnp.asarray(p_rows)[row][None],
+                                    jnp.stack([q_, q_]),
                                     uniforms=(jnp.reshape(accept_u, (1,)),
-                                              jnp.stack([jnp.asarray(sample_u, q_row.dtype)] * 2)))
+                                              jnp.full((2,), sample_u, q_.dtype)))
         return out.num_accepted == 1, out.tokens[0]
 
     return verify_u
@@ -288,21 +292,23 @@ def test_kernel_integrated_exactly_over_its_uniforms_equals_the_law(x64):
     """audit_exact integrates the kernel itself over each uniform (grid and bisection): the
     acceptance and the residual it finds equal ``verify_drafts_law``'s at every position."""
     x, p, q, counts = requests(4, num_requests=4)
+    where = ([0, 0, 0, 3], [0, 1, 2, 1])
+    tokens, p_rows, q_rows = x[where], p[where], q[where]
+    assert len({tuple(row) for row in q_rows}) == len(q_rows)  # each row found by its q
+    points = np.eye(V)[tokens]  # audit_exact's greedy draft = x
     for decoder in (SD, specjax.BiasedSpeculative(0.05)):
-        law = specjax.verify_drafts_law(decoder, x, p, q, num_drafts=counts)
-        for b, j in [(0, 0), (0, 1), (0, 2), (3, 1)]:
-            tok, p_row, q_row = int(x[b, j]), jnp.asarray(p[b, j]), jnp.asarray(q[b, j])
-            point = jax.nn.one_hot(tok, V, dtype=p_row.dtype)  # audit_exact's greedy draft = x
-            acc = specjax.audit_exact(_one_position_rule(decoder, tok, p_row, q_row, "accept"),
-                                      point, q_row, drafting="greedy", grid=256)
-            np.testing.assert_allclose(acc.acceptance_rate, law.acceptance[b, j], atol=1e-12)
+        law = jax.tree.map(np.asarray, specjax.verify_drafts_law(decoder, x, p, q,
+                                                                 num_drafts=counts))
+        acc = specjax.audit_exact(_position_rule(decoder, tokens, p_rows, q_rows, "accept"),
+                                  points, q_rows, drafting="greedy", grid=256)
+        res = specjax.audit_exact(_position_rule(decoder, tokens, p_rows, q_rows, "residual"),
+                                  points, q_rows, drafting="greedy", grid=256)
+        for i, (b, j) in enumerate(zip(*where)):
+            np.testing.assert_allclose(acc.acceptance_rate[i], law.acceptance[b, j], atol=1e-12)
             if law.acceptance[b, j] < 1:
-                res = specjax.audit_exact(_one_position_rule(decoder, tok, p_row, q_row,
-                                                             "residual"),
-                                          point, q_row, drafting="greedy", grid=256)
                 reached = law.num_accepted[b, j:].sum()
                 want = law.outcome[b, j] / (reached * (1 - law.acceptance[b, j]))
-                np.testing.assert_allclose(res.output_law, want, atol=1e-12)
+                np.testing.assert_allclose(res.output_law[i], want, atol=1e-12)
 
 
 @pytest.mark.parametrize("decoder", [SD, specjax.BlockVerification(K)], ids=["sd", "block"])
@@ -339,7 +345,8 @@ def test_batch_equals_each_request_alone_and_padding_is_ignored():
     u = np.random.default_rng(0).random((4, K)).astype(np.float32)
     v = np.random.default_rng(1).random((4, K + 1)).astype(np.float32)
     p32, q32 = p.astype(np.float32), q.astype(np.float32)
-    batch = specjax.verify_drafts(None, SD, x, p32, q32, num_drafts=counts, uniforms=(u, v))
+    batch = jax.tree.map(np.asarray, specjax.verify_drafts(None, SD, x, p32, q32,
+                                                           num_drafts=counts, uniforms=(u, v)))
     garbage_p, garbage_q = p32.copy(), q32.copy()
     for b, c in enumerate(counts):  # rows beyond K_b: zeros, as engines pad
         garbage_p[b, c:] = 0
@@ -367,9 +374,10 @@ def test_edge_rows_give_finite_laws_and_gradients(x64):
         assert law.outcome.dtype == dtype
         np.testing.assert_allclose(law.acceptance, [0, 1, 0])
         np.testing.assert_allclose(law.outcome[0], [0, 0, 0.5, 0.5], atol=1e-7)
-        grad = jax.grad(lambda pq: jnp.sum(specjax.verify_drafts_law(
-            SD, x, pq[0], pq[1]).num_accepted * jnp.arange(4)))((p.astype(dtype),
-                                                                 q.astype(dtype)))
+        # under jit: one program (eagerly, each operation of the gradient compiles its own)
+        grad = jax.jit(jax.grad(lambda pq: jnp.sum(specjax.verify_drafts_law(
+            SD, x, pq[0], pq[1]).num_accepted * jnp.arange(4))))((p.astype(dtype),
+                                                                   q.astype(dtype)))
         assert all(np.isfinite(g).all() for g in grad)
     out = specjax.verify_drafts(None, SD, x, p, q, uniforms=(np.zeros(3), np.zeros(4)))
     assert out.tokens.tolist() == [2, -1, -1, -1]

@@ -94,15 +94,23 @@ def literal_output_and_rejections(rule, draft, target):
     return out, total
 
 
+@jax.jit
+def _row_laws(row_sets):
+    """Every rule's ``laws(p, q)[1]`` on each ``(p, q)`` of ``row_sets``: one program (eagerly,
+    each operation of each rule compiles its own)."""
+    return [[rule.laws(p, q)[1] for p, q in row_sets] for rule in RULES]
+
+
 def test_row_laws_equal_the_literal_transcriptions(x64):
     rng = np.random.default_rng(0)
     p = random_rows(rng, (30, 5), zero_fraction=0.3)
     q = random_rows(rng, (30, 5), zero_fraction=0.3)
     (_, pe), (_, qe) = edge_pair()
     edge_p, edge_q = pe.reshape(-1, 4), qe.reshape(-1, 4)
-    for rule in RULES:
-        for rows_p, rows_q in ((p, q), (edge_p, edge_q)):
-            law = rule.laws(jnp.asarray(rows_p), jnp.asarray(rows_q))[1]
+    row_sets = ((p, q), (edge_p, edge_q))
+    for rule, laws in zip(RULES, _row_laws(row_sets)):
+        for (rows_p, rows_q), law in zip(row_sets, laws):
+            law = jax.tree.map(np.asarray, law)
             for i in range(len(rows_p)):
                 acc, rej = literal_row_law(rule, rows_p[i], rows_q[i])
                 np.testing.assert_allclose(law.accepted[i], acc, atol=1e-12, err_msg=rule.label)
@@ -111,13 +119,16 @@ def test_row_laws_equal_the_literal_transcriptions(x64):
 
 def test_exact_values_equal_an_independent_recursion(x64):
     draft, target = random_pair(1, num_states=4, horizon=5, zero_fraction=0.2)
-    for rule in RULES:
+    # every rule's exact value and output chain in one program (one per rule and function costs
+    # about twice the compilation)
+    values = jax.jit(lambda d, t: [(specjax.exact(rule, d, t).expected_rejections,
+                                    specjax.output_chain(rule, d, t).trans)
+                                   for rule in RULES])(chain(draft), chain(target))
+    for rule, (expected_rejections, trans) in zip(RULES, values):
         out, rejections = literal_output_and_rejections(rule, draft, target)
-        result = specjax.exact(rule, chain(draft), chain(target))
-        np.testing.assert_allclose(result.expected_rejections, rejections, atol=1e-12,
+        np.testing.assert_allclose(expected_rejections, rejections, atol=1e-12,
                                    err_msg=rule.label)
-        np.testing.assert_allclose(specjax.output_chain(rule, chain(draft), chain(target)).trans,
-                                   out, atol=1e-12, err_msg=rule.label)
+        np.testing.assert_allclose(trans, out, atol=1e-12, err_msg=rule.label)
 
 
 def test_default_threshold_verification_is_lossless_and_the_others_are_not(x64):
@@ -218,11 +229,14 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
         with jax.enable_x64(dtype == jnp.float64):
             draft = specjax.MarkovChain(jnp.asarray(p_init, dtype), jnp.asarray(p, dtype))
             target = specjax.MarkovChain(jnp.asarray(q_init, dtype), jnp.asarray(q, dtype))
-            for rule in RULES[::2]:  # one of each class
-                def rejections(logits, rule=rule):
-                    d = specjax.MarkovChain.from_logits(jnp.log(draft.init), logits)
-                    return specjax.exact(rule, d, target).expected_rejections
-                value, grad = jax.value_and_grad(rejections)(jnp.log(draft.trans))
+            def rejections(logits, rule):
+                d = specjax.MarkovChain.from_logits(jnp.log(draft.init), logits)
+                return specjax.exact(rule, d, target).expected_rejections
+
+            # one of each class, in one program per dtype
+            every = jax.jit(lambda logits: [jax.value_and_grad(rejections)(logits, rule)
+                                            for rule in RULES[::2]])
+            for rule, (value, grad) in zip(RULES[::2], every(jnp.log(draft.trans))):
                 assert np.isfinite(value) and np.isfinite(grad).all(), (rule.label, dtype)
 
 
@@ -242,5 +256,5 @@ def test_every_entry_point_and_model_kind_runs():
         for models, kw in (((draft, target), {}), (lifted, dict(horizon=4)),
                            (ngram, dict(horizon=4))):
             assert specjax.decode(key, rule, *models, 8, **kw).tokens.shape[0] == 8
-            stats_ = specjax.decoding_statistics(key, rule, *models, 8, chunk_size=4, **kw)
+            stats_ = specjax.decoding_statistics(key, rule, *models, 8, **kw)
             assert np.isfinite(np.asarray(stats_.rejected)).all()

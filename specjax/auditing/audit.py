@@ -187,7 +187,7 @@ def check_rows(p, q):
     """Validated ``(p, q)`` as ``(B, V)`` arrays of one floating dtype, and whether batched."""
     arrays = []
     for name, x in (("p", p), ("q", q)):
-        x = jnp.asarray(x)
+        x = x if isinstance(x, jax.Array) else _checks.host_array(x)  # NumPy: no compilation
         if x.ndim not in (1, 2) or x.shape[-1] < 1:
             raise ValueError(f"{name} must be a (V,) row or a (B, V) batch of rows, "
                              f"got shape {x.shape}")
@@ -201,7 +201,8 @@ def check_rows(p, q):
         raise ValueError(f"p and q must have the same shape, got {p.shape} (p) and {q.shape} (q)")
     dtype = jnp.result_type(p.dtype, q.dtype)
     batched = p.ndim == 2
-    return jnp.atleast_2d(p.astype(dtype)), jnp.atleast_2d(q.astype(dtype)), batched
+    xp = np if isinstance(p, np.ndarray) and isinstance(q, np.ndarray) else jnp
+    return xp.atleast_2d(p.astype(dtype)), xp.atleast_2d(q.astype(dtype)), batched
 
 
 def check_drafting(drafting, *, exact: bool):
@@ -266,10 +267,20 @@ def chi2_sf(stat, df):
     scipy, tails down to 1e-300 included). A float for scalar arguments."""
     stat = np.maximum(np.asarray(stat, np.float64), 0.0)
     df = np.asarray(df, np.float64)
+    shape = np.broadcast_shapes(stat.shape, df.shape)
+    count = math.prod(shape)
+    # Flattened and padded (df 1, stat 0: Q(1/2, 0) = 1) to a power of two, at least 8 values:
+    # one compiled program for every call of up to 8 values, not one per shape.
+    size = max(8, 1 << max(count - 1, 0).bit_length())
+    flat = lambda x, fill: np.pad(np.broadcast_to(x, shape).reshape(-1),  # noqa: E731
+                                  (0, size - count), constant_values=fill)
     with jax.enable_x64(True), jax.default_device(_cpu()):
-        sf = np.asarray(jax.scipy.special.gammaincc(jnp.asarray(0.5 * df),
-                                                    jnp.asarray(0.5 * stat)), np.float64)
+        sf = np.asarray(_gammaincc(0.5 * flat(df, 1.0), 0.5 * flat(stat, 0.0)), np.float64)
+    sf = sf[:count].reshape(shape)
     return float(sf) if sf.ndim == 0 else sf
+
+
+_gammaincc = jax.jit(jax.scipy.special.gammaincc)
 
 
 def _chi2_statistic(counts: np.ndarray, law: np.ndarray, n: int, min_expected: float = 5.0):
@@ -302,7 +313,7 @@ def _chi2_pvalues(counts: np.ndarray, laws: np.ndarray, n: int) -> np.ndarray:
 
 def draft_law_of(p64: np.ndarray, p, drafting) -> np.ndarray:
     if drafting == "greedy":
-        return np.eye(p64.shape[-1])[np.asarray(jnp.argmax(p, axis=-1))]
+        return np.eye(p64.shape[-1])[np.argmax(np.asarray(p), axis=-1)]
     return p64
 
 

@@ -72,7 +72,10 @@ def _exact_row(verify_u, p, q, draft_law, grid, dtype):
     # the largest float below 1 (the last cell's right end).
     us = np.concatenate([[0.0, finfo.tiny], np.arange(1, grid) / grid,
                          [np.nextafter(dtype.type(1), dtype.type(0))]]).astype(dtype)
-    codes = np.asarray(_codes_on_grid(jnp.asarray(us), p, q, jnp.asarray(xs), verify_u=verify_u))
+    # The drafts padded to V with the last one (their codes dropped): one program per rule, V
+    # and dtype, not one per number of drafts of positive mass (the documented cost, V drafts).
+    padded = np.pad(xs, (0, num_tokens - xs.size), mode="edge")
+    codes = np.asarray(_codes_on_grid(us, p, q, padded, verify_u=verify_u))[:xs.size]
     at_zero, codes, us = codes[:, 0], codes[:, 1:], us[1:]
     isolated = np.zeros(num_tokens, bool)
     for k in np.flatnonzero(at_zero != codes[:, 0]):
@@ -83,7 +86,7 @@ def _exact_row(verify_u, p, q, draft_law, grid, dtype):
     if draft_idx.size:
         size = max(8, 1 << int(draft_idx.size - 1).bit_length())  # pad: few recompilations
         pad = size - draft_idx.size
-        take = lambda a: jnp.asarray(np.pad(a, (0, pad), mode="edge"))  # noqa: E731
+        take = lambda a: np.pad(a, (0, pad), mode="edge")  # noqa: E731
         bounds, third = _bisect(take(us[cell]), take(us[cell + 1]),
                                 take(codes[draft_idx, cell]), take(codes[draft_idx, cell + 1]),
                                 take(xs[draft_idx]), p, q, verify_u=verify_u)

@@ -239,7 +239,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     if runs == 0 or num_requests == 0:
         raise ValueError(f"tokens must hold at least one run of at least one request, got "
                          f"{runs} runs of {num_requests} requests")
-    law = _law(decoder, inputs._replace(batched=None), stop, with_bonus)
+    law = _law(decoder, inputs._replace(batched=None), stop, with_bonus, True)
     outcome = np.array(law.outcome, np.float64)  # (B, K + 1, V), a writable copy
     outcome /= outcome.sum((1, 2), keepdims=True)
     counts = np.asarray(inputs.num_drafts)

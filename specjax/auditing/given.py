@@ -105,8 +105,22 @@ class DraftsLaw(NamedTuple):
 # Validation.
 
 
+def host_or_device(x):
+    """A jax array (or tracer) as it is, anything else (NumPy arrays, lists, numbers) as a
+    NumPy array of the dtype ``jnp.asarray`` would give it (``_checks.host_array``): the input
+    checks read it on the host anyway, and NumPy's reshapes and casts compile nothing, where
+    every eager ``jnp`` operation (``jnp.asarray`` of a NumPy array included) compiles a program
+    of its own per shape. The kernels take NumPy arrays as they are."""
+    return x if isinstance(x, jax.Array) else _checks.host_array(x)
+
+
+def _xp(x):
+    """The array module of ``x``: NumPy for a host array, ``jax.numpy`` for a device array."""
+    return np if isinstance(x, np.ndarray) else jnp
+
+
 def _float_array(name, x, ndim):
-    x = jnp.asarray(x)
+    x = host_or_device(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
     if x.ndim != ndim:
@@ -127,7 +141,7 @@ def check_valid_rows(checks, batched):
     screened = iter(_checks.suspect_rows(
         [x for (_, x, _), big in zip(checks, large) if big],
         [_checks.row_sum_tolerance(x.dtype) for (_, x, _), big in zip(checks, large) if big],
-        [valid for (_, _, valid), big in zip(checks, large) if big]))
+        [valid for (_, _, valid), big in zip(checks, large) if big]) if any(large) else ())
     for (name, x, valid), big in zip(checks, large):
         tol = _checks.row_sum_tolerance(x.dtype)
         if big:
@@ -152,14 +166,14 @@ def check_num_drafts(num_drafts, num_requests: int, lookahead: int, batched: boo
     """``num_drafts`` as int32 counts ``(B,)`` (``K`` for every request when ``None``): integers of
     shape ``(B,)`` (``()`` for one request), in ``[0, K]`` when concrete."""
     if num_drafts is None:
-        return jnp.full((num_requests,), lookahead, jnp.int32)
-    counts = jnp.asarray(num_drafts)
+        return np.full((num_requests,), lookahead, np.int32)
+    counts = host_or_device(num_drafts)
     if not jnp.issubdtype(counts.dtype, jnp.integer):
         raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
     if counts.shape != ((num_requests,) if batched else ()):
         raise ValueError(f"num_drafts must have shape {(num_requests,) if batched else ()} "
                          f"(one K_b per request), got {counts.shape}")
-    counts = counts.reshape(num_requests).astype(jnp.int32)
+    counts = counts.reshape(num_requests).astype(np.int32)
     if _checks.is_concrete(counts):
         bad = np.flatnonzero((np.asarray(counts) < 0) | (np.asarray(counts) > lookahead))
         if bad.size:
@@ -178,7 +192,7 @@ def check_token_ids(ids: np.ndarray, num_tokens: int) -> None:
 
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
     """Shapes, dtypes and (when concrete) values of the given-drafts arguments."""
-    tokens = jnp.asarray(draft_tokens)
+    tokens = host_or_device(draft_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"draft_tokens must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim not in (1, 2):
@@ -207,9 +221,9 @@ def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
                 f" (the rows the drafts were drawn from, V = {num_tokens} as in target_probs), "
                 f"got {jnp.shape(draft_probs)}; pass None for greedy or n-gram drafts")
     counts = check_num_drafts(num_drafts, num_requests, lookahead, batched)
-    positions = jnp.arange(lookahead)
+    positions = np.arange(lookahead)
     if _checks.is_concrete(tokens) and _checks.is_concrete(counts):
-        valid = np.asarray(positions[None] < counts[:, None])
+        valid = positions[None] < np.asarray(counts)[:, None]
         check_token_ids(np.asarray(tokens)[valid], num_tokens)
         checks = [("target_probs", target,
                    np.arange(lookahead + 1)[None] <= np.asarray(counts)[:, None])]
@@ -226,7 +240,7 @@ def computation_arrays(tokens, draft, target):
     the scale of small probabilities)."""
     dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
         draft.dtype,))), jnp.float32)
-    return (jnp.clip(tokens, 0, target.shape[-1] - 1).astype(jnp.int32),
+    return (_xp(tokens).clip(tokens, 0, target.shape[-1] - 1).astype(np.int32),
             None if draft is None else draft.astype(dtype), target.astype(dtype))
 
 
@@ -236,8 +250,8 @@ def check_endings(stop_tokens, bonus, num_tokens):
     if not isinstance(bonus, (bool, np.bool_)):
         raise ValueError(f"bonus is a static setting: pass True or False, got {bonus!r}")
     if stop_tokens is None:
-        return jnp.zeros((0,), jnp.int32), bool(bonus)
-    stop = jnp.asarray(stop_tokens)
+        return np.zeros((0,), np.int32), bool(bonus)
+    stop = host_or_device(stop_tokens)
     if stop.ndim == 0:
         stop = stop[None]
     if stop.ndim != 1 or not jnp.issubdtype(stop.dtype, jnp.integer):
@@ -247,7 +261,7 @@ def check_endings(stop_tokens, bonus, num_tokens):
             and (int(stop.min()) < 0 or int(stop.max()) >= num_tokens):
         raise ValueError(f"stop_tokens must be ids in [0, V) = [0, {num_tokens}), got "
                          f"{np.asarray(stop).tolist()}")
-    return stop.astype(jnp.int32), bool(bonus)
+    return stop.astype(np.int32), bool(bonus)
 
 
 def _check_uniforms(uniforms, num_requests, widths, batched, dtype):
@@ -258,7 +272,7 @@ def _check_uniforms(uniforms, num_requests, widths, batched, dtype):
                          f"(B, {widths[0]}) and (B, {widths[1]})")
     out = []
     for name, raw, width in zip(("accept", "sample"), uniforms, widths):
-        x = jnp.asarray(raw)
+        x = host_or_device(raw)
         shape = (num_requests, width) if batched else (width,)
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
             raise ValueError(f"uniforms[{name!r}] must be a float array of shape {shape}, got "
@@ -286,17 +300,29 @@ def uniforms_or_key(key, uniforms, num_requests, widths, batched, dtype):
     if key is None:
         raise ValueError("key must be a PRNG key (or None with uniforms given)")
     _checks.check_key(key)
+    return _draw_uniforms(key, ((num_requests, widths[0]), (num_requests, widths[1])),
+                          np.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("shapes", "dtype"))
+def _draw_uniforms(key, shapes, dtype):
+    """``uniform(k1, shapes[0])``, ``uniform(k2, shapes[1])``, ``k1, k2 = split(key)``: one
+    program (eagerly, the split and each draw compile their own)."""
     k1, k2 = jax.random.split(key)
-    return (jax.random.uniform(k1, (num_requests, widths[0]), dtype),
-            jax.random.uniform(k2, (num_requests, widths[1]), dtype))
+    return jax.random.uniform(k1, shapes[0], dtype), jax.random.uniform(k2, shapes[1], dtype)
 
 
 # ---------------------------------------------------------------------------------------------
 # The kernel and its law (one verification rule: the decoder's law).
 
 
-@functools.partial(jax.jit, static_argnames="with_bonus")
-def _law(decoder, inputs: Inputs, stop, with_bonus=True) -> DraftsLaw:
+@functools.partial(jax.jit, static_argnames=("with_bonus", "batched"))
+def _law(decoder, inputs: Inputs, stop, with_bonus, batched) -> DraftsLaw:
+    """The law of each request (``batched``), or of the one request (``batched=False``)."""
+    return unbatch(_batched_law(decoder, inputs, stop, with_bonus), batched)
+
+
+def _batched_law(decoder, inputs: Inputs, stop, with_bonus) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     inside = jnp.arange(lookahead)[None] < counts[:, None]
@@ -373,8 +399,15 @@ def _end_law(outcome, reach, tokens, counts, stop, with_bonus):
     return outcome
 
 
-def _unbatch(result, batched):
+def unbatch(result, batched):
+    """``result`` as it is (``batched``), or its first request (under ``jit``: eagerly, taking
+    each field's first row compiles a program per field)."""
     return result if batched else jax.tree_util.tree_map(lambda x: x[0], result)
+
+
+@functools.partial(jax.jit, static_argnames=("with_bonus", "batched"))
+def _verify(decoder, inputs: Inputs, u, v, stop, with_bonus, batched) -> Verified:
+    return unbatch(verify_given(decoder, inputs, u, v, stop, with_bonus), batched)
 
 
 def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,
@@ -424,8 +457,8 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     num_requests, lookahead = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (lookahead, lookahead + 1),
                            inputs.batched, inputs.target_probs.dtype)
-    out = verify_given(decoder, inputs._replace(batched=None), u, v, stop, with_bonus)
-    return _unbatch(out, inputs.batched)
+    return _verify(decoder, inputs._replace(batched=None), u, v, stop, with_bonus,
+                   inputs.batched)
 
 
 def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *, num_drafts=None,
@@ -452,5 +485,4 @@ def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *, num_d
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
-    return _unbatch(_law(decoder, inputs._replace(batched=None), stop, with_bonus),
-                    inputs.batched)
+    return _law(decoder, inputs._replace(batched=None), stop, with_bonus, inputs.batched)

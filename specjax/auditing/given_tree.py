@@ -62,7 +62,8 @@ import numpy as np
 from specjax import _checks
 from specjax.auditing.given import check_valid_rows
 from specjax.auditing.given import _float_array
-from specjax.auditing.given import _unbatch
+from specjax.auditing.given import host_or_device
+from specjax.auditing.given import unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
 from specjax.auditing.given import computation_arrays
@@ -147,7 +148,7 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
                       num_nodes) -> _TreeInputs:
     """Shapes, dtypes and (when concrete) values of the given-tree arguments."""
     size = tree.num_nodes
-    tokens = jnp.asarray(tree_tokens)
+    tokens = host_or_device(tree_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"tree_tokens must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim not in (1, 2) or tokens.shape[-1] != size:
@@ -174,15 +175,15 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
             raise ValueError(f"draft_probs must have the shape of target_probs "
                              f"{tuple(jnp.shape(target_probs))}, got {jnp.shape(draft_probs)}")
     if num_nodes is None:
-        counts = jnp.full((num_requests,), size, jnp.int32)
+        counts = np.full((num_requests,), size, np.int32)
     else:
-        counts = jnp.asarray(num_nodes)
+        counts = host_or_device(num_nodes)
         if not jnp.issubdtype(counts.dtype, jnp.integer) \
                 or counts.shape != ((num_requests,) if batched else ()):
             raise ValueError(f"num_nodes must be integers of shape "
                              f"{(num_requests,) if batched else ()}, got dtype {counts.dtype} "
                              f"and shape {counts.shape}")
-        counts = counts.reshape(num_requests).astype(jnp.int32)
+        counts = counts.reshape(num_requests).astype(np.int32)
         if _checks.is_concrete(counts):
             values = np.asarray(counts)
             bad = np.flatnonzero((values < 1) | (values > size))
@@ -228,8 +229,12 @@ def _accept_probability(d, r):
     return jnp.where(d > 0, jnp.minimum(d, r) / jnp.where(d > 0, d, 1), 0)
 
 
-@functools.partial(jax.jit, static_argnames=("tree", "with_bonus"))
-def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
+@functools.partial(jax.jit, static_argnames=("tree", "with_bonus", "batched"))
+def _verify_tree(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus, batched=True):
+    return unbatch(_verify_batch(tree, inputs, u, v, stop, with_bonus), batched)
+
+
+def _verify_batch(tree: TokenTree, inputs: _TreeInputs, u, v, stop, with_bonus):
     parents, depth = tree.shape.parents, tree.shape.max_depth
     size = len(parents)
     num_requests = inputs.tokens.shape[0]
@@ -289,8 +294,12 @@ def _no_child_present(tree: TokenTree, num_nodes, node):
     return jnp.asarray(_first_child(tree))[node] >= num_nodes
 
 
-@functools.partial(jax.jit, static_argnames=("tree", "with_bonus"))
-def _tree_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
+@functools.partial(jax.jit, static_argnames=("tree", "with_bonus", "batched"))
+def _tree_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus, batched=True):
+    return unbatch(_batch_law(tree, inputs, stop, with_bonus), batched)
+
+
+def _batch_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
     size = len(tree.shape.parents)
     q_all = inputs.target_probs
     num_requests, _, num_tokens = q_all.shape
@@ -326,30 +335,40 @@ def _tree_law(tree: TokenTree, inputs: _TreeInputs, stop, with_bonus):
 def _end_tree_law(tree, inputs, outcome, reach, stop, with_bonus):
     """Outputs after the endings. A stop token at drafted node ``s`` (the first on its path)
     ends every output through ``s``: their mass ``reach[s]`` moves to ``(parent(s), t_s)``.
-    Without the bonus, an output that reached a node with no child ends on that node's token."""
+    Without the bonus, an output that reached a node with no child ends on that node's token.
+
+    A node that loses its outcomes has no child that gives it mass (its children are blocked,
+    or not in the request), so every move is made at once: the outcomes masked, then the moved
+    masses added by one contraction with the parent map (per-node scatters compile slowly)."""
     parents = tree.shape.parents
     size = len(parents)
+    num_requests = outcome.shape[0]
     rows_valid = jnp.arange(size)[None] < inputs.num_nodes[:, None]
-    blocked = jnp.zeros_like(reach, bool)  # a stop among the node's ancestors (itself included)
+    no_block = jnp.zeros((num_requests,), bool)
+    blocked = [no_block] * size  # a stop among the node's ancestors (itself included)
+    gain = jnp.zeros_like(reach)  # (B, N): the mass moved from node to (parent, its token)
     if stop.shape[0]:
         is_stop = jnp.isin(inputs.tokens, stop) & rows_valid & (jnp.arange(size)[None] > 0)
+        first = [no_block] * size
         for node in range(1, size):
-            above = blocked[:, parents[node]]
-            first = is_stop[:, node] & ~above
-            outcome = outcome.at[:, node].multiply(jnp.where(above | first, 0, 1)[:, None])
-            gain = jnp.where(first, reach[:, node], 0)
-            outcome = outcome.at[jnp.arange(outcome.shape[0]), parents[node],
-                                 inputs.tokens[:, node]].add(gain)
-            blocked = blocked.at[:, node].set(above | first)
+            above = blocked[parents[node]]
+            first[node] = is_stop[:, node] & ~above
+            blocked[node] = above | first[node]
+        first = jnp.stack(first, axis=1)
+        gain = jnp.where(first, reach, 0)
+        outcome = outcome * jnp.where(jnp.stack(blocked, axis=1), 0, 1)[..., None]
     if not with_bonus:
-        for node in range(1, size):
-            leaf = _no_child_present(tree, inputs.num_nodes, jnp.full_like(inputs.num_nodes,
-                                                                            node))
-            move = leaf & rows_valid[:, node] & ~blocked[:, node]
-            mass = jnp.where(move, outcome[:, node].sum(-1), 0)
-            outcome = outcome.at[:, node].multiply(jnp.where(move, 0, 1)[:, None])
-            outcome = outcome.at[jnp.arange(outcome.shape[0]), parents[node],
-                                 inputs.tokens[:, node]].add(mass)
+        nodes = jnp.arange(size)
+        leaf = jnp.asarray(_first_child(tree))[None] >= inputs.num_nodes[:, None]
+        move = leaf & rows_valid & ~jnp.stack(blocked, axis=1) & (nodes[None] > 0)
+        gain = gain + jnp.where(move, outcome.sum(-1), 0)
+        outcome = outcome * jnp.where(move, 0, 1)[..., None]
+    if stop.shape[0] or not with_bonus:
+        to_parent = np.zeros((size, size), np.float32)  # (node, its parent), the root's none
+        to_parent[np.arange(1, size), np.asarray(parents[1:])] = 1
+        token = jax.nn.one_hot(inputs.tokens, outcome.shape[-1], dtype=outcome.dtype)
+        outcome = outcome + jnp.einsum("bc,cn,bcv->bnv", gain, to_parent.astype(outcome.dtype),
+                                       token, precision=jax.lax.Precision.HIGHEST)
     return outcome
 
 
@@ -400,8 +419,8 @@ def verify_tree(key, decoder, tree_tokens, draft_probs, target_probs, *, num_nod
     num_requests, size = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (size, size), inputs.batched,
                            inputs.target_probs.dtype)
-    return _unbatch(_verify_tree(tree, inputs._replace(batched=None), u, v, stop, with_bonus),
-                    inputs.batched)
+    return _verify_tree(tree, inputs._replace(batched=None), u, v, stop, with_bonus,
+                        inputs.batched)
 
 
 def verify_tree_law(decoder, tree_tokens, draft_probs, target_probs, *, num_nodes=None,
@@ -427,5 +446,4 @@ def verify_tree_law(decoder, tree_tokens, draft_probs, target_probs, *, num_node
     tree = tree_of(decoder)
     inputs = check_tree_inputs(tree, tree_tokens, draft_probs, target_probs, num_nodes)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
-    return _unbatch(_tree_law(tree, inputs._replace(batched=None), stop, with_bonus),
-                    inputs.batched)
+    return _tree_law(tree, inputs._replace(batched=None), stop, with_bonus, inputs.batched)
