@@ -29,7 +29,7 @@ def test_simulate_command_tiny():
 
 # The tiny settings share instance sizes where the check allows, so that the scripts' random
 # instances are drawn by one compiled program per size in this module: V = 7 (the paper's) with
-# T = 6 (benchmark_samplers and its growth point, large_run) and V = 4 with T = 6 (tune_draft and
+# T = 6 (benchmark_samplers and its growth point, large_run, benchmark_stop_tokens) and V = 4 with T = 6 (tune_draft and
 # multi_draft in float32, tuning_study and benchmark_theory in float64); each new (V, T, dtype)
 # compiles JAX's Dirichlet sampler again.
 
@@ -143,7 +143,8 @@ def test_multi_draft_script_tiny():
 
 
 def test_benchmark_stop_tokens_tiny():
-    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1"])
+    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1",
+                                                        "--horizon", "6"])
     assert [row[0] for row in rows] == ["decode, Markov chains", "decode, finite-state models",
                                         "decoding_statistics", "exact"]
     assert all(row[1] > 0 and row[2] > 0 for row in rows)
