@@ -13,7 +13,7 @@ excluded):
 Chain-steps per second count ``C T`` steps per run whatever the stop: the engines run every chain
 to the horizon and cut it after.
 
-Usage: python scripts/benchmark_stop_tokens.py [--num-chains 200000] [--repeats 5]
+Usage: python scripts/benchmark_stop_tokens.py [--num-chains 200000] [--repeats 5] [--horizon 50]
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from _timing import best_time
 STOP = 6
 
 
-def measure(num_chains: int, repeats: int):
+def measure(num_chains: int, repeats: int, horizon: int = 50):
     """Rows ``(entry point, seconds without, seconds with, chain-steps/s without, with)``."""
-    draft, target = specjax.paper_instance()
+    draft, target = specjax.paper_instance(horizon=horizon)
     decoder = specjax.Speculative(4)
     lift = specjax.FiniteStateModel.from_markov_chain
     lifted = (lift(draft), lift(target))
-    horizon = target.horizon
     key = jax.random.key(0)
     cases = [
         ("decode, Markov chains",
@@ -67,15 +66,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-chains", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--horizon", type=int, default=50, help="T (the paper's: 50)")
     args = parser.parse_args(argv)
-    draft, target = specjax.paper_instance()
+    draft, target = specjax.paper_instance(horizon=args.horizon)
     exact = specjax.exact(specjax.Speculative(4), draft, target, stop_tokens=STOP)
     full = specjax.exact(specjax.Speculative(4), draft, target)
-    print(f"V = 7, T = 50, Speculative(4), stop token {STOP}: E[length] = "
+    print(f"V = 7, T = {args.horizon}, Speculative(4), stop token {STOP}: E[length] = "
           f"{float(exact.expected_length):.2f}, E[calls] = {float(exact.expected_calls):.2f} "
-          f"(without: 50, {float(full.expected_calls):.2f}); C = {args.num_chains:,}, best of "
+          f"(without: {args.horizon}, {float(full.expected_calls):.2f}); "
+          f"C = {args.num_chains:,}, best of "
           f"{args.repeats}, {jax.devices()[0].platform}")
-    rows = measure(args.num_chains, args.repeats)
+    rows = measure(args.num_chains, args.repeats, args.horizon)
     print(f"{'entry point':30s} {'without':>11s} {'with':>11s} {'ratio':>6s} "
           f"{'steps/s without':>16s} {'steps/s with':>14s}")
     for name, without, with_stop, rate, rate_stop in rows:

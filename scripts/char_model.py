@@ -146,12 +146,17 @@ def train(key, model: CharMLP, contexts, targets, *, steps: int, batch: int, lr:
     return eqx.combine(params, static), float(value)
 
 
+@eqx.filter_jit  # one program (op by op, the batched evaluation compiled about 25)
+def _context_table(model: CharMLP):
+    """``(V**L, V)``: the model's softmax on every context of length ``L``, in float64."""
+    contexts = jnp.arange(model.num_states ** model.context, dtype=jnp.int32)
+    return jax.nn.softmax(model.contexts_logits(contexts).astype(jnp.float64), axis=-1)
+
+
 def finite_state_lift(model: CharMLP, context: int):
     """The model as a ``FiniteStateModel`` over the ``V**context`` contexts (``context >= L``):
     its softmax on every context of length ``L`` is an ``(L + 1)``-gram's table."""
-    contexts = jnp.arange(model.num_states ** model.context, dtype=jnp.int32)
-    table = jax.nn.softmax(model.contexts_logits(contexts).astype(jnp.float64), axis=-1)
-    table = np.asarray(table, np.float64)
+    table = np.asarray(_context_table(model), np.float64)
     table = table / table.sum(-1, keepdims=True)
     return specjax.NGramModel(table=jnp.asarray(table), order=model.context + 1) \
         .as_finite_state(context)

@@ -337,11 +337,13 @@ def test_processing_refuses_bad_settings():
 def test_processing_every_model_kind(x64):
     """``process_model``: a finite-state lift and an n-gram keep their kind with processed tables,
     and their exact values equal those of the processed Markov chain; a model that gives logits
-    becomes a protocol model (``ProcessedModel``) that ``decode`` runs; settings work traced."""
+    becomes a protocol model (``ProcessedModel``) that ``decode`` runs; settings work traced.
+    V = 5, T = 3 and Speculative(2): the shapes of
+    test_exact_acceptance_under_processing_equals_brute_force, whose programs this reuses."""
     rng = np.random.default_rng(20)
-    rows = jnp.asarray(rng.dirichlet(np.ones(4), size=4))
-    draft, target = (specjax.MarkovChain(jnp.full(4, 0.25), jnp.broadcast_to(r, (3, 4, 4)))
-                     for r in (rows, jnp.asarray(rng.dirichlet(np.ones(4), size=4))))
+    rows = jnp.asarray(rng.dirichlet(np.ones(5), size=5))
+    draft, target = (specjax.MarkovChain(jnp.full(5, 0.2), jnp.broadcast_to(r, (3, 5, 5)))
+                     for r in (rows, jnp.asarray(rng.dirichlet(np.ones(5), size=5))))
     settings = dict(temperature=0.7, top_k=3, top_p=0.9)
     want = specjax.exact(specjax.Speculative(2), specjax.models.process_chain(draft, **settings),
                          specjax.models.process_chain(target, **settings)).expected_calls
@@ -373,9 +375,9 @@ def test_processing_every_model_kind(x64):
             del state
             return token.astype(jnp.int32)
 
-    model = LogitsBigram(jnp.asarray(rng.normal(size=(4, 4))))
+    model = LogitsBigram(jnp.asarray(rng.normal(size=(5, 5))))
     wrapped = specjax.models.process_model(model, temperature=0.5, min_p=0.2)
-    for state in range(4):
+    for state in range(5):
         np.testing.assert_allclose(
             wrapped.probs(jnp.int32(state)),
             literal_process(np.asarray(model.weights[state]), temperature=0.5, min_p=0.2),
@@ -386,4 +388,4 @@ def test_processing_every_model_kind(x64):
     traced = jax.jit(lambda t, p: specjax.process_logits(model.weights, temperature=t, top_p=p))
     np.testing.assert_allclose(traced(0.5, 0.8), specjax.process_logits(
         model.weights, temperature=0.5, top_p=0.8), atol=1e-12)
-    np.testing.assert_allclose(traced(0.0, 0.8), jax.nn.one_hot(model.weights.argmax(-1), 4))
+    np.testing.assert_allclose(traced(0.0, 0.8), jax.nn.one_hot(model.weights.argmax(-1), 5))

@@ -38,11 +38,11 @@ from specjax.decoders.importance_weighted import importance_weighted_root_law
 from test_literal_equivalence import assert_laws_equal
 from test_literal_equivalence import kernel_law
 from test_optimal_multi_draft import EDGE
-from test_optimal_multi_draft import ROWS
 from test_optimal_multi_draft import edge_rows
 
 TIGHT = 1e-12
 DRAFTS = (1, 2, 3)
+BOUND_ROWS = 60  # random rows per V (edge_rows adds the 9 edge rows)
 
 
 # ----------------------------------------------------------------------------- oracles
@@ -110,9 +110,11 @@ def test_root_law_equals_the_literal_selection_then_sd(x64, num_states):
     """V = 2..5, M = 1, 2, 3, on 12 random rows with zeros and the 9 edge rows (zeros in p
     or q or both, disjoint supports, p = q, one-hot rows, ties of q / p): the enumerated literal
     scheme (its own selection law) has the library's joint law of (token, accepted) and the
-    library's ``r`` to 1e-12; its token law is ``q`` (lossless); ``M = 1`` has ``r = p``."""
-    p, q = edge_rows(1300 + num_states, num_states, ROWS)
-    rows = list(range(12)) + list(range(ROWS, ROWS + len(EDGE)))
+    library's ``r`` to 1e-12; its token law is ``q`` (lossless); ``M = 1`` has ``r = p``.
+    The library's own identities are checked on all 60 random rows: at V = 2 and 4 the shapes
+    of test_acceptance_is_bounded_by_the_optimum, whose compiled program this shares."""
+    p, q = edge_rows(1300 + num_states, num_states, BOUND_ROWS)
+    rows = list(range(12)) + list(range(BOUND_ROWS, BOUND_ROWS + len(EDGE)))
     for m, (accepted, rejected, r, _, _) in library(p, q).items():
         np.testing.assert_allclose(accepted + rejected, q, rtol=0, atol=1e-15)
         np.testing.assert_allclose(r.sum(-1), 1, rtol=0, atol=TIGHT)
@@ -157,10 +159,10 @@ def test_acceptance_is_bounded_by_the_optimum(x64, num_states):
     lower nor an upper bound. On 209 rows with zeros per V = 2, 3, 4, 5, 7 (other seeds) and
     M = 2, 3, 4, between 1 % and 19 % of the rows accepted less than batch SD (by at most
     0.028), the rest as much or more; the mean acceptance was above batch SD's."""
-    p, q = edge_rows(1400 + num_states, num_states, 60)
+    p, q = edge_rows(1400 + num_states, num_states, BOUND_ROWS)
     values = library(p, q)
     sd = np.minimum(p, q).sum(-1)
-    edge = 60 + EDGE["p = q"], 60 + EDGE["disjoint"]
+    edge = BOUND_ROWS + EDGE["p = q"], BOUND_ROWS + EDGE["disjoint"]
     for m, (accepted, _, r, alpha, _) in values.items():
         total = accepted.sum(-1)
         assert (total <= alpha + TIGHT).all(), (m, (total - alpha).max())

@@ -41,13 +41,20 @@ def make(rule, lookahead=None):
 
 
 def markov_pair(seed=0, v=4, t=5, stationary=False):
+    """Two random chains; ``stationary``: the first transition matrix at every position (drawn
+    at the same ``(v, t)``, so the module compiles one Dirichlet draw, not one per shape)."""
     kd, kt = jax.random.split(jax.random.key(seed))
-    draft = specjax.random_markov_chain(kd, v, 1 if stationary else t)
-    target = specjax.random_markov_chain(kt, v, 1 if stationary else t)
+    draft = specjax.random_markov_chain(kd, v, t)
+    target = specjax.random_markov_chain(kt, v, t)
     if stationary:
-        draft = specjax.MarkovChain(draft.init, jnp.repeat(draft.trans, t, axis=0))
-        target = specjax.MarkovChain(target.init, jnp.repeat(target.trans, t, axis=0))
+        draft = specjax.MarkovChain(draft.init, jnp.repeat(draft.trans[:1], t, axis=0))
+        target = specjax.MarkovChain(target.init, jnp.repeat(target.trans[:1], t, axis=0))
     return draft, target
+
+
+def uniform_chain(v, t):
+    """A chain of uniform rows (no random draw to compile: for the refusals of mixed models)."""
+    return specjax.MarkovChain(jnp.full((v,), 1 / v), jnp.full((t, v, v), 1 / v))
 
 
 def random_ngram(seed, order, v, zero_fraction=0.3):
@@ -250,14 +257,14 @@ def test_unigram_and_bigram_lift():
 
 
 def test_from_markov_chain_reproduces_the_chain():
-    draft, _ = markov_pair(t=3)
+    draft, _ = markov_pair()  # T = 5
     lifted = FiniteStateModel.from_markov_chain(draft)
-    assert lifted.num_contexts == 1 + 3 * 4
+    assert lifted.num_contexts == 1 + 5 * 4
     state = lifted.init_state()
     np.testing.assert_array_equal(lifted.probs(state), draft.init)
-    for n, token in enumerate([2, 0, 3, 1]):
+    for n, token in enumerate([2, 0, 3, 1, 0, 2]):  # the last one past the horizon
         state = lifted.update(state, token)
-        expected = draft.trans[min(n, 2), token]
+        expected = draft.trans[min(n, 4), token]
         np.testing.assert_array_equal(lifted.probs(state), expected)
     with pytest.raises(ValueError, match="stationary"):
         FiniteStateModel.from_markov_chain(draft, stationary=True)
@@ -307,7 +314,7 @@ def test_validation_errors_name_the_argument():
     with pytest.raises(ValueError, match="lookahead"):
         specjax.decode(KEY, make(SD, 0), draft, target, 10, horizon=3)
     with pytest.raises(ValueError, match="both be MarkovChains or both other"):
-        specjax.decode(KEY, make(SD, None), draft, markov_pair()[1], 10, horizon=3)
+        specjax.decode(KEY, make(SD, None), draft, uniform_chain(3, 5), 10, horizon=3)
     with pytest.raises(ValueError, match="FiniteStateModel"):
         specjax.exact(make(SD, None), draft, target, horizon=3)
     with pytest.raises(ValueError, match="share"):  # S = 3 and S = 9
@@ -353,13 +360,14 @@ def _markov_case(name, draft, target):
 @pytest.mark.parametrize("name", ["sd", "sd_k2", "batch3", "biased"])
 def test_simulate_models_equals_the_markov_samplers_token_for_token(name):
     """The engines agree token for token on the same rows and key (position-indexed lift of a
-    non-stationary chain; the stationary lift is pinned by the exact tests)."""
-    draft, target = markov_pair(seed=1, v=5, t=6)
+    non-stationary chain; the stationary lift is pinned by the exact tests). V = 4, T = 5 and
+    4,000 chains: the shapes of the module's other chains and plain SD sampler."""
+    draft, target = markov_pair(seed=1)
     d_fs = FiniteStateModel.from_markov_chain(draft)
     t_fs = FiniteStateModel.from_markov_chain(target)
     rule, lookahead, extra, sampler, _ = _markov_case(name, draft, target)
     expected = sampler(4000)
-    trace = specjax.decode(KEY, make(rule, lookahead), d_fs, t_fs, 4000, horizon=6)
+    trace = specjax.decode(KEY, make(rule, lookahead), d_fs, t_fs, 4000, horizon=5)
     for field, got, want in zip(trace._fields, trace, expected):
         np.testing.assert_array_equal(got, want, err_msg=f"{name}: {field}")
 
@@ -602,7 +610,7 @@ def test_public_entry_points_validate_models_and_horizon():
                                          "autoregressive model"):
         specjax.speculative_decoding(KEY, "draft", target, 10, horizon=3)
     with pytest.raises(ValueError, match="both be MarkovChains or both other"):
-        specjax.speculative_decoding(KEY, markov_pair(v=3)[0], target, 10, horizon=3)
+        specjax.speculative_decoding(KEY, uniform_chain(3, 5), target, 10, horizon=3)
     with pytest.raises(ValueError, match="horizon must be given"):
         specjax.expected_rejections(draft.as_finite_state(2), target.as_finite_state(2))
     with pytest.raises(ValueError, match="share their state space"):
@@ -613,8 +621,9 @@ def test_public_entry_points_validate_models_and_horizon():
         specjax.speculative_decoding(KEY, chain_d, chain_t, 10, horizon=3)
     with pytest.raises(ValueError, match="horizon is the chains' own T"):
         specjax.expected_rejections(chain_d, chain_t, horizon=3)
-    plain = specjax.speculative_decoding(KEY, chain_d, chain_t, 10)
-    same = specjax.speculative_decoding(KEY, chain_d, chain_t, 10, horizon=chain_t.horizon)
+    # 4,000 chains: the program of test_simulate_models_equals_the_markov_samplers...[sd].
+    plain = specjax.speculative_decoding(KEY, chain_d, chain_t, 4000)
+    same = specjax.speculative_decoding(KEY, chain_d, chain_t, 4000, horizon=chain_t.horizon)
     np.testing.assert_array_equal(plain.tokens, same.tokens)
 
 

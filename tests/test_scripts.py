@@ -27,6 +27,13 @@ def test_simulate_command_tiny():
     assert "SD, K = T (Alg. 1)" in out and "batch SD, M = 4" in out
 
 
+# The tiny settings share instance sizes where the check allows, so that the scripts' random
+# instances are drawn by one compiled program per size in this module: V = 7 (the paper's) with
+# T = 6 (benchmark_samplers and its growth point, large_run, benchmark_stop_tokens) and V = 4 with T = 6 (tune_draft and
+# multi_draft in float32, tuning_study and benchmark_theory in float64); each new (V, T, dtype)
+# compiles JAX's Dirichlet sampler again.
+
+
 def import_script(name):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -37,20 +44,20 @@ def import_script(name):
 
 def test_benchmark_samplers_tiny():
     benchmark_samplers = import_script("benchmark_samplers")
-    rows = benchmark_samplers.main(["--num-chains", "20000", "--horizon", "8", "--repeats", "1",
+    rows = benchmark_samplers.main(["--num-chains", "20000", "--horizon", "6", "--repeats", "1",
                                     "--numpy-repeats", "1"])
     assert len(rows) == 4
     for row in rows:
         rej_jax, rej_np = row[-2], row[-1]
         # The NumPy reference implements the same decoders: means agree well within 0.1 here
-        # (standard errors are about 0.01 with 20,000 chains and T = 8).
+        # (standard errors are below 0.01 with 20,000 chains and T = 6).
         assert abs(rej_jax - rej_np) < 0.1, row
         assert np.isfinite(row[1:]).all()
 
 
 def test_benchmark_theory_tiny():
     benchmark_theory = import_script("benchmark_theory")
-    out = benchmark_theory.main(["--states", "16", "--horizon", "6", "--num-drafts", "3",
+    out = benchmark_theory.main(["--states", "4", "--horizon", "6", "--num-drafts", "3",
                                  "--repeats", "1", "--numpy-repeats", "1"])
     # The plain NumPy recursion and specjax compute the same number.
     for row in out["rows"]:
@@ -92,7 +99,7 @@ def test_tune_draft_script_tiny(tmp_path):
 def test_tuning_study_tiny():
     tuning_study = import_script("tuning_study")
     rows, summary = tuning_study.main(["--seeds", "1", "--families", "stationary",
-                                       "--num-drafts", "2", "--states", "4", "--horizon", "5",
+                                       "--num-drafts", "2", "--states", "4", "--horizon", "6",
                                        "--steps", "30"])
     assert len(rows) == 1 and len(summary) == 1
     row = rows[0]
@@ -114,12 +121,12 @@ def test_benchmark_growth_points_tiny():
 
 def test_large_run_script_tiny():
     large_run = import_script("large_run")
-    out = large_run.main(["--chains", "4000", "--horizon", "20", "--lookahead", "3",
+    out = large_run.main(["--chains", "4000", "--horizon", "6", "--lookahead", "3",
                           "--chunk-size", "1500", "--no-progress"])
     # Exact and simulated agree (z-scores are O(1); 4.5 is the suite's bound).
     assert abs(out["rejections"][3]) < 4.5 and abs(out["target calls"][3]) < 4.5
     assert out["final_token_pvalue"] > 1e-5
-    out = large_run.main(["--chains", "2000", "--horizon", "10", "--num-drafts", "3",
+    out = large_run.main(["--chains", "2000", "--horizon", "6", "--num-drafts", "3",
                           "--no-progress"])
     assert abs(out["rejections"][3]) < 4.5
 
@@ -127,7 +134,7 @@ def test_large_run_script_tiny():
 def test_multi_draft_script_tiny():
     """The simulated means agree with the exact ones (|z| < 4.5), and M = 1 would be SD."""
     multi_draft = import_script("multi_draft")
-    rows = multi_draft.main(["--chains", "3000", "--horizon", "8", "--states", "4",
+    rows = multi_draft.main(["--chains", "3000", "--horizon", "6", "--states", "4",
                              "--seeds", "1"])
     assert len(rows) == 3
     for row in rows:
@@ -136,7 +143,8 @@ def test_multi_draft_script_tiny():
 
 
 def test_benchmark_stop_tokens_tiny():
-    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1"])
+    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1",
+                                                        "--horizon", "6"])
     assert [row[0] for row in rows] == ["decode, Markov chains", "decode, finite-state models",
                                         "decoding_statistics", "exact"]
     assert all(row[1] > 0 and row[2] > 0 for row in rows)
@@ -144,20 +152,23 @@ def test_benchmark_stop_tokens_tiny():
 
 def test_char_model_tiny():
     """The equinox character models train, decode on both engines within 4.5 standard errors
-    of their lift's exact values, and the benchmark measures every engine."""
+    of their lift's exact values, and the benchmark measures every engine (at the Monte Carlo's
+    4,000 chains: two of its three engines run the programs the Monte Carlo compiled)."""
     out = import_script("char_model").main(
         ["--max-bytes", "30000", "--states", "6", "--steps", "20", "--horizon", "6",
-         "--num-chains", "4000", "--bench-chains", "64", "--repeats", "1"])
+         "--num-chains", "4000", "--bench-chains", "4000", "--repeats", "1"])
     assert all(np.isfinite(loss) for loss in out["losses"])
     for name, calls, se, exact, rej, rse, rexact in out["monte_carlo"]:
         assert abs(calls - exact) < 4.5 * se and abs(rej - rexact) < 4.5 * rse, name
-    assert [row[0] for row in out["benchmark"]] == [64]
+    assert [row[0] for row in out["benchmark"]] == [4000]
     assert all(rate > 0 for rate in out["benchmark"][0][1:])
 
 
 def test_benchmark_verify_tree_tiny():
-    """specjax and the script's independent NumPy tree verification agree on every path."""
+    """specjax and the script's independent NumPy tree verification agree on every path.
+    The tree (2, 2): siblings verified at the root and below it, ragged requests of 1..7 nodes
+    (the default 21-node tree compiles its two programs in about 3 times the CPU)."""
     out = import_script("benchmark_verify_tree").main(["--batch", "64", "--vocab", "50",
-                                                       "--repeats", "1"])
+                                                       "--branching", "2,2", "--repeats", "1"])
     assert out["same_path"] == 64 and out["agree"] >= 60
     assert out["mean_accepted"] > 0

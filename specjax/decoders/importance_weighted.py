@@ -30,6 +30,7 @@ the plain weights ``q / p`` are one member of their class and do **not** reach
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -155,7 +156,7 @@ def importance_selection_law(p: jax.Array, q: jax.Array, num_drafts) -> jax.Arra
     _checks.check_rows(probabilities={"p": p, "q": q})
     p, q = multi_draft.broadcast_rows(p, q)
     check_importance_size(num_drafts, q.shape[-1], math.prod(q.shape[:-1]))
-    return _selection_law(p, q, int(num_drafts))
+    return _selection_law_program(p, q, int(num_drafts))
 
 
 def importance_weighted_root_law(p: jax.Array, q: jax.Array, num_drafts) -> VerificationLaw:
@@ -182,7 +183,19 @@ def importance_weighted_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Veri
     _checks.check_rows(probabilities={"p": p, "q": q})
     p, q = multi_draft.broadcast_rows(p, q)
     check_importance_size(num_drafts, q.shape[-1], math.prod(q.shape[:-1]))
-    r = _selection_law(p, q, int(num_drafts))
+    return _root_law_program(p, q, int(num_drafts))
+
+
+# The public functions above run one compiled program each (op by op, the enumeration compiled
+# 10 to 20 small programs per call); the decoder's laws call ``_selection_law`` inside its own.
+@functools.partial(jax.jit, static_argnums=(2,))
+def _selection_law_program(p, q, num_drafts: int):
+    return _selection_law(p, q, num_drafts)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _root_law_program(p, q, num_drafts: int) -> VerificationLaw:
+    r = _selection_law(p, q, num_drafts)
     accepted = jnp.minimum(q, r)
     return VerificationLaw(accepted, q - accepted)
 

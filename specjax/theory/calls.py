@@ -178,6 +178,13 @@ def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: i
                          f"call of {type(decoder).__name__} also depends on the earlier calls "
                          f"(a state carried from call to call); use specjax.exact or "
                          f"specjax.theory.engine_metrics")
+    return _accepted_length_calls(decoder, draft, target, position=position, lookahead=lookahead)
+
+
+# One compiled program per decoder, shapes and position (as ``_tokenwise_accepted_length``):
+# op by op, a token tree's or a dynamic tree's call law compiled dozens of small programs.
+@functools.partial(jax.jit, static_argnames=("position", "lookahead"))
+def _accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):
     horizon = target.horizon
     k = min(lookahead, horizon - position + 1)
     with_bonus = position + k <= horizon

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -72,10 +73,23 @@ def positional_acceptance(draft, target, *, num_children: int, children: str = "
     """
     _check_common(draft, target, children, position, None)
     _checks.check_static_int("num_children", num_children)
-    accepted, _ = stage_laws(children, draft.trans[position - 1], target.trans[position - 1],
-                             num_children)  # (b, V_x, V_y)
-    weights = jnp.asarray(_context_law(target, position), accepted.dtype)
-    return jnp.einsum("x,bxy->b", weights, accepted)
+    weights = _context_law(target, position)
+    return _positional(children, draft.trans[position - 1], target.trans[position - 1], weights,
+                       num_children)
+
+
+# One compiled program each (op by op, the laws of children drawn without replacement compiled
+# about 30 small programs per call).
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _accepted_masses(children, p, q, num_children):
+    """``(b, V_x, V_y)``: the masses the children of a node accept (``stage_laws``)."""
+    return stage_laws(children, p, q, num_children)[0]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _positional(children, p, q, weights, num_children):
+    accepted = _accepted_masses(children, p, q, num_children)
+    return jnp.einsum("x,bxy->b", weights.astype(accepted.dtype), accepted)
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,8 +160,8 @@ def best_token_tree(draft, target, *, budget: int, max_depth: int, children: str
     accepted = []
     for d in range(max_depth):
         rows = position - 1 + d
-        law, _ = stage_laws(children, jnp.asarray(draft.trans[rows]),
-                            jnp.asarray(target.trans[rows]), max(budget - 1, 1))
+        law = _accepted_masses(children, jnp.asarray(draft.trans[rows]),
+                               jnp.asarray(target.trans[rows]), max(budget - 1, 1))
         accepted.append(np.asarray(law, np.float64))
     weights = _context_law(target, position)
     best, best_parents = -np.inf, None
