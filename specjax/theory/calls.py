@@ -178,13 +178,10 @@ def accepted_length_calls(decoder, draft, target, *, position: int, lookahead: i
                          f"call of {type(decoder).__name__} also depends on the earlier calls "
                          f"(a state carried from call to call); use specjax.exact or "
                          f"specjax.theory.engine_metrics")
-    return _accepted_length_calls(decoder, draft, target, position=position, lookahead=lookahead)
-
-
-# One compiled program per decoder, shapes and position (as ``_tokenwise_accepted_length``):
-# op by op, a token tree's or a dynamic tree's call law compiled dozens of small programs.
-@functools.partial(jax.jit, static_argnames=("position", "lookahead"))
-def _accepted_length_calls(decoder, draft, target, *, position: int, lookahead: int):
+    # Op by op on purpose (measured twice): a jit compiles one program per decoder, shapes and
+    # position, where the op-by-op programs are shared between trees and positions. Jitted,
+    # test_token_tree's per-position lengths of its trees took 79 -> 103 s of CPU (395 -> 594
+    # compilations), more than every other module gained.
     horizon = target.horizon
     k = min(lookahead, horizon - position + 1)
     with_bonus = position + k <= horizon
