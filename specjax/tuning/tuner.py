@@ -109,29 +109,34 @@ def _evaluate(objective, draft, target) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("family", "objective", "optimizer", "length"))
 def _chunk(carry, target, num_steps, last, *, family, objective, optimizer, length):
     """``num_steps <= length`` optimiser steps (traced: one program serves every chunk of a run,
-    the remainder and the evaluation of the start, ``num_steps = 0``), their objective values in
-    the first ``num_steps`` entries of a ``(length,)`` buffer, and the objective at the params
-    reached; that value is recorded as a candidate best only when ``last`` (the end of the run:
-    the next chunk's first step records it otherwise)."""
+    the remainder and the evaluation of the start, ``num_steps = 0``) and their objective values
+    in the first ``num_steps`` entries of a ``(length,)`` buffer. When ``last`` (the end of the
+    run, or the start), one more pass of the step evaluates the objective at the params reached
+    (its update dropped: the program holds one copy of the objective and its gradient, not a
+    separate evaluation), returned as ``end`` and recorded as a candidate best."""
     def loss(params):
         return _evaluate(objective, family.chain(params), target)
 
     def step(i, state):
-        carry, values = state
+        carry, values, _ = state
         value, grads = jax.value_and_grad(loss)(carry.params)
-        carry = _record(carry, value)
+        moved = _record(carry, value)
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
         params = optax.apply_updates(carry.params, updates)
         ok = jnp.isfinite(value) & _all_finite(grads) & _all_finite(params)
-        carry = carry._replace(params=tree_where(ok, params, carry.params),
+        moved = moved._replace(params=tree_where(ok, params, carry.params),
                                opt_state=tree_where(ok, opt_state, carry.opt_state),
                                step=carry.step + 1,
                                skipped=carry.skipped + jnp.where(ok, 0, 1).astype(jnp.int32))
-        return carry, values.at[i].set(value)
+        stepping = i < num_steps  # the pass after the last step only evaluates
+        carry = tree_where(stepping, moved, carry)
+        index = jnp.minimum(i, length - 1)
+        values = values.at[index].set(jnp.where(stepping, value, values[index]))
+        return carry, values, value
 
-    values = jnp.zeros((length,), jax.eval_shape(loss, carry.params).dtype)
-    carry, values = jax.lax.fori_loop(0, num_steps, step, (carry, values))
-    end = loss(carry.params)
+    dtype = jax.eval_shape(loss, carry.params).dtype
+    state = (carry, jnp.zeros((length,), dtype), jnp.zeros((), dtype))
+    carry, values, end = jax.lax.fori_loop(0, num_steps + jnp.where(last, 1, 0), step, state)
     return _record(carry, jnp.where(last, end, jnp.inf)), values, end
 
 
@@ -257,7 +262,7 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     # One compiled program for the whole run (the start, every chunk and the remainder).
     run = functools.partial(_chunk, family=family, objective=objective, optimizer=optimizer,
                             length=min(log_every, num_steps))
-    _, _, start = run(carry, target, 0, False)
+    _, _, start = run(carry, target, 0, True)
     if not bool(jnp.isfinite(start)):
         raise ValueError(
             f"the objective at the starting params is {float(start)}, not finite; no update can "
