@@ -187,7 +187,7 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
 
     Each step evaluates ``objective(family.chain(params), target)`` and its gradient in the
     parameters (logits) and applies one optimiser update. The loop runs under ``jit`` as a
-    ``lax.scan`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
+    ``lax.fori_loop`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
     progress line) sees the step and the objective. The result is the best iterate seen, so the
     returned draft is never worse on the objective than the starting one.
 
