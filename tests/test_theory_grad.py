@@ -112,12 +112,15 @@ def test_single_token_gradients_finite_at_edge_cases(name):
 def test_single_token_gradients_finite_at_tiny_probabilities(name):
     """Probabilities far below float32's 1e-19 (where the default derivative of a division,
     ``den ** -2``, overflows), as a softmax of very negative logits produces: both rows tiny at
-    the same token, the draft tiny where the target is not, and the reverse."""
+    the same token, the draft tiny where the target is not, and the reverse. The three row pairs
+    are repeated to the 8 rows of ``test_single_token_gradients_finite_at_edge_cases`` (each
+    row's gradient is its own), so that the two tests share their op-by-op programs."""
     tiny = np.float32(1e-30)
-    p = jnp.array([[0.5, 0.5 - tiny, tiny, 0.0], [tiny, 1.0, 0.0, tiny],
-                   [0.25, 0.25, 0.5 - 2e-30, 2e-30]], jnp.float32)
-    q = jnp.array([[0.5, 0.5 - 2e-30, 2e-30, 0.0], [0.5, 0.5, 0.0, 0.0],
-                   [0.25, 0.25, 0.5, 0.0]], jnp.float32)
+    p = np.array([[0.5, 0.5 - tiny, tiny, 0.0], [tiny, 1.0, 0.0, tiny],
+                  [0.25, 0.25, 0.5 - 2e-30, 2e-30]], np.float32)
+    q = np.array([[0.5, 0.5 - 2e-30, 2e-30, 0.0], [0.5, 0.5, 0.0, 0.0],
+                  [0.25, 0.25, 0.5, 0.0]], np.float32)
+    p, q = (jnp.asarray(np.concatenate([x, x, x[:2]])) for x in (p, q))
     fn = SINGLE_TOKEN[name]
     grads = jax.grad(lambda p, q: jnp.sum(fn(p, q)), argnums=(0, 1))(p, q)
     for g in grads:
