@@ -13,6 +13,7 @@ import pytest
 import stats
 
 import specjax
+from conftest import random_rows
 from specjax.pairs.distill import decoding_objective
 from specjax.pairs.distill import divergence_objective
 from specjax.pairs.distill import token_probs
@@ -21,6 +22,13 @@ from specjax.pairs.distill import token_probs
 V, T = 3, 4
 LOOKAHEADS = (1, 2, 4, None)
 COST = specjax.CostModel(0.1, [0.0, 1.0, 1.1, 1.3, 1.4, 1.6])  # a table: verification not free
+
+
+def target_chain(dtype):
+    """The module's one target in ``dtype``: a uniform prompt and Dirichlet(1) rows, drawn with
+    NumPy (``random_markov_chain`` compiled JAX's Dirichlet sampler once per dtype)."""
+    rows = random_rows(np.random.default_rng(1), (T, V, V)).astype(dtype)
+    return specjax.MarkovChain(jnp.asarray(np.full(V, 1.0 / V, dtype)), jnp.asarray(rows))
 
 
 def family():
@@ -64,7 +72,7 @@ def enumerated(target):
 @pytest.fixture(scope="module")
 def problem64():
     with jax.enable_x64(True):
-        target = specjax.random_markov_chain(jax.random.key(1), V, T)
+        target = target_chain(np.float64)
         params = family().init(jax.random.key(2))
         return (target, params) + enumerated(target)
 
@@ -106,12 +114,13 @@ def test_enumerated_gradient_is_exact_and_a_central_difference(x64, problem64, d
         return specjax.exact(decoder, family().chain(p), target).expected_rejections
 
     # Compiled programs, not op by op (the gradients op by op compiled about 30 programs each);
-    # the value's program serves both points of the difference.
-    value = jax.jit(value)
-    grad = jax.jit(jax.grad(value))(params)
+    # the gradient's program gives the values at both points of the difference too.
+    value_and_grad = jax.jit(jax.value_and_grad(value))
+    grad = value_and_grad(params)[1]
     np.testing.assert_allclose(grad, jax.jit(jax.grad(exact))(params), rtol=0, atol=1e-10)
     h = 1e-6
-    difference = (value(params + h * direction) - value(params - h * direction)) / (2 * h)
+    difference = (value_and_grad(params + h * direction)[0]
+                  - value_and_grad(params - h * direction)[0]) / (2 * h)
     np.testing.assert_allclose(jnp.sum(grad * direction), difference, rtol=1e-6)
 
 
@@ -166,7 +175,7 @@ def test_equinox_module_draft(x64, problem64):
 @pytest.fixture(scope="module")
 def rollouts():
     """A recording of 2,000 target rollouts (float32) with the target's rows."""
-    target = specjax.random_markov_chain(jax.random.key(1), V, T)
+    target = target_chain(np.float32)
     tokens = specjax.decode(jax.random.key(4), specjax.Autoregressive(), None, target,
                             2000).tokens
     return target, recording(target, tokens)
@@ -212,7 +221,11 @@ def test_edge_cases_finite(rollouts):
     losses = {(decoder, logits): decoding_objective(decoder, lambda p, _: p, "time", cost=COST,
                                                     logits=logits)
               for decoder in decoders for logits in (False, True)}
-    gradients = {key: jax.jit(jax.value_and_grad(lambda p, case, loss=loss: loss(p, case).value))
+    # The rejections ride along as the gradient's auxiliary output (the p = q check below):
+    # no program of the loss alone.
+    gradients = {key: jax.jit(jax.value_and_grad(
+        lambda p, case, loss=loss: (lambda out: (out.value, out.expected_rejections))(
+            loss(p, case)), has_aux=True))
                  for key, loss in losses.items()}
     divergences = {(name, logits): jax.jit(jax.grad(divergence_objective(
         lambda p, _: p, name, logits=logits))) for name in ("tv", "kl") for logits in (False, True)}
@@ -220,11 +233,10 @@ def test_edge_cases_finite(rollouts):
         case = specjax.Recording(tokens, token_probs(q, tokens), token_probs(q, tokens),
                                  target_probs=q, draft_probs=q)
         for decoder in decoders:
-            value, grad = gradients[decoder, logits](params, case)
+            (value, rejections), grad = gradients[decoder, logits](params, case)
             assert np.isfinite(value) and np.all(np.isfinite(grad)), (name, decoder)
             if name == "p = q":
-                loss = jax.jit(losses[decoder, logits])
-                assert float(loss(params, case).expected_rejections) == 0.0
+                assert float(rejections) == 0.0
         for divergence in ("tv", "kl") if name != "p(x_t) = 0" else ("tv",):
             grad = divergences[divergence, logits](params, case)
             assert np.all(np.isfinite(grad)), (name, divergence)

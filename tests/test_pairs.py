@@ -112,7 +112,9 @@ def test_sd_from_statistics_and_best_lookahead(pair, x64):
     for k in (1, 3, None):
         sd = specjax.Speculative(lookahead=k)
         exact = specjax.exact(sd, chain(draft), chain(target))
-        got = specjax.estimate(sd, stats)
+        # With the cost model, as test_estimate_equals_exact_on_every_sequence estimates: its
+        # compiled summaries (one per K) serve these too.
+        got = specjax.estimate(sd, stats, cost=COST)
         assert abs(float(got.expected_rejections - exact.expected_rejections)) < 1e-10
         assert abs(float(got.expected_calls - exact.expected_calls)) < 1e-10
     want = specjax.theory.best_lookahead(chain(draft), chain(target), COST, max_lookahead=4)
@@ -285,15 +287,17 @@ def test_save_load_and_numpy_layout(tmp_path, pair, x64):
     rated.save(path)
     back = Recording.load(path, decoders=RATED)
     batch = DECODERS["batch"]
+    # Estimates with the cost model, as test_estimate_equals_exact_on_every_sequence[batch]
+    # makes them: its compiled summary serves these.
     for a, b in ((rated, back),):
-        assert float(specjax.estimate(batch, a).expected_calls) == \
-            float(specjax.estimate(batch, b).expected_calls)
+        assert float(specjax.estimate(batch, a, cost=COST).expected_calls) == \
+            float(specjax.estimate(batch, b, cost=COST).expected_calls)
     np.savez(tmp_path / "numpy.npz", tokens=np.asarray(rows.tokens),
              draft_probs=np.asarray(rows.draft_probs), target_probs=np.asarray(rows.target_probs),
              weights=np.asarray(rows.weights))
     again = Recording.load(tmp_path / "numpy.npz")
-    assert float(specjax.estimate(batch, again).expected_rejections) == pytest.approx(
-        float(specjax.estimate(batch, rows).expected_rejections), abs=1e-12)
+    assert float(specjax.estimate(batch, again, cost=COST).expected_rejections) == pytest.approx(
+        float(specjax.estimate(batch, rows, cost=COST).expected_rejections), abs=1e-12)
     np.savez(tmp_path / "bad.npz", tokens=np.asarray(rows.tokens))
     with pytest.raises(ValueError, match="needs 'draft_prob'"):
         Recording.load(tmp_path / "bad.npz")
@@ -342,7 +346,7 @@ def test_acceptance_profiles(pair, x64):
     sd = specjax.Speculative(lookahead=3)
     exact = specjax.pairs.acceptance_profile(
         specjax.theory.engine_metrics(sd, chain(draft), chain(target)))
-    est = specjax.pairs.acceptance_profile(specjax.estimate(sd, rows))
+    est = specjax.pairs.acceptance_profile(specjax.estimate(sd, rows, cost=COST))  # shared
     np.testing.assert_allclose(est, exact, rtol=0, atol=1e-12)
     profile = specjax.pairs.read_profile([800, 500, 300], 1000)
     np.testing.assert_array_equal(profile, [0.8, 0.5, 0.3])
@@ -370,7 +374,7 @@ def test_other_multi_draft_roots_and_threshold_rules(pair, x64):
     for decoder in (specjax.GumbelList(2, lookahead=2), specjax.SpecHub(lookahead=2),
                     specjax.ThresholdVerification(1.0, 1.0, lookahead=2)):
         exact = specjax.exact(decoder, chain(draft), chain(target))
-        est = specjax.estimate(decoder, rows)
+        est = specjax.estimate(decoder, rows, cost=COST)  # the summary of K = 2 compiled above
         assert abs(float(est.expected_rejections - exact.expected_rejections)) < 1e-10
         assert abs(float(est.expected_calls - exact.expected_calls)) < 1e-10
     with pytest.raises(ValueError, match="not lossless"):

@@ -50,10 +50,11 @@ def test_gradients_finite_at_edge_cases(name, use_x64):
         fn = OBJECTIVES[name]
         if name == "kl opt":  # KL(output || target) is infinite here (disjoint rows): use p = q
             t = d
-        value = fn(d, t)
+        # The value from the gradient's own programs (an eager grad of the jitted recursion
+        # compiles its linearisation and transpose; a separate call of fn compiled a third).
+        value, (g_d, g_t) = jax.value_and_grad(fn, argnums=(0, 1))(d, t)
         assert value.dtype == dtype
         assert bool(jnp.isfinite(value))
-        g_d, g_t = jax.grad(fn, argnums=(0, 1))(d, t)
         for leaf in jax.tree_util.tree_leaves((g_d, g_t)):
             assert leaf.dtype == dtype
             assert bool(jnp.all(jnp.isfinite(leaf))), name
@@ -111,12 +112,15 @@ def test_single_token_gradients_finite_at_edge_cases(name):
 def test_single_token_gradients_finite_at_tiny_probabilities(name):
     """Probabilities far below float32's 1e-19 (where the default derivative of a division,
     ``den ** -2``, overflows), as a softmax of very negative logits produces: both rows tiny at
-    the same token, the draft tiny where the target is not, and the reverse."""
+    the same token, the draft tiny where the target is not, and the reverse. The three row pairs
+    are repeated to the 8 rows of ``test_single_token_gradients_finite_at_edge_cases`` (each
+    row's gradient is its own), so that the two tests share their op-by-op programs."""
     tiny = np.float32(1e-30)
-    p = jnp.array([[0.5, 0.5 - tiny, tiny, 0.0], [tiny, 1.0, 0.0, tiny],
-                   [0.25, 0.25, 0.5 - 2e-30, 2e-30]], jnp.float32)
-    q = jnp.array([[0.5, 0.5 - 2e-30, 2e-30, 0.0], [0.5, 0.5, 0.0, 0.0],
-                   [0.25, 0.25, 0.5, 0.0]], jnp.float32)
+    p = np.array([[0.5, 0.5 - tiny, tiny, 0.0], [tiny, 1.0, 0.0, tiny],
+                  [0.25, 0.25, 0.5 - 2e-30, 2e-30]], np.float32)
+    q = np.array([[0.5, 0.5 - 2e-30, 2e-30, 0.0], [0.5, 0.5, 0.0, 0.0],
+                  [0.25, 0.25, 0.5, 0.0]], np.float32)
+    p, q = (jnp.asarray(np.concatenate([x, x, x[:2]])) for x in (p, q))
     fn = SINGLE_TOKEN[name]
     grads = jax.grad(lambda p, q: jnp.sum(fn(p, q)), argnums=(0, 1))(p, q)
     for g in grads:
@@ -140,15 +144,19 @@ def test_gradients_match_central_differences(x64, name):
     rng = np.random.default_rng(1)
     draft, target = random_pair(2, 4, 4)
     d, t = chain(draft), chain(target)
-    fn = OBJECTIVES[name]
-    g_d, g_t = jax.grad(fn, argnums=(0, 1))(d, t)
+    # The values at the shifted points come from the same programs as the gradient (those of
+    # test_gradients_finite_at_edge_cases[True-...]: same size, float64), not from a forward
+    # program compiled for them alone.
+    value_and_grad = jax.value_and_grad(OBJECTIVES[name], argnums=(0, 1))
+    g_d, g_t = value_and_grad(d, t)[1]
     h = 1e-7  # small: log terms (KL) have large third derivatives near small probabilities
     for _ in range(3):
         dirs = [tangent(rng, x.shape) for x in (d.init, d.trans, t.init, t.trans)]
 
         def shifted(s):
-            return fn(specjax.MarkovChain(d.init + s * dirs[0], d.trans + s * dirs[1]),
-                      specjax.MarkovChain(t.init + s * dirs[2], t.trans + s * dirs[3]))
+            return value_and_grad(
+                specjax.MarkovChain(d.init + s * dirs[0], d.trans + s * dirs[1]),
+                specjax.MarkovChain(t.init + s * dirs[2], t.trans + s * dirs[3]))[0]
 
         fd = (float(shifted(h)) - float(shifted(-h))) / (2 * h)
         analytic = sum(float(jnp.sum(g * v)) for g, v in zip(
@@ -197,13 +205,17 @@ def test_epsilon_gradient_matches_central_differences(x64):
 
 def stacked_instances(num, num_states=4, horizon=4, dtype=jnp.float32):
     """``num`` random pairs stacked on a leading axis (V = T = 4, the size of ``edge_pair``, so
-    that one instance's programs are those of the edge-case tests)."""
-    keys = jax.random.split(jax.random.key(0), 2 * num)
-    make = jax.vmap(lambda k: specjax.random_markov_chain(k, num_states, horizon))
-    drafts, targets = make(keys[:num]), make(keys[num:])
-    cast = lambda m: specjax.MarkovChain.tree_unflatten(  # noqa: E731
-        None, (m.init.astype(dtype), m.trans.astype(dtype)))
-    return cast(drafts), cast(targets)
+    that one instance's programs are those of the edge-case tests). Drawn with NumPy
+    (``random_pair``, seeds ``0..num-1``): each ``num`` of a vmapped ``random_markov_chain``
+    compiled a Dirichlet sampler of its own, for data these tests do not need from JAX."""
+    pairs = [random_pair(seed, num_states, horizon) for seed in range(num)]
+
+    def stack(which):
+        init, trans = (np.stack([pair[which][k] for pair in pairs]).astype(dtype)
+                       for k in (0, 1))
+        return specjax.MarkovChain.tree_unflatten(None, (jnp.asarray(init), jnp.asarray(trans)))
+
+    return stack(0), stack(1)
 
 
 def test_vmap_over_instances_equals_loop():

@@ -132,6 +132,11 @@ def phase_filter(rejection, root_rejection, lookahead: int, call_weights):
     return rejections, weighted, accepted_at
 
 
+# Compiled, not op by op (the scan and the set-up around it were a dozen programs per shape);
+# estimate and distill use the same jitted filter, called the same way, so programs are shared.
+_filter = jax.jit(phase_filter, static_argnames=("lookahead",))
+
+
 def check_rates(name: str, rates, shape=None):
     """``rates`` as a float array of shape ``(B, T)`` (or ``shape``); values in ``[0, 1]`` when
     concrete; ``ValueError`` naming ``name`` otherwise."""
@@ -191,7 +196,8 @@ def call_structure(rejection, lookahead, *, root_rejection=None) -> CallStructur
     rejection, root, k = checked_rates(rejection, root_rejection, lookahead)
     horizon = rejection.shape[1]
     weights = np.stack([np.ones(horizon), call_depths(k, horizon)], axis=-1)
-    rejections, weighted, accepted_at = phase_filter(rejection, root, k, weights)
+    rejections, weighted, accepted_at = _filter(rejection, root, lookahead=k,
+                                                call_weights=jnp.asarray(weights, rejection.dtype))
     return CallStructure(rejections=rejections, calls=weighted[:, 0], accepted_at=accepted_at,
                          drafted=weighted[:, 1])
 
@@ -205,5 +211,5 @@ def expected_call_time(rejection, lookahead, call_times, *, root_rejection=None)
     times = jnp.asarray(call_times)
     if times.shape != (horizon,):
         raise ValueError(f"call_times must have shape (T,) = ({horizon},), got {times.shape}")
-    _, weighted, _ = phase_filter(rejection, root, k, times[:, None])
+    _, weighted, _ = _filter(rejection, root, lookahead=k, call_weights=times[:, None])
     return weighted[:, 0]

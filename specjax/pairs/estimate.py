@@ -30,7 +30,7 @@ from specjax import _checks
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.speculative import Speculative
 from specjax.numerics import safe_ratio
-from specjax.pairs.calls import phase_filter
+from specjax.pairs.calls import _filter
 from specjax.pairs.calls import rejection_rate
 from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
@@ -144,7 +144,6 @@ def _spread(terms, scale):
     return jnp.sqrt(count / (count - 1) * jnp.sum(terms ** 2, axis=0)) / scale
 
 
-_filter = jax.jit(phase_filter, static_argnames=("lookahead",))
 # Compiled, not op by op: a decoder's laws on the rows are a few dozen operations, each a
 # program of its own when run eagerly (compiled again for every new shape of recording).
 _decoder_rates = jax.jit(decoder_rates)

@@ -504,11 +504,13 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     shards = _sharding.num_shards(run.sharding)
     # The rollouts, in chunks of chains: each chunk is chains start .. start + n - 1 of the one
     # run decode(key, Autoregressive(), ...) would make (the same tokens), and only a chunk's
-    # rows are alive at a time (about ROLLOUT_COPIES of them per chain and step).
+    # rows are alive at a time (about ROLLOUT_COPIES of them per chain and step). The offset is
+    # an np.uint32, as decode passes it: a Python int (weakly typed int32) compiled a second
+    # program for the run decode compiles.
     roll = max(1, CHUNK_BYTES // (num_states * jnp.dtype(dtype).itemsize * ROLLOUT_COPIES))
     roll = min(num_sequences, max(shards, roll // shards * shards))
     tokens = jnp.concatenate([
-        run_chunk(key, run, start, min(roll, num_sequences - start))[0].tokens
+        run_chunk(key, run, np.uint32(start), min(roll, num_sequences - start))[0].tokens
         for start in range(0, num_sequences, roll)])
     if keep_rows:
         _memory.check_fits(2 * num_sequences * horizon * num_states * jnp.dtype(dtype).itemsize,

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from specjax import _checks
@@ -105,30 +106,38 @@ def _evaluate(objective, draft, target) -> jax.Array:
     return value
 
 
-@functools.partial(jax.jit, static_argnames=("family", "objective", "optimizer", "num_steps"))
-def _steps(carry, target, *, family, objective, optimizer, num_steps):
+@functools.partial(jax.jit, static_argnames=("family", "objective", "optimizer", "length"))
+def _chunk(carry, target, num_steps, last, *, family, objective, optimizer, length):
+    """``num_steps <= length`` optimiser steps (traced: one program serves every chunk of a run,
+    the remainder and the evaluation of the start, ``num_steps = 0``) and their objective values
+    in the first ``num_steps`` entries of a ``(length,)`` buffer. When ``last`` (the end of the
+    run, or the start), one more pass of the step evaluates the objective at the params reached
+    (its update dropped: the program holds one copy of the objective and its gradient, not a
+    separate evaluation), returned as ``end`` and recorded as a candidate best."""
     def loss(params):
         return _evaluate(objective, family.chain(params), target)
 
-    def step(carry, _):
+    def step(i, state):
+        carry, values, _ = state
         value, grads = jax.value_and_grad(loss)(carry.params)
-        carry = _record(carry, value)
+        moved = _record(carry, value)
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
         params = optax.apply_updates(carry.params, updates)
         ok = jnp.isfinite(value) & _all_finite(grads) & _all_finite(params)
-        carry = carry._replace(params=tree_where(ok, params, carry.params),
+        moved = moved._replace(params=tree_where(ok, params, carry.params),
                                opt_state=tree_where(ok, opt_state, carry.opt_state),
                                step=carry.step + 1,
                                skipped=carry.skipped + jnp.where(ok, 0, 1).astype(jnp.int32))
-        return carry, value
+        stepping = i < num_steps  # the pass after the last step only evaluates
+        carry = tree_where(stepping, moved, carry)
+        index = jnp.minimum(i, length - 1)
+        values = values.at[index].set(jnp.where(stepping, value, values[index]))
+        return carry, values, value
 
-    return jax.lax.scan(step, carry, None, length=num_steps)
-
-
-@functools.partial(jax.jit, static_argnames=("family", "objective"))
-def _finish(carry, target, *, family, objective):
-    value = _evaluate(objective, family.chain(carry.params), target)
-    return _record(carry, value), value
+    dtype = jax.eval_shape(loss, carry.params).dtype
+    state = (carry, jnp.zeros((length,), dtype), jnp.zeros((), dtype))
+    carry, values, end = jax.lax.fori_loop(0, num_steps + jnp.where(last, 1, 0), step, state)
+    return _record(carry, jnp.where(last, end, jnp.inf)), values, end
 
 
 # What tune_draft and kl_fit say under a transformation.
@@ -178,7 +187,7 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
 
     Each step evaluates ``objective(family.chain(params), target)`` and its gradient in the
     parameters (logits) and applies one optimiser update. The loop runs under ``jit`` as a
-    ``lax.scan`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
+    ``lax.fori_loop`` of ``log_every`` steps at a time; between those chunks ``callback`` (or the
     progress line) sees the step and the objective. The result is the best iterate seen, so the
     returned draft is never worse on the objective than the starting one.
 
@@ -188,8 +197,9 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     skip: tuning has stopped there (``TuneResult.skipped`` counts the skipped steps and a
     ``RuntimeWarning`` says so). Lower the step size if that happens.
 
-    Compilation: once per family, objective, optimiser, chunk length (``log_every`` and the
-    remainder) and dtype; a new target or new parameter values do not recompile.
+    Compilation: once per family, objective, optimiser, chunk length (``log_every``; the
+    remainder and the evaluation of the start run in the same program) and dtype; a new
+    target or new parameter values do not recompile.
 
     A host-side driver: call it outside ``jax.jit``, ``vmap`` and ``grad``. Under a
     transformation its params and target are traced, and it raises ``ValueError`` saying so
@@ -249,7 +259,10 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
     carry = _Carry(params, optimizer.init(params), params, jnp.array(jnp.inf, dtype),
                    jnp.array(0, jnp.int32), jnp.array(0, jnp.int32), jnp.array(0, jnp.int32))
-    _, start = _finish(carry, target, family=family, objective=objective)
+    # One compiled program for the whole run (the start, every chunk and the remainder).
+    run = functools.partial(_chunk, family=family, objective=objective, optimizer=optimizer,
+                            length=min(log_every, num_steps))
+    _, _, start = run(carry, target, 0, True)
     if not bool(jnp.isfinite(start)):
         raise ValueError(
             f"the objective at the starting params is {float(start)}, not finite; no update can "
@@ -258,8 +271,8 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
     chunks, done = [], 0
     while done < num_steps:
         size = min(log_every, num_steps - done)
-        carry, values = _steps(carry, target, family=family, objective=objective,
-                               optimizer=optimizer, num_steps=size)
+        carry, values, final = run(carry, target, size, done + size == num_steps)
+        values = np.asarray(values)[:size]
         chunks.append(values)
         done += size
         if callback is not None or progress:
@@ -268,8 +281,7 @@ def tune_draft(family: DraftFamily, params, target: MarkovChain,
                 _print_progress(done, num_steps, last, best)
             if callback is not None:
                 callback(done, last, best)
-    carry, final = _finish(carry, target, family=family, objective=objective)
-    history = jnp.concatenate(chunks + [final[None]])
+    history = jnp.asarray(np.concatenate(chunks + [np.asarray(final)[None]]))
     if int(carry.skipped):
         warnings.warn(
             f"tune_draft skipped {int(carry.skipped)} of {num_steps} updates whose objective, "
