@@ -626,7 +626,7 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
       >>> tuple(choice.lookahead for choice in specjax.theory.batch_lookahead(
-      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=3))
+      ...     draft, target, cost, batch_size=(1, 8, 32), max_lookahead=4))
       (3, 1, 0)
     """
     _check_serving_cost(cost)
