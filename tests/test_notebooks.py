@@ -1,7 +1,12 @@
 """Smoke tests: every notebook's code cells run, in order, at toy sizes (SPECJAX_NOTEBOOK_SMOKE=1).
 
 The cells are executed by a plain Python process (no Jupyter kernel needed), from the
-``notebooks`` folder as Jupyter would, with matplotlib's non-interactive backend.
+``notebooks`` folder as Jupyter would, with matplotlib's non-interactive backend. The notebooks
+run one after another in one process, each in a fresh namespace (as one kernel restarted between
+them, less the restart): their compiled programs are shared (the reproduction notebooks draw the
+same instance and run the same simulations). A notebook that changes JAX's global configuration
+(``jax.config.update``, e.g. float64) would leak it into the next, so it runs in a process of its
+own.
 """
 
 import json
@@ -41,16 +46,66 @@ def test_notebook_is_self_contained(path):
     assert "sys.path" not in source and "scripts" not in source
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_at_toy_sizes(path, tmp_path):
+def code(path: pathlib.Path) -> str:
+    """A notebook's code cells, in order, as one script."""
     cells = json.loads(path.read_text())["cells"]
-    source = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    script = tmp_path / f"{path.stem}.py"
-    script.write_text(source)
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+RUNNER = r"""
+import json
+import sys
+import traceback
+
+results = {}
+for name, script in json.loads(open(sys.argv[1]).read()):
+    namespace = {"__name__": "__main__"}
+    try:
+        exec(compile(open(script).read(), script, "exec"), namespace)
+        results[name] = None
+    except BaseException:
+        results[name] = traceback.format_exc()
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
+"""
+
+# The notebooks that share a process, and those that run alone (see the module docstring).
+ALONE = [p for p in NOTEBOOKS if "jax.config.update" in code(p)]
+GROUPS = [[p for p in NOTEBOOKS if p not in ALONE]] + [[p] for p in ALONE]
+_RESULTS = {}  # group index -> {notebook name: None or the failure}, each group once per process
+
+
+def run_notebooks(paths, tmp):
+    """Runs the notebooks in one subprocess; ``{notebook name: None or the failure}``."""
+    scripts = []
+    for path in paths:
+        script = tmp / f"{path.stem}.py"
+        script.write_text(code(path))
+        scripts.append((path.name, str(script)))
+    (tmp / "notebooks.json").write_text(json.dumps(scripts))
+    (tmp / "runner.py").write_text(RUNNER)
     # The repository root goes on the path as for the scripts' tests (which run from the root).
     path_entries = [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     env = dict(os.environ, SPECJAX_NOTEBOOK_SMOKE="1", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join(path_entries))
-    out = subprocess.run([sys.executable, str(script)], cwd=path.parent, env=env,
+    out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "notebooks.json"),
+                          str(tmp / "results.json")], cwd=ROOT / "notebooks", env=env,
                          capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
+    if out.returncode != 0 or not (tmp / "results.json").exists():  # every notebook fails with it
+        return dict.fromkeys((p.name for p in paths),
+                             f"the notebook runner crashed:\n{out.stderr[-4000:]}")
+    return json.loads((tmp / "results.json").read_text())
+
+
+# Not named test_notebook_runs_...: tests/conftest.py schedules tests with that prefix one per
+# unit, and the notebooks of a group must run on one worker (the module is the unit).
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_run_at_toy_sizes(path, tmp_path_factory):
+    group = next(i for i, g in enumerate(GROUPS) if path in g)
+    if group not in _RESULTS:
+        tmp = tmp_path_factory.mktemp(f"notebooks{group}")
+        _RESULTS[group] = run_notebooks(GROUPS[group], tmp)
+    failure = _RESULTS[group][path.name]
+    assert failure is None, failure

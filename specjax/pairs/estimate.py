@@ -295,7 +295,7 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
       >>> draft, target = specjax.paper_instance()
       >>> rec = specjax.record(jax.random.key(0), draft, target, 500)
       >>> choice = specjax.pairs.best_lookahead(rec, specjax.CostModel(0.1, 1.0),
-      ...                                       max_lookahead=6)
+      ...                                       max_lookahead=4)
       >>> choice.lookahead
       3
     """

@@ -425,7 +425,7 @@ def best_tree_budget(draft, target, cost: CostModel, *, max_budget: int, max_dep
       >>> import specjax
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.CostModel(0.1, [0.0] + [1.0 + 0.05 * n for n in range(1, 7)])
-      >>> choice = specjax.theory.best_tree_budget(draft, target, cost, max_budget=6, max_depth=3)
+      >>> choice = specjax.theory.best_tree_budget(draft, target, cost, max_budget=4, max_depth=3)
       >>> choice.budget, choice.parents
       (3, (-1, 0, 1))
     """

@@ -690,7 +690,7 @@ def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahea
       >>> draft, target = specjax.paper_instance()
       >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
       >>> best = specjax.theory.request_policy(draft, target, cost, batch_size=8,
-      ...                                      max_lookahead=3, prices=[0.3, 0.6])
+      ...                                      max_lookahead=2, prices=[0.3, 0.6])
       >>> bool(best.tokens_per_time >= best.fixed_rates.max())
       True
     """

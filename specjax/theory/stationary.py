@@ -376,7 +376,7 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
       >>> p = specjax.MarkovChain(q.init, jnp.full((8, 2, 2), 0.5))
       >>> cost = specjax.CostModel(0.1, 1.0)
       >>> best = specjax.optimal_rate(p, q, cost, max_lookahead=4)
-      >>> sd = specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(2), max_lookahead=2)
+      >>> sd = specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(3), max_lookahead=3)
       >>> fixed = specjax.theory.stationary_rate(sd, p, q, cost)
       >>> bool(best.tokens_per_time >= fixed.tokens_per_time)
       True
