@@ -80,9 +80,10 @@ def _file(item):
 # module runs on one worker, so that its module fixtures and the programs its tests share are
 # built once, not once per worker; the modules that take longest start first, and the many short,
 # independent tests of SPREAD (each a unit of its own) go last, to whichever worker is free: they
-# even out the end of the run. The notebooks and scripts are units of their own too (each runs
-# alone, most in a subprocess), and so is each of test_docs' page runs (DOC_PAGES: the tests
-# whose id starts with the same "runN:"), started in their module's place.
+# even out the end of the run. The scripts are units of their own too (each runs alone, most in
+# a subprocess), and so is each of test_docs' page runs and test_notebooks' groups (SHARED_RUNS:
+# the tests whose id starts with the same "runN:" or "groupN:", one subprocess each), started in
+# their module's place.
 # LONGEST_FIRST: the modules (or their units) that took longest in a run of the slow tests in
 # one process (docs 824 s in all, notebooks 280 s, the benchmark and study scripts 50-100 s each),
 # then the largest in-process modules.
@@ -92,17 +93,18 @@ LONGEST_FIRST = ["test_docs.py", "test_notebooks.py", "test_scale.py", "test_rep
                  "test_packaging.py", "test_flax_pair.py", "test_bench.py",
                  "test_distributed.py", "test_decoders.py", "test_token_tree.py", "test_models.py"]
 SPREAD = ("tests/test_reliability.py::",)
-UNITS = SPREAD + ("tests/test_notebooks.py::test_notebook_runs_at_toy_sizes[",
-                  "tests/test_scripts.py::")
-DOC_PAGES = "tests/test_docs.py::test_page_code_runs["
+UNITS = SPREAD + ("tests/test_scripts.py::",)
+SHARED_RUNS = ("tests/test_docs.py::test_page_code_runs[",
+               "tests/test_notebooks.py::test_notebooks_run_at_toy_sizes[")
 
 
 def _scope(nodeid):
-    """The unit of work a test belongs to: its module, but for UNITS and DOC_PAGES."""
+    """The unit of work a test belongs to: its module, but for UNITS and SHARED_RUNS."""
     if nodeid.startswith(UNITS):
         return nodeid
-    if nodeid.startswith(DOC_PAGES):
-        return nodeid[:nodeid.index(":", len(DOC_PAGES))]  # "...test_page_code_runs[run0"
+    for prefix in SHARED_RUNS:
+        if nodeid.startswith(prefix):
+            return nodeid[:nodeid.index(":", len(prefix))]  # "...test_page_code_runs[run0"
     return nodeid.split("::", 1)[0]
 
 
@@ -115,7 +117,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's ``loadscope`` scheduling with a module as the scope (but for ``UNITS`` and
-    ``DOC_PAGES``), in the order of the collection (sorted above). Other ``--dist`` modes are
+    ``SHARED_RUNS``), in the order of the collection (sorted above). Other ``--dist`` modes are
     xdist's own."""
     if config.getvalue("dist") != "load":
         return None

@@ -99,11 +99,15 @@ def run_notebooks(paths, tmp):
     return json.loads((tmp / "results.json").read_text())
 
 
-# Not named test_notebook_runs_...: tests/conftest.py schedules tests with that prefix one per
-# unit, and the notebooks of a group must run on one worker (the module is the unit).
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def _group(path) -> int:
+    return next(i for i, g in enumerate(GROUPS) if path in g)
+
+
+# The test ids start with the group ("group0:batch_sd.ipynb"): tests/conftest.py schedules a
+# group's notebooks on one worker (SHARED_RUNS), and the workers take one group each.
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"group{_group(p)}:{p.name}")
 def test_notebooks_run_at_toy_sizes(path, tmp_path_factory):
-    group = next(i for i, g in enumerate(GROUPS) if path in g)
+    group = _group(path)
     if group not in _RESULTS:
         tmp = tmp_path_factory.mktemp(f"notebooks{group}")
         _RESULTS[group] = run_notebooks(GROUPS[group], tmp)
