@@ -8,10 +8,12 @@ verification lies between (Sun et al. 2024, arXiv 2403.10444).
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax.decoders.block import BlockVerification
@@ -77,8 +79,16 @@ def exact_joint_accepted_length(draft: MarkovChain, target: MarkovChain, *, look
     """
     k = _check_block_args(draft, target, lookahead, position, prev_token)
     check_enumerable(target.num_states, k)
-    p_rows = draft.trans[position - 1: position - 1 + k]
-    q_rows = target.trans[position - 1: position - 1 + k]
+    return _pick(_joint_total(draft.trans, target.trans, np.int32(position - 1), k=k),
+                 prev_token)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _joint_total(p_trans, q_trans, start, *, k: int):
+    """``exact_joint_accepted_length``'s ``(V,)`` values for the ``k`` rows from ``start``
+    (traced): one compiled program per ``k`` and shape, not one per operation."""
+    p_rows = jax.lax.dynamic_slice_in_dim(p_trans, start, k)
+    q_rows = jax.lax.dynamic_slice_in_dim(q_trans, start, k)
     p_joint, q_joint = p_rows[0], q_rows[0]
     total = jnp.sum(jnp.minimum(p_joint, q_joint), axis=-1)
     for i in range(1, k):
@@ -86,7 +96,7 @@ def exact_joint_accepted_length(draft: MarkovChain, target: MarkovChain, *, look
         q_joint = q_joint[..., None] * lift(q_rows[i], i + 1)
         both = jnp.minimum(p_joint, q_joint)
         total = total + jnp.sum(both.reshape(both.shape[0], -1), axis=-1)
-    return _pick(total, prev_token)
+    return total
 
 
 def exact_tokenwise_accepted_length(draft: MarkovChain, target: MarkovChain, *, lookahead: int,
@@ -102,14 +112,22 @@ def exact_tokenwise_accepted_length(draft: MarkovChain, target: MarkovChain, *, 
       Algorithm 1 of the paper with lookahead ``K`` (Leviathan et al. 2023).
     """
     k = _check_block_args(draft, target, lookahead, position, prev_token)
-    both = jnp.minimum(draft.trans[position - 1: position - 1 + k],
-                       target.trans[position - 1: position - 1 + k])
+    return _pick(_tokenwise_total(draft.trans, target.trans, np.int32(position - 1), k=k),
+                 prev_token)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _tokenwise_total(p_trans, q_trans, start, *, k: int):
+    """``exact_tokenwise_accepted_length``'s ``(V,)`` values for the ``k`` rows from ``start``
+    (traced), in one compiled program."""
+    both = jnp.minimum(jax.lax.dynamic_slice_in_dim(p_trans, start, k),
+                       jax.lax.dynamic_slice_in_dim(q_trans, start, k))
     reach = both[0]
     total = jnp.sum(reach, axis=-1)
     for i in range(1, k):
         reach = reach @ both[i]
         total = total + jnp.sum(reach, axis=-1)
-    return _pick(total, prev_token)
+    return total
 
 
 def exact_block_expected_calls(draft: MarkovChain, target: MarkovChain, *,
