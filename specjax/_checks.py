@@ -33,6 +33,20 @@ def host_array(x) -> np.ndarray:
     return x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)
 
 
+def host_or_device(x):
+    """A jax array (or tracer) as it is, on its device and with its sharding; anything else
+    (NumPy arrays, lists, numbers) as ``host_array(x)``: for input checks that read the
+    arguments on the host anyway, where NumPy's reshapes and casts compile nothing and every
+    eager ``jnp`` operation compiles a program of its own per shape."""
+    return x if isinstance(x, jax.Array) else host_array(x)
+
+
+def array_module(*arrays):
+    """NumPy when every one of ``arrays`` is a NumPy array (``host_or_device``'s host side),
+    else ``jax.numpy``."""
+    return np if all(isinstance(x, np.ndarray) for x in arrays) else jnp
+
+
 def _dtype(x):
     """The dtype ``jnp.asarray(x)`` would have, without converting ``x``."""
     return x.dtype if isinstance(x, (jax.Array, np.ndarray)) else host_array(x).dtype

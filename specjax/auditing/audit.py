@@ -187,7 +187,7 @@ def check_rows(p, q):
     """Validated ``(p, q)`` as ``(B, V)`` arrays of one floating dtype, and whether batched."""
     arrays = []
     for name, x in (("p", p), ("q", q)):
-        x = x if isinstance(x, jax.Array) else _checks.host_array(x)  # NumPy: no compilation
+        x = _checks.host_or_device(x)  # NumPy input: checked on the host, no compilation
         if x.ndim not in (1, 2) or x.shape[-1] < 1:
             raise ValueError(f"{name} must be a (V,) row or a (B, V) batch of rows, "
                              f"got shape {x.shape}")
@@ -201,7 +201,7 @@ def check_rows(p, q):
         raise ValueError(f"p and q must have the same shape, got {p.shape} (p) and {q.shape} (q)")
     dtype = jnp.result_type(p.dtype, q.dtype)
     batched = p.ndim == 2
-    xp = np if isinstance(p, np.ndarray) and isinstance(q, np.ndarray) else jnp
+    xp = _checks.array_module(p, q)
     return xp.atleast_2d(p.astype(dtype)), xp.atleast_2d(q.astype(dtype)), batched
 
 

@@ -105,22 +105,8 @@ class DraftsLaw(NamedTuple):
 # Validation.
 
 
-def host_or_device(x):
-    """A jax array (or tracer) as it is, anything else (NumPy arrays, lists, numbers) as a
-    NumPy array of the dtype ``jnp.asarray`` would give it (``_checks.host_array``): the input
-    checks read it on the host anyway, and NumPy's reshapes and casts compile nothing, where
-    every eager ``jnp`` operation (``jnp.asarray`` of a NumPy array included) compiles a program
-    of its own per shape. The kernels take NumPy arrays as they are."""
-    return x if isinstance(x, jax.Array) else _checks.host_array(x)
-
-
-def _xp(x):
-    """The array module of ``x``: NumPy for a host array, ``jax.numpy`` for a device array."""
-    return np if isinstance(x, np.ndarray) else jnp
-
-
 def _float_array(name, x, ndim):
-    x = host_or_device(x)
+    x = _checks.host_or_device(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
     if x.ndim != ndim:
@@ -167,7 +153,7 @@ def check_num_drafts(num_drafts, num_requests: int, lookahead: int, batched: boo
     shape ``(B,)`` (``()`` for one request), in ``[0, K]`` when concrete."""
     if num_drafts is None:
         return np.full((num_requests,), lookahead, np.int32)
-    counts = host_or_device(num_drafts)
+    counts = _checks.host_or_device(num_drafts)
     if not jnp.issubdtype(counts.dtype, jnp.integer):
         raise ValueError(f"num_drafts must hold integers, got dtype {counts.dtype}")
     if counts.shape != ((num_requests,) if batched else ()):
@@ -192,7 +178,7 @@ def check_token_ids(ids: np.ndarray, num_tokens: int) -> None:
 
 def check_inputs(draft_tokens, draft_probs, target_probs, num_drafts) -> Inputs:
     """Shapes, dtypes and (when concrete) values of the given-drafts arguments."""
-    tokens = host_or_device(draft_tokens)
+    tokens = _checks.host_or_device(draft_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"draft_tokens must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim not in (1, 2):
@@ -240,7 +226,7 @@ def computation_arrays(tokens, draft, target):
     the scale of small probabilities)."""
     dtype = jnp.promote_types(jnp.result_type(target.dtype, *(() if draft is None else (
         draft.dtype,))), jnp.float32)
-    return (_xp(tokens).clip(tokens, 0, target.shape[-1] - 1).astype(np.int32),
+    return (_checks.array_module(tokens).clip(tokens, 0, target.shape[-1] - 1).astype(np.int32),
             None if draft is None else draft.astype(dtype), target.astype(dtype))
 
 
@@ -251,7 +237,7 @@ def check_endings(stop_tokens, bonus, num_tokens):
         raise ValueError(f"bonus is a static setting: pass True or False, got {bonus!r}")
     if stop_tokens is None:
         return np.zeros((0,), np.int32), bool(bonus)
-    stop = host_or_device(stop_tokens)
+    stop = _checks.host_or_device(stop_tokens)
     if stop.ndim == 0:
         stop = stop[None]
     if stop.ndim != 1 or not jnp.issubdtype(stop.dtype, jnp.integer):
@@ -272,7 +258,7 @@ def _check_uniforms(uniforms, num_requests, widths, batched, dtype):
                          f"(B, {widths[0]}) and (B, {widths[1]})")
     out = []
     for name, raw, width in zip(("accept", "sample"), uniforms, widths):
-        x = host_or_device(raw)
+        x = _checks.host_or_device(raw)
         shape = (num_requests, width) if batched else (width,)
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.shape != shape:
             raise ValueError(f"uniforms[{name!r}] must be a float array of shape {shape}, got "

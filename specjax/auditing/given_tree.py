@@ -62,7 +62,6 @@ import numpy as np
 from specjax import _checks
 from specjax.auditing.given import check_valid_rows
 from specjax.auditing.given import _float_array
-from specjax.auditing.given import host_or_device
 from specjax.auditing.given import unbatch
 from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
@@ -148,7 +147,7 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
                       num_nodes) -> _TreeInputs:
     """Shapes, dtypes and (when concrete) values of the given-tree arguments."""
     size = tree.num_nodes
-    tokens = host_or_device(tree_tokens)
+    tokens = _checks.host_or_device(tree_tokens)
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"tree_tokens must hold integer token ids, got dtype {tokens.dtype}")
     if tokens.ndim not in (1, 2) or tokens.shape[-1] != size:
@@ -177,7 +176,7 @@ def check_tree_inputs(tree: TokenTree, tree_tokens, draft_probs, target_probs,
     if num_nodes is None:
         counts = np.full((num_requests,), size, np.int32)
     else:
-        counts = host_or_device(num_nodes)
+        counts = _checks.host_or_device(num_nodes)
         if not jnp.issubdtype(counts.dtype, jnp.integer) \
                 or counts.shape != ((num_requests,) if batched else ()):
             raise ValueError(f"num_nodes must be integers of shape "
@@ -359,7 +358,7 @@ def _end_tree_law(tree, inputs, outcome, reach, stop, with_bonus):
         outcome = outcome * jnp.where(jnp.stack(blocked, axis=1), 0, 1)[..., None]
     if not with_bonus:
         nodes = jnp.arange(size)
-        leaf = jnp.asarray(_first_child(tree))[None] >= inputs.num_nodes[:, None]
+        leaf = _no_child_present(tree, inputs.num_nodes[:, None], nodes[None])
         move = leaf & rows_valid & ~jnp.stack(blocked, axis=1) & (nodes[None] > 0)
         gain = gain + jnp.where(move, outcome.sum(-1), 0)
         outcome = outcome * jnp.where(move, 0, 1)[..., None]
