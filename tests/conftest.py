@@ -194,6 +194,16 @@ def random_rows(rng: np.random.Generator, shape, zero_fraction=0.0, concentratio
     return rows
 
 
+def uniform_chain(num_states: int, horizon: int):
+    """A float32 ``MarkovChain`` of uniform rows, built from NumPy: for checks that read only the
+    models' sizes or kinds (no compiled program, where ``random_markov_chain`` compiles its
+    Dirichlet draw for every new shape)."""
+    import specjax
+
+    rows = np.full((horizon, num_states, num_states), 1 / num_states, np.float32)
+    return specjax.MarkovChain(np.full(num_states, 1 / num_states, np.float32), rows)
+
+
 def random_pair(seed: int, num_states: int, horizon: int, zero_fraction=0.0):
     """A random (draft, target) pair of NumPy float64 ``(init, trans)`` tuples.
 

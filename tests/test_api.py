@@ -13,6 +13,7 @@ import pytest
 
 import specjax
 import specjax.compat
+from conftest import uniform_chain
 
 KEY = jax.random.key(0)
 
@@ -20,13 +21,6 @@ KEY = jax.random.key(0)
 def small_pair(v=4, t=5, seed=0):
     kd, kt = jax.random.split(jax.random.key(seed))
     return specjax.random_markov_chain(kd, v, t), specjax.random_markov_chain(kt, v, t)
-
-
-def uniform_chain(v, t):
-    """A float32 ``MarkovChain`` of uniform rows, built from NumPy (no compiled program, where
-    ``random_markov_chain`` compiles its Dirichlet draw for every new shape)."""
-    return specjax.MarkovChain(np.full(v, 1 / v, np.float32), np.full((t, v, v), 1 / v,
-                                                                       np.float32))
 
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import specjax
+from conftest import uniform_chain
 from sampler_cases import CASES
 from sampler_cases import instance
 from specjax import _memory
@@ -144,14 +145,6 @@ def test_decoding_statistics_refuses_per_chain_results_or_a_chunk_that_cannot_fi
     stats = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 4_000,
                                         chunk_size=1_000)
     assert stats.num_chains == 4_000
-
-
-def uniform_chain(num_states, horizon):
-    """A float32 chain of uniform rows, built in NumPy: for checks that read only its sizes (no
-    Dirichlet sampler to compile)."""
-    return specjax.MarkovChain(np.full((num_states,), 1 / num_states, np.float32),
-                               np.full((horizon, num_states, num_states), 1 / num_states,
-                                       np.float32))
 
 
 def test_exact_refuses_tables_that_cannot_fit(available):

@@ -17,6 +17,7 @@ from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
 
 from conftest import edge_pair
+from conftest import uniform_chain
 from conftest import random_rows
 from stats import assert_law
 from stats import assert_mean
@@ -50,11 +51,6 @@ def markov_pair(seed=0, v=4, t=5, stationary=False):
         draft = specjax.MarkovChain(draft.init, jnp.repeat(draft.trans[:1], t, axis=0))
         target = specjax.MarkovChain(target.init, jnp.repeat(target.trans[:1], t, axis=0))
     return draft, target
-
-
-def uniform_chain(v, t):
-    """A chain of uniform rows (no random draw to compile: for the refusals of mixed models)."""
-    return specjax.MarkovChain(jnp.full((v,), 1 / v), jnp.full((t, v, v), 1 / v))
 
 
 def random_ngram(seed, order, v, zero_fraction=0.3):
