@@ -60,14 +60,15 @@ def tree_parents(name):
 
 INSTANCES = {
     "tiny": lambda: random_pair(201, 2, 2, zero_fraction=0.3),
-    "random": lambda: random_pair(202, 3, 4, zero_fraction=0.3),
-    "dense": lambda: random_pair(203, 3, 4),
-    "edge": lambda: edge_pair(4, 3),
+    "random": lambda: random_pair(202, 4, 4, zero_fraction=0.3),
+    "dense": lambda: random_pair(203, 4, 4),
+    "edge": lambda: edge_pair(4, 4),
 }
-# "random" and "dense" share one size (V = 3, T = 4), and so does the sampler's instance below,
-# so that each tree's ``exact`` program is compiled for two shapes, not four. T = 4
-# keeps every kind of call of the deepest tree (depth 3): full calls with a bonus position
-# (n = 1), calls that end exactly at T (n = 2) and truncated ones (n = 3, 4).
+# Every instance but "tiny" has one size (V = 4, T = 4), and so do the special cases' and the
+# sampler's below, so that each tree's ``exact`` program (and each operation of the op-by-op
+# call laws) is compiled for one shape, not two (edge_pair's rows need V = 4). T = 4 keeps every
+# kind of call of the deepest tree (depth 3): full calls with a bonus position (n = 1), calls
+# that end exactly at T (n = 2) and truncated ones (n = 3, 4).
 
 
 def to_chain(pair, dtype=None):
@@ -125,12 +126,14 @@ def test_literal_sequence_law_is_target(tree_name, children):
 def test_literal_drafting_order_and_chaining(children):
     """Drafting the whole tree first (the literal order) or each node's children on arrival
     gives the same call law; chaining enumerated calls equals enumerating whole sequences."""
-    for tree_name, instance in (("(2, 2)", "random"), ("irregular", "edge"),
-                                ("star of 5", "dense")):
-        draft, target = INSTANCES[instance]()
+    # V = 3 or T = 3 (the enumeration of a whole drafted tree grows as V^nodes); no program
+    # is compiled here, so these sizes cost nothing elsewhere.
+    for tree_name, (draft, target) in (("(2, 2)", random_pair(202, 3, 4, zero_fraction=0.3)),
+                                       ("irregular", edge_pair(4, 3)),
+                                       ("star of 5", random_pair(203, 3, 4))):
         parents = tree_parents(tree_name)
         eager = tr.LiteralTree(parents, children, draft, target, draft_all=True)
-        lazy = literal(tree_name, children, instance)
+        lazy = tr.LiteralTree(parents, children, draft, target)
         for n in (1, 2):
             for a in range(target[0].shape[0]):
                 assert ref.max_difference(eager.call(n, a), lazy.call(n, a)) < 1e-13
@@ -223,11 +226,8 @@ def test_exact_matches_literal(tree_name, children, x64):
                                        atol=1e-10, err_msg=f"{instance}, position {n}")
 
 
-SPECIAL_INSTANCES = {  # one size (V = 4, T = 5): each decoder's program is compiled once
-    "random": lambda: random_pair(211, 4, 5, zero_fraction=0.3),
-    "dense": lambda: random_pair(212, 4, 5),
-    "edge": lambda: edge_pair(4, 5),
-}
+SPECIAL_INSTANCES = {  # the module's instances (V = 4, T = 4): each decoder is compiled once
+    name: INSTANCES[name] for name in ("random", "dense", "edge")}
 
 
 def assert_same_values(tree, other, what):
@@ -282,7 +282,7 @@ def test_root_then_chains_is_batch_sd(num_drafts, lookahead, x64):
 
 # ----------------------------------------------------------------------------- the sampler
 SAMPLER_INSTANCE = "sampler"
-INSTANCES[SAMPLER_INSTANCE] = lambda: random_pair(221, 3, 4, zero_fraction=0.2)  # as "random"
+INSTANCES[SAMPLER_INSTANCE] = lambda: random_pair(221, 4, 4, zero_fraction=0.2)  # as "random"
 NUM_CHAINS = 150_000
 
 
@@ -338,25 +338,26 @@ def test_decode_in_float64(children):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("children", ["iid", "without_replacement"])
 def test_finite_values_and_gradients_at_edge_cases(children, dtype, x64):
+    """Finite exact values and gradients in both models at the edge pair, and at ``p = q``
+    (the target as the draft), where nothing is ever rejected."""
     draft, target = edge_pair(4, 4)
     d, t = to_chain(draft, dtype), to_chain(target, dtype)
     # The irregular tree (two children at the root, two and one below) holds every kind of node
     # (2, 2) has; its gradient program is the expensive one (about 3 s to compile without
-    # replacement), so (2, 2) is checked for values only (p = q below).
-    for tree_name in ("irregular",):
-        tree = make_tree(tree_name, children)
+    # replacement), so it is compiled once and run at both pairs (p = q needs no other program).
+    tree = make_tree("irregular", children)
 
-        def value(dd, tt, tree=tree):
-            result = specjax.exact(tree, dd, tt)
-            return result.expected_rejections + result.expected_calls
+    def value(dd, tt):
+        result = specjax.exact(tree, dd, tt)
+        return result.expected_rejections + result.expected_calls, result.expected_rejections
 
-        total, grads = jax.jit(jax.value_and_grad(value, argnums=(0, 1)))(d, t)
-        assert np.isfinite(float(total))
+    program = jax.jit(jax.value_and_grad(value, argnums=(0, 1), has_aux=True))
+    for what, (dd, tt) in (("edge pair", (d, t)), ("p = q", (t, t))):
+        (total, rejections), grads = program(dd, tt)
+        assert np.isfinite(float(total)), what
         leaves = jax.tree_util.tree_leaves(grads)
-        assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves), tree_name
-    # p = q: nothing is ever rejected.
-    same = specjax.exact(make_tree("(2, 2)", children), t, t)
-    assert abs(float(same.expected_rejections)) < 1e-6
+        assert leaves and all(np.isfinite(np.asarray(g)).all() for g in leaves), what
+    assert abs(float(rejections)) < 1e-6  # p = q: nothing is ever rejected
 
 
 # ----------------------------------------------------------------------------- validation
