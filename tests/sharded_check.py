@@ -2,10 +2,14 @@
 
 Not a test module itself: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` must be set
 before JAX starts, and must not leak into the other tests. Exits non-zero on the first mismatch.
+
+Its one argument is the ``.npz`` file that ``test_scale.py`` wrote: the models, the key's seed
+and every case's unsharded trace (``unsharded_reference``), computed in the test's own process.
 """
 
 import os
 import re
+import sys
 
 import jax
 import numpy as np
@@ -19,18 +23,21 @@ from sampler_cases import CASES
 from sampler_cases import MAX_DIFFERING
 from sampler_cases import REPRODUCIBLE
 from sampler_cases import differing_chains
-from sampler_cases import instance
 
 assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
 devices = jax.devices()
 assert len(devices) == 4, devices
 
-# The chain count and the pair of test_scale's statistics test: the unsharded trace of every case
-# is then the program that test compiled (same worker, earlier), loaded from the compilation
-# cache (the cache key leaves out the forced device count).
+# The unsharded trace of every case comes from the test's process, where
+# test_statistics_equal_trace_counts_in_padded_chunks compiled its program (the chain count and
+# the pair of that test). Here each would be a compilation of its own, about 1 s: JAX's persistent
+# cache key includes the CPU client's topology, so the device count, and an entry written by a
+# one-device process never serves this one.
 C = 3000
-draft, target = instance()
-key = jax.random.key(7)
+reference = np.load(sys.argv[1])
+draft, target = (specjax.MarkovChain(reference[f"{which} init"], reference[f"{which} trans"])
+                 for which in ("draft", "target"))
+key = jax.random.key(int(reference["seed"]))
 grid = Mesh(np.asarray(devices).reshape(2, 2), ("a", "b"))
 layouts = {
     "chain_sharding()": (specjax.chain_sharding(), 4),
@@ -76,7 +83,8 @@ STATISTICS = ("sd K=3", "block K=3")
 assert set(STATISTICS) <= set(REPRODUCIBLE)
 
 for name, decoder in CASES.items():
-    plain = specjax.decode(key, decoder, draft, target, C)
+    plain = specjax.DecodingTrace(*(reference[f"{name}|{field}"]
+                                    for field in specjax.DecodingTrace._fields))
     # Every layout for one sampler, the plainest one for the others (each is a compilation).
     chosen = layouts if name == "sd K=3" else {"chain_sharding()": layouts["chain_sharding()"]}
     for layout, (sharding, shards) in chosen.items():
@@ -112,12 +120,15 @@ for what, models, extra in (("n-grams", ngrams, {"horizon": 8}),
     same_counts(chunked, plain, f"{what}, statistics")
     print("ok", what)
 
-# The trace path needs no communication between devices at all.
+# The trace path needs no communication between devices at all: the program that the sharded
+# decode of "sd" above ran (its arguments exactly as ``decode`` passes them, so that JAX's
+# lowering and compilation caches return it instead of compiling another).
 run = decode.replicate(decode.plan(key, specjax.Speculative(), draft, target, C,
                                    sharding=specjax.chain_sharding()))
-hlo = decode._simulate_markov.lower(key, run.decoder, run.draft, run.target, 0, num_chains=C,
-                                    lookahead=run.lookahead,
-                                    sharding=run.sharding).compile().as_text()
+hlo = decode._simulate_markov.lower(key, run.decoder, run.draft, run.target, np.uint32(0),
+                                    num_chains=C, lookahead=run.lookahead,
+                                    sharding=run.sharding, tables=decode.table_plan(run),
+                                    with_verified=False).compile().as_text()
 collectives = re.findall(r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter",
                          hlo)
 assert not collectives, collectives

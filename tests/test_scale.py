@@ -19,6 +19,7 @@ import specjax
 import stats
 from conftest import edge_pair
 from conftest import random_pair
+from conftest import uniform_chain
 from sampler_cases import CASES
 from sampler_cases import EARLY_BONUS
 from sampler_cases import MAX_DIFFERING
@@ -33,13 +34,17 @@ HERE = pathlib.Path(__file__).parent
 
 # ----------------------------------------------------------------------------- random numbers
 def test_chain_bits_are_jax_partitionable_bits_by_counter():
+    # Jitted with the offset traced, as the engines call it: one program per key kind and size
+    # (op by op, about 30 small ones).
+    chain_bits = jax.jit(_engine.chain_bits, static_argnums=2)
     for key in (jax.random.key(3), jax.random.PRNGKey(5)):
-        full = jax.random.bits(key, (1000,), jnp.uint32)
-        assert np.array_equal(_engine.chain_bits(key, 0, 1000), full)
-        assert np.array_equal(_engine.chain_bits(key, 300, 200), full[300:500])
+        full = np.asarray(jax.random.bits(key, (1000,), jnp.uint32))
+        assert np.array_equal(chain_bits(key, np.uint32(0), 1000), full)
+        assert np.array_equal(chain_bits(key, np.uint32(300), 200), full[300:500])
     key = jax.random.key(1)
     top = 2**32 - 10  # the last counters: no overflow into a wrong chain
-    assert np.array_equal(_engine.chain_bits(key, top, 10)[3:], _engine.chain_bits(key, top + 3, 7))
+    assert np.array_equal(np.asarray(chain_bits(key, np.uint32(top), 10))[3:],
+                          chain_bits(key, np.uint32(top + 3), 7))
 
 
 def test_any_key_implementation_works_and_is_deterministic():
@@ -158,7 +163,9 @@ def test_statistics_memory_is_bounded_for_a_million_chains_and_t_1000():
     key = jax.random.key(0)
     sizes = {}
     for horizon in (1000, 2000):
-        draft, target = specjax.paper_instance(horizon=horizon)
+        # The paper instance's sizes and dtype (7 states, float32): the compiled memory depends on
+        # nothing else (random_markov_chain would compile its Dirichlet draw for each T).
+        draft = target = uniform_chain(7, horizon)
         compiled = statistics._markov_counts.lower(
             key, specjax.Speculative(), draft, target, np.uint32(0), np.int32(10**6),
             num_chains=10**6, lookahead=horizon, sharding=None).compile()
@@ -242,9 +249,28 @@ def test_sharding_validation_counts_shards():
     assert _sharding.num_shards(None) == 1
 
 
+def unsharded_reference(path):
+    """Writes what ``sharded_check.py`` compares its sharded runs with: the models, the key's
+    seed and every case's unsharded trace of 3,000 chains, whose programs
+    test_statistics_equal_trace_counts_in_padded_chunks compiled in this process (in the
+    subprocess each would be a compilation of its own: JAX's persistent cache key includes the
+    device count)."""
+    draft, target = instance()
+    seed = 7
+    arrays = {"seed": np.int64(seed)}
+    for which, chain in (("draft", draft), ("target", target)):
+        arrays[f"{which} init"], arrays[f"{which} trans"] = (np.asarray(chain.init),
+                                                             np.asarray(chain.trans))
+    for name, decoder in CASES.items():
+        trace = specjax.decode(jax.random.key(seed), decoder, draft, target, 3000)
+        arrays.update({f"{name}|{field}": np.asarray(value)
+                       for field, value in zip(trace._fields, trace)})
+    np.savez(path, **arrays)
+
+
 @pytest.mark.slow  # a subprocess with 4 forced devices compiles every decoder on 4 layouts
 @pytest.mark.skipif(sys.platform == "win32", reason="XLA host-device flag")
-def test_sharded_equals_unsharded_on_four_host_devices():
+def test_sharded_equals_unsharded_on_four_host_devices(tmp_path):
     """In a subprocess with 4 forced CPU devices (the flag must not leak into this process):
     every case of ``sampler_cases.CASES``, sharded over 4 devices (one case also over 2 devices,
     a 2x2 mesh and one axis of it), returns exactly the unsharded trace (a case outside
@@ -258,7 +284,9 @@ def test_sharded_equals_unsharded_on_four_host_devices():
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE), str(HERE.parent)] + env.get("PYTHONPATH", "").split(os.pathsep))
     env["JAX_PLATFORMS"] = "cpu"
-    result = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], env=env,
+    unsharded_reference(tmp_path / "unsharded.npz")
+    result = subprocess.run([sys.executable, str(HERE / "sharded_check.py"),
+                             str(tmp_path / "unsharded.npz")], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     # one line per sampler, then n-grams, stop tokens, batched scoring and the collectives check
@@ -312,9 +340,13 @@ def test_exact_acceptance_rate_biased_against_enumeration(x64):
 def test_exact_acceptance_rate_theorem_1_form(x64):
     """For ``K = T``: ``1 - E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` at every position."""
     draft, target = specjax.paper_instance()
-    marg = specjax.marginals(target)
-    tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
-    expected = 1 - jnp.einsum("nv,nv->n", marg[:-1], tv)
+
+    @jax.jit  # one program (op by op, eight)
+    def theorem_1(draft, target):
+        tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
+        return 1 - jnp.einsum("nv,nv->n", specjax.marginals(target)[:-1], tv)
+
+    expected = theorem_1(draft, target)
     exact = specjax.exact(specjax.Speculative(), draft, target)
     np.testing.assert_allclose(exact.acceptance_rate, expected, rtol=1e-12)
     np.testing.assert_array_equal(exact.verified, 1)
@@ -323,9 +355,9 @@ def test_exact_acceptance_rate_theorem_1_form(x64):
 def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
     """``p = q`` with ``K = 2``: every third position is a certain bonus token (verified = 0);
     the rate is 1 there by convention, and gradients are finite everywhere (edge rows too)."""
-    _, target = specjax.paper_instance(horizon=9)
+    _, target = instance()  # T = 12 (a new horizon would compile a Dirichlet draw of its own)
     exact = specjax.exact(specjax.Speculative(2), target, target)
-    np.testing.assert_allclose(exact.verified, [1, 1, 0] * 3, atol=1e-6)
+    np.testing.assert_allclose(exact.verified, [1, 1, 0] * 4, atol=1e-6)
     np.testing.assert_array_equal(exact.acceptance_rate, 1)
     draft_pair, target_pair = edge_pair()
     for lookahead in (None, 2):
@@ -341,13 +373,14 @@ def test_exact_acceptance_rate_is_finite_where_no_draft_is_verified():
         assert np.isfinite(value) and np.isfinite(grad).all()
 
 
-ACCEPTANCE_CASES = {
-    "sd": specjax.Speculative(),
-    "sd K=3": specjax.Speculative(lookahead=3),
-    "batch M=2 K=2": specjax.BatchSpeculative(2, lookahead=2),
-    "biased eps=0.1 K=4": specjax.BiasedSpeculative(0.1, lookahead=4),
-    "block K=3": specjax.BlockVerification(3),
-}
+# Cases of sampler_cases.CASES, run in chunks of 1,100 chains: their statistics programs are then
+# test_statistics_equal_trace_counts_in_padded_chunks's, not compilations of their own (a chain's
+# tokens do not depend on the chunk it runs in, so the counts are those of any chunk size). The
+# biased case's residual is the target's (Decoding-UNO); the biased rule's per-position exact
+# values with the optimal residual are checked against enumeration in
+# test_exact_acceptance_rate_biased_against_enumeration.
+ACCEPTANCE_CASES = {name: CASES[name] for name in
+                    ("sd", "sd K=3", "batch M=2 K=2", "biased eps=0.1 UNO K=4", "block K=3")}
 
 
 @pytest.mark.parametrize("name", list(ACCEPTANCE_CASES))
@@ -361,7 +394,7 @@ def test_simulated_acceptance_rate_matches_exact(name):
     draft, target = instance()
     num_chains = 100_000
     got = specjax.decoding_statistics(jax.random.key(5), decoder, draft, target, num_chains,
-                                      chunk_size=40_000)
+                                      chunk_size=1100)
     exact = specjax.exact(decoder, draft, target)
     rate = np.asarray(exact.acceptance_rate, np.float64)
     se = np.sqrt(rate * (1 - rate) / np.maximum(got.verified, 1))

@@ -189,8 +189,12 @@ def test_monte_carlo_of_each_engine_fits_the_exact_values():
     np.testing.assert_array_equal(stats.emitted, emitted.sum(0))
 
 
-@pytest.mark.parametrize("kind", ["markov", "protocol", "calls"])
-def test_a_stopped_run_is_the_unstopped_run_cut_at_the_stop(kind):
+# The chain counts, decoder and stop token of
+# test_monte_carlo_of_each_engine_fits_the_exact_values: the stopped Markov and protocol runs are
+# then its programs, not compilations of their own.
+@pytest.mark.parametrize("kind,num_chains", [("markov", 100_000), ("protocol", 50_000),
+                                             ("calls", 2000)])
+def test_a_stopped_run_is_the_unstopped_run_cut_at_the_stop(kind, num_chains):
     draft, target = _pair(4)
     decoder = specjax.BlockVerification(2) if kind == "calls" else specjax.Speculative(2)
     kw = {}
@@ -198,21 +202,21 @@ def test_a_stopped_run_is_the_unstopped_run_cut_at_the_stop(kind):
         lift = models.FiniteStateModel.from_markov_chain
         draft, target, kw = lift(draft), lift(target), {"horizon": T}
     key = jax.random.key(5)
-    full = specjax.decode(key, decoder, draft, target, 2000, **kw)
-    cut = specjax.decode(key, decoder, draft, target, 2000, stop_tokens=1, **kw)
+    full = specjax.decode(key, decoder, draft, target, num_chains, **kw)
+    cut = specjax.decode(key, decoder, draft, target, num_chains, stop_tokens=[2], **kw)
     tokens = np.asarray(full.tokens)
-    is_stop = tokens[:, 1:] == 1
+    is_stop = tokens[:, 1:] == 2
     length = np.where(is_stop.any(1), is_stop.argmax(1) + 1, T)
     assert 0 < (length < T).mean() < 1
     live = np.arange(1, T + 1) <= length[:, None]
     np.testing.assert_array_equal(cut.num_emitted, length)
     np.testing.assert_array_equal(np.asarray(cut.tokens)[:, 1:],
-                                  np.where(live, tokens[:, 1:], tokens[np.arange(2000), length,
-                                                                       None]))
+                                  np.where(live, tokens[:, 1:],
+                                           tokens[np.arange(num_chains), length, None]))
     np.testing.assert_array_equal(cut.rejected, np.asarray(full.rejected) & live)
     np.testing.assert_array_equal(cut.new_call, np.asarray(full.new_call) & live)
     np.testing.assert_array_equal(cut.num_calls, (np.asarray(full.new_call) & live).sum(1))
-    np.testing.assert_array_equal(full.num_emitted, np.full(2000, T))
+    np.testing.assert_array_equal(full.num_emitted, np.full(num_chains, T))
 
 
 def test_edge_cases_stay_finite_with_gradients(x64):
@@ -274,10 +278,13 @@ def test_stop_tokens_as_a_set_traced_or_through_the_deprecated_form():
     with pytest.raises(ValueError, match="stop_tokens is a static setting"):
         jax.jit(lambda s: specjax.exact(specjax.Speculative(), draft, target,
                                         stop_tokens=s).expected_calls)([1, 2])
-    new = specjax.decoding_statistics(key, specjax.Speculative(), draft, target, 500,
-                                      stop_tokens=[1])
+    # test_monte_carlo_of_each_engine_fits_the_exact_values's statistics (decoder, stop token,
+    # chains and chunks), so that its programs serve here too.
+    new = specjax.decoding_statistics(key, specjax.Speculative(2), draft, target, 100_000,
+                                      stop_tokens=[2], chunk_size=30_000)
     with pytest.warns(DeprecationWarning):
-        old = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target, 500,
-                                          stop_tokens=[1])
+        old = specjax.decoding_statistics(specjax.speculative_decoding, key, draft, target,
+                                          100_000, lookahead=2, stop_tokens=[2],
+                                          chunk_size=30_000)
     np.testing.assert_array_equal(old.num_calls, new.num_calls)
     np.testing.assert_array_equal(old.emitted, new.emitted)
