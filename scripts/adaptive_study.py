@@ -64,15 +64,24 @@ HEURISTICS = ("SpecDec++ 0.3", "SpecDec++ tuned", "entropy tuned", "confidence t
               "HF +2/-1")
 
 
-def sweep(make_policy, thresholds, draft, target, cost, k) -> np.ndarray:
+def sweep(make_policy, thresholds, draft, target, costs, k) -> np.ndarray:
     """Exact expected times of ``AdaptiveSpeculative(make_policy(t), max_lookahead=k)`` for every
-    ``t`` of ``thresholds``, under one compilation."""
+    ``t`` of ``thresholds`` (rows) and every cost model of ``costs`` (columns), under one
+    compilation (the costs are constants of the program: one program for all of them, not one
+    per cost)."""
 
     def time_at(threshold):
         decoder = specjax.AdaptiveSpeculative(make_policy(threshold), max_lookahead=k)
-        return specjax.expected_time(decoder, draft, target, cost)
+        return jnp.stack([specjax.expected_time(decoder, draft, target, cost) for cost in costs])
 
     return np.asarray(jax.jit(jax.vmap(time_at))(jnp.asarray(thresholds)))
+
+
+def sweeps(draft, target, costs, k, grid) -> dict:
+    """``{name: (thresholds, times (grid, costs))}`` of the tuned heuristics (``sweep``)."""
+    cost_models = [specjax.CostModel(draft_cost=c, target_cost=1.0) for c in costs]
+    return {name: (thresholds, sweep(policy, thresholds, draft, target, cost_models, k))
+            for name, (policy, thresholds) in threshold_grids(target, grid).items()}
 
 
 def threshold_grids(target, grid: int) -> dict:
@@ -131,8 +140,9 @@ def long_run(draft, target, c: float, k: int, grid: int) -> dict:
     return out
 
 
-def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
-    """Every scheme's exact expected time at draft cost ``c``: ``{name: (time, setting)}``."""
+def one_cost(draft, target, c: float, k: int, swept: dict) -> dict:
+    """Every scheme's exact expected time at draft cost ``c``: ``{name: (time, setting)}``;
+    ``swept`` the tuned heuristics' ``{name: (thresholds, times at c)}``."""
     cost = specjax.CostModel(draft_cost=c, target_cost=1.0)
     out = {}
     fixed = specjax.theory.best_lookahead(draft, target, cost, max_lookahead=k)
@@ -141,10 +151,9 @@ def one_cost(draft, target, c: float, k: int, grid: int) -> dict:
         out[f"fixed K = {j}"] = (float(times[j]), j)
     best_j = 1 + int(np.argmin(times[1:]))  # the best K >= 1 (K = 0 is autoregressive)
     out["best fixed K"] = (float(times[best_j]), best_j)
-    for name, (policy, thresholds) in threshold_grids(target, grid).items():
-        swept = sweep(policy, thresholds, draft, target, cost, k)
-        i = int(np.argmin(swept))
-        out[name] = (float(swept[i]), float(thresholds[i]))
+    for name, (thresholds, times) in swept.items():
+        i = int(np.argmin(times))
+        out[name] = (float(times[i]), float(thresholds[i]))
     default = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.3), max_lookahead=k)
     out["SpecDec++ 0.3"] = (float(specjax.expected_time(default, draft, target, cost)), 0.3)
     out["HF +2/-1"] = (float(specjax.expected_time(hf_schedule(k), draft, target, cost)), k)
@@ -178,9 +187,11 @@ def print_regrets(rows: dict, optimum: str, digits: int) -> None:
 def study(name, draft, target, args, key) -> dict:
     k, horizon = args.max_lookahead, target.horizon
     print(f"\n## {name}")
+    swept = sweeps(draft, target, args.costs, k, args.grid)
     rows = {}
-    for c in args.costs:
-        rows[c] = one_cost(draft, target, c, k, args.grid)
+    for j, c in enumerate(args.costs):
+        at_c = {label: (thresholds, times[:, j]) for label, (thresholds, times) in swept.items()}
+        rows[c] = one_cost(draft, target, c, k, at_c)
     print(f"\nSpeed-up over autoregressive decoding (T / expected time), K <= {k}")
     names = ["best fixed K", *HEURISTICS, "optimal"]
     print("| c | " + " | ".join(names) + " | best K | tuned SpecDec++ t |")

@@ -88,8 +88,12 @@ def decoder_and_stop(name, draft, target):
 # ----------------------------------------------------------------------------- special cases
 @pytest.mark.parametrize("lookahead", [1, 2, 3])
 def test_fixed_length_is_speculative_decoding(lookahead, x64):
-    draft, target = (chain(x) for x in random_pair(3, 3, 5, zero_fraction=0.2))
-    adaptive = specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(lookahead), max_lookahead=4)
+    # The instance and max_lookahead of the literal tests below (V = 3, T = 4, K = 3): the three
+    # adaptive programs are theirs (fixed 2 in test_exact_matches_literal, 1 and 3 in
+    # test_literal_is_sensitive), not three more of another size.
+    draft, target = (chain(x) for x in random_pair(11, 3, 4, zero_fraction=0.2))
+    adaptive = specjax.AdaptiveSpeculative(specjax.decoders.FixedLength(lookahead),
+                                           max_lookahead=LOOKAHEAD)
     sd = specjax.Speculative(lookahead=lookahead)
     a, b = specjax.exact(adaptive, draft, target), specjax.exact(sd, draft, target)
     for field in ("marginals", "rejected", "new_call", "verified"):
@@ -154,8 +158,10 @@ def test_decode_matches_literal_and_exact(name):
 
 @pytest.mark.parametrize("name", sorted(POLICIES) + ["optimal"])
 def test_literal_simulation_of_time_fits_exact(name):
-    """The literal policy run with random choices; its mean clock fits ``decoding_time``."""
-    pair = random_pair(8, 4, 8)
+    """The literal policy run with random choices; its mean clock fits ``decoding_time``.
+    (V = 3, T = 6, as test_optimal_is_never_beaten: the programs of its optimum and rivals
+    serve here too.)"""
+    pair = random_pair(8, 3, 6)
     with jax.enable_x64(True):
         draft, target = (chain(x) for x in pair)
         decoder, stop, _ = decoder_and_stop(name, draft, target)
@@ -259,12 +265,16 @@ def ref_threshold_stop(solved, n, path, pair):
     return all_acc <= float(solved.thresholds[n - 1, len(path) - 1, path[-1]])
 
 
+def paper_instance64():
+    """The paper's instance in float64 (under ``x64``)."""
+    return tuple(specjax.MarkovChain(m.init.astype(jnp.float64), m.trans.astype(jnp.float64))
+                 for m in specjax.paper_instance())
+
+
 def test_optimal_thresholds_depend_on_the_state(x64):
     """The paper's instance: the optimal thresholds are not one constant (a constant threshold
     is not optimal there), and the best constant SpecDec++ threshold of a fine grid is worse."""
-    draft, target = specjax.paper_instance()
-    draft, target = (specjax.MarkovChain(m.init.astype(jnp.float64), m.trans.astype(jnp.float64))
-                     for m in (draft, target))
+    draft, target = paper_instance64()
     cost = specjax.CostModel(0.1, 1.0)
     solved = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=3)
     grid = [specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(t), max_lookahead=3)
@@ -277,8 +287,10 @@ def test_optimal_thresholds_depend_on_the_state(x64):
 
 
 # ----------------------------------------------------------------------------- JAX, edge cases
-def test_threshold_is_a_leaf_under_vmap_and_jit():
-    draft, target = specjax.paper_instance()
+def test_threshold_is_a_leaf_under_vmap_and_jit(x64):
+    # In float64: the paper instance's and the decoder's programs are those of
+    # test_optimal_thresholds_depend_on_the_state (a threshold is a leaf in either dtype).
+    draft, target = paper_instance64()
 
     def calls(threshold):
         decoder = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(threshold),
@@ -287,7 +299,7 @@ def test_threshold_is_a_leaf_under_vmap_and_jit():
 
     thresholds = jnp.asarray([0.1, 0.5, 0.9])
     swept = jax.jit(jax.vmap(calls))(thresholds)
-    one_by_one = [float(calls(float(t))) for t in thresholds]
+    one_by_one = [float(calls(t)) for t in np.asarray(thresholds)]  # NumPy scalars, as the grid
     assert np.allclose(np.asarray(swept), one_by_one, rtol=1e-6)
 
 
@@ -321,17 +333,23 @@ def test_gradient_matches_finite_differences(x64):
     draft, target = (chain(x) for x in pair)
     decoder = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.4), max_lookahead=3)
 
-    def value(logits):
-        moved = specjax.MarkovChain(draft.init, jax.nn.softmax(logits, axis=-1))
-        return specjax.expected_time(decoder, moved, target, COST)
+    def value(trans):
+        return specjax.expected_time(decoder, specjax.MarkovChain(draft.init, trans), target,
+                                     COST)
 
-    value = jax.jit(value)  # one program for the values and one for the gradient
-    logits = jnp.log(draft.trans)
-    grad = jax.jit(jax.grad(value))(logits)
-    direction = jnp.asarray(np.random.default_rng(0).normal(size=logits.shape))
+    def softmax(logits):  # NumPy, float64
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    # The gradient in one program; the values on the host's softmax run expected_time's own
+    # program (test_exact_matches_literal's: V = 3, T = 4), not one of their own.
+    logits = np.log(pair[0][1])
+    grad = jax.jit(jax.grad(lambda x: value(jax.nn.softmax(x, axis=-1))))(logits)
+    direction = np.random.default_rng(0).normal(size=logits.shape)
     h = 1e-6  # the decisions do not move for so small a step on these chains
-    numeric = (value(logits + h * direction) - value(logits - h * direction)) / (2 * h)
-    assert abs(float(jnp.sum(grad * direction)) - float(numeric)) < 1e-6
+    numeric = (float(value(softmax(logits + h * direction)))
+               - float(value(softmax(logits - h * direction)))) / (2 * h)
+    assert abs(float(np.sum(np.asarray(grad) * direction)) - numeric) < 1e-6
 
 
 # ----------------------------------------------------------------------------- validation
