@@ -205,8 +205,9 @@ def network_rows(graphdef, params, num_states, horizon) -> np.ndarray:
     ``x_0..x_T`` (one forward over ``[BOS, x_0..x_{T-1}]``)."""
     seqs = jnp.asarray(all_sequences(num_states, horizon))
     bos = jnp.full((seqs.shape[0], 1), num_states, jnp.int32)
-    logits = np.asarray(forward(graphdef, params, jnp.concatenate([bos, seqs], axis=1)),
-                        np.float64)
+    # One compiled forward per network (op by op, it dispatched a few hundred small programs).
+    logits = np.asarray(jax.jit(forward, static_argnums=0)(
+        graphdef, params, jnp.concatenate([bos, seqs], axis=1)), np.float64)
     logits -= logits.max(-1, keepdims=True)
     probs = np.exp(logits)
     return probs / probs.sum(-1, keepdims=True)

@@ -392,11 +392,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes (smoke test): 200 rows of V = 12, M <= 2, T = 8, "
-                             "2,000 chains (i.i.d. multi-draft only), 20 steps")
+                        help="tiny sizes (smoke test): (a) on 21 rows of V = 3, the shape "
+                             "of (b)'s grid, M <= 2, T = 8, 2,000 chains (i.i.d. multi-draft "
+                             "only), 20 steps")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.states, args.max_drafts, args.wor_max_drafts = 200, 12, 2, 2
+        # (a)'s rows the shape of (b)'s grid (V = 3, 21 rows): its M = 2 root laws are the
+        # same compiled programs as (b)'s, one per scheme, instead of a second set.
+        args.rows, args.states, args.max_drafts, args.wor_max_drafts = 21, 3, 2, 2
         args.enum_max_drafts = 2
         args.grid, args.paper_drafts, args.horizon = 21, [2], 8
         args.chains, args.steps, args.tune_drafts, args.simulate = 2000, 20, 2, "iid"

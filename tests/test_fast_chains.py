@@ -38,9 +38,13 @@ def test_fast_draw_agrees_with_jax_for_peaked_rows():
     continuous Beta cannot pass for either sampler): two-sample KS against
     ``jax.random.dirichlet``'s draws, and every row a law."""
     fast = specjax.random_markov_chain(jax.random.key(4), STATES, HORIZON, 1e-3, method="fast")
-    ref = jax.random.dirichlet(jax.random.key(5), jnp.full((STATES,), 1e-3), (STATES * HORIZON,))
+    # Shaped (T, V) as a chain's rows, alpha not weakly typed (the same numbers as (T V,) rows
+    # of a weak alpha, and the program test_auto_draws_fast_above_the_threshold_only's draws
+    # compile).
+    ref = jax.random.dirichlet(jax.random.key(5), jnp.full((STATES,), 1e-3, jnp.float32),
+                               (HORIZON, STATES))
     x = np.asarray(fast.trans, np.float64).reshape(-1, STATES)[:, 0]
-    y = np.asarray(ref, np.float64)[:, 0]
+    y = np.asarray(ref, np.float64).reshape(-1, STATES)[:, 0]
     assert scipy_stats.ks_2samp(x, y).pvalue > stats.ALPHA
     np.testing.assert_allclose(np.asarray(fast.trans).sum(-1), 1, atol=1e-6)
 
@@ -61,16 +65,20 @@ def test_fast_draw_gives_the_same_numbers_whatever_the_blocks(monkeypatch, conce
 
 
 def test_auto_draws_fast_above_the_threshold_only(monkeypatch):
+    # The module's shape: the direct draw is the peaked test's program, the fast one the
+    # law test's at concentration 1.
     key = jax.random.key(6)
-    direct = jax.random.dirichlet(key, jnp.ones((16,)), shape=(2, 16))
+    direct = jax.random.dirichlet(key, jnp.ones((STATES,)), shape=(HORIZON, STATES))
     assert markov._resolve_method("auto", 2048 * 2048) == "fast"  # V = 2,048 from T = 1
     assert markov._resolve_method("auto", 1024 * 1024 * 2) == "jax"  # the paper's, the docs'
-    np.testing.assert_array_equal(specjax.random_markov_chain(key, 16, 2).trans, direct)
-    monkeypatch.setattr(markov, "FAST_DRAW_ENTRIES", 16 * 16 * 2 - 1)
-    np.testing.assert_array_equal(specjax.random_markov_chain(key, 16, 2).trans,
-                                  specjax.random_markov_chain(key, 16, 2, method="fast").trans)
-    np.testing.assert_array_equal(specjax.random_markov_chain(key, 16, 2, method="jax").trans,
+    np.testing.assert_array_equal(specjax.random_markov_chain(key, STATES, HORIZON).trans,
                                   direct)
+    monkeypatch.setattr(markov, "FAST_DRAW_ENTRIES", STATES * STATES * HORIZON - 1)
+    np.testing.assert_array_equal(
+        specjax.random_markov_chain(key, STATES, HORIZON).trans,
+        specjax.random_markov_chain(key, STATES, HORIZON, method="fast").trans)
+    np.testing.assert_array_equal(
+        specjax.random_markov_chain(key, STATES, HORIZON, method="jax").trans, direct)
 
 
 def test_fast_draw_in_float64(x64):

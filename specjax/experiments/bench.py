@@ -123,11 +123,13 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> "Sizes":
-        """Toy sizes: every case end to end in seconds of run time (plus compilation)."""
+        """Toy sizes: every case end to end in seconds of run time (plus compilation). The
+        adaptive case's chains have the theory case's shape (``V = 16``, ``T = 6``), so their
+        draw is one compiled program."""
         return cls(repeats=1, numpy_repeats=1, samplers=(7, 8, 2_000), theory=(16, 6, 3),
                    token_tree=(16, 6, 200, 8, 4, (2, 1, 1)),
                    optimal_acceptance=(20, 300, (2,)), verify=(16, 4, 50),
-                   verify_tree=(16, (2, 1), 50), stop_tokens=2_000, adaptive=(4, 6, 2),
+                   verify_tree=(16, (2, 1), 50), stop_tokens=2_000, adaptive=(16, 6, 2),
                    pairs=(300, 12, 20), serving=(7, 8, 4, 2, 3))
 
 
@@ -427,9 +429,12 @@ def verify_tree(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
 
 def stop_tokens(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
     """``decode`` (SD, ``K = 4``) on the paper's instance with the stop token 6 against the same
-    call without stop tokens (``scripts/benchmark_stop_tokens.py``; no NumPy reference)."""
+    call without stop tokens (``scripts/benchmark_stop_tokens.py``; no NumPy reference). The
+    instance is the samplers case's (``V = 7``, ``T = 50`` by default; in ``quick``, ``T = 8``:
+    one draw of the chains compiled for both)."""
     c = sizes.stop_tokens
-    draft, target = specjax.paper_instance()
+    v, t, _ = sizes.samplers
+    draft, target = specjax.paper_instance(num_states=v, horizon=t)
     decoder = specjax.Speculative(4)
     key = jax.random.key(0)
 
@@ -439,7 +444,7 @@ def stop_tokens(sizes: Sizes, chains: _Chains) -> Iterator[Row]:
                          sizes.repeats)
     without = timing(None)
     with_stop = timing(6)
-    yield Row("stop_tokens", "decode with a stop token", _fmt_size(V=7, T=50, C=c), with_stop,
+    yield Row("stop_tokens", "decode with a stop token", _fmt_size(V=v, T=t, C=c), with_stop,
               without, reference="the same call without stop tokens",
               work=c * target.horizon, unit="chain-steps")
 

@@ -25,13 +25,19 @@ from specjax.numerics import matmul_highest
 def marginals(model: MarkovChain) -> jax.Array:
     """The law of ``x_n`` for ``n = 0..T`` under ``model``: ``(T + 1, V)``."""
     check_chain("model", model)
+    return _marginals(model.init, model.trans)
 
+
+@jax.jit
+def _marginals(init, trans):
+    """``marginals``' scan, one compiled program per shape and dtype (called eagerly, a
+    ``lax.scan`` of a new ``step`` closure compiled a program of its own at every call)."""
     def step(mu, trans_n):
         mu = matmul_highest(mu, trans_n)
         return mu, mu
 
-    _, mus = jax.lax.scan(step, model.init, model.trans)
-    return jnp.concatenate([model.init[None], mus])
+    _, mus = jax.lax.scan(step, init, trans)
+    return jnp.concatenate([init[None], mus])
 
 
 def output_chain(decoder, draft=None, target=None, *, accept_prob=None,
