@@ -48,13 +48,22 @@ from specjax.experiments import report
 def best_time(fn, repeats: int) -> float:
     """Smallest wall time of ``fn(i)`` for ``i = 1..repeats``, after a warm-up call ``fn(0)``
     (which compiles, and is not counted); every result is waited for (``block_until_ready``)."""
-    jax.block_until_ready(fn(0))
-    times = []
+    return best_times([fn], repeats)[0]
+
+
+def best_times(fns, repeats: int) -> list:
+    """``best_time`` of each of ``fns``, their calls taken in turn (``fns[0](i)``, ``fns[1](i)``,
+    ..., then ``i + 1``) after one warm-up call each: a ratio of two of them is measured side by
+    side, not across a change in the machine's load between two series of runs."""
+    for fn in fns:
+        jax.block_until_ready(fn(0))
+    times = [[] for _ in fns]
     for i in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(i + 1))
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for fn, seconds in zip(fns, times):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(i + 1))
+            seconds.append(time.perf_counter() - start)
+    return [min(seconds) for seconds in times]
 
 
 def timed(fn) -> float:
@@ -67,15 +76,16 @@ def timed(fn) -> float:
 def time_against_numpy(verify, arrays, numpy_fn, repeats: int, numpy_repeats: int | None = None):
     """A verifier timed as a user calls it (``verify(*arrays)``, its checks included) and under
     the caller's ``jit``, beside ``numpy_fn()``: ``(first call under jit, compilation included;
-    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats`` (NumPy:
-    of ``numpy_repeats``, default ``repeats``, without a warm-up: it compiles nothing)."""
+    checked; jitted; NumPy; the jitted output as a NumPy array)``, best of ``repeats`` (the
+    checked and jitted calls in turn, ``best_times``; NumPy: of ``numpy_repeats``, default
+    ``repeats``, without a warm-up: it compiles nothing)."""
     device = [jnp.asarray(a) for a in arrays]
     jitted = jax.jit(verify)
     start = time.perf_counter()
     jax.block_until_ready(jitted(*device))
     first = time.perf_counter() - start
-    t_checked = best_time(lambda i: verify(*device), repeats)
-    t_jitted = best_time(lambda i: jitted(*device), repeats)
+    t_checked, t_jitted = best_times([lambda i: verify(*device), lambda i: jitted(*device)],
+                                     repeats)
     numpy_repeats = repeats if numpy_repeats is None else numpy_repeats
     t_numpy = min(timed(numpy_fn) for _ in range(max(numpy_repeats, 1)))
     return first, t_checked, t_jitted, t_numpy, np.asarray(jitted(*device))
