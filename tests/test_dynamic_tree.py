@@ -128,16 +128,51 @@ def cached_literal(name, budget, max_depth, rank):
 
 
 # ----------------------------------------------------------------------------- exact values
+BRUTE_SETTINGS = [(2, 1), (4, 2), (7, 3), (12, 3), (30, 4)]  # (budget, max_depth)
+BRUTE_DECODERS = {(budget, max_depth, rank): specjax.DynamicTree(budget, max_depth=max_depth,
+                                                                  rank=rank)
+                  for budget, max_depth in BRUTE_SETTINGS for rank in ("draft", "target")}
+# The speed of light against every static top-k tree of these shapes and EAGLE-2's tree of the
+# same size, at the tree's own depth and at depth 4: (shape, depth, the speed of light, the
+# trees it beats).
+LIGHT_CASES = [(shape, depth, specjax.DynamicTree(tree.num_nodes, max_depth=depth, rank="target"),
+                (tree, specjax.DynamicTree(tree.num_nodes, max_depth=depth)))
+               for shape in [(1,), (2,), (3,), (1, 1), (2, 1), (1, 2), (1, 1, 1), (2, 2), (3, 1),
+                             (2, 1, 1)]
+               for tree in [specjax.TokenTree(shape, children="top_k")]
+               for depth in (len(shape), 4)]
+# A chain of budget two ranked by the draft, and the top-1 tree it must equal.
+GREEDY = (specjax.DynamicTree(2, max_depth=3), specjax.TokenTree((1,), children="top_k"))
+# Every decoder whose lengths the tests below read at position 1, and those read at 2 and 4.
+FIRST_POSITION = tuple(dict.fromkeys(
+    [d for *_, light, others in LIGHT_CASES for d in (light,) + others]
+    + list(BRUTE_DECODERS.values()) + list(GREEDY)))
+LATER_POSITIONS = tuple(BRUTE_DECODERS.values()) + GREEDY
+
+
+@functools.lru_cache(maxsize=None)
+def lengths_of(name):
+    """``{(decoder, position): (V,) float64 accepted length}`` on instance ``name`` for the
+    decoders above: two programs shared by every instance (each (decoder, positions) compiled
+    as a program of its own took ten more), the same values."""
+    draft, target = map(to_chain, INSTANCES[name]())
+    out = {}
+    with jax.enable_x64(True):
+        for decoders, positions in [(FIRST_POSITION, (1,)), (LATER_POSITIONS, (2, 4))]:
+            for decoder, lengths in zip(decoders, accepted_lengths(decoders, draft, target,
+                                                                   positions)):
+                out.update({(decoder, n): np.asarray(x) for n, x in zip(positions, lengths)})
+    return out
+
+
 @pytest.mark.parametrize("rank", ["draft", "target"])
-@pytest.mark.parametrize("budget, max_depth", [(2, 1), (4, 2), (7, 3), (12, 3), (30, 4)])
+@pytest.mark.parametrize("budget, max_depth", BRUTE_SETTINGS)
 def test_accepted_length_equals_brute_force(rank, budget, max_depth, x64):
+    decoder = BRUTE_DECODERS[budget, max_depth, rank]
     for name in ("random", "dense"):
         draft, target = INSTANCES[name]()
-        decoder = specjax.DynamicTree(budget, max_depth=max_depth, rank=rank)
-        positions = (1, 2, 4)
-        lengths, = accepted_lengths((decoder,), to_chain(draft), to_chain(target), positions)
-        for n, got in zip(positions, lengths):
-            got = np.asarray(got)
+        for n in (1, 2, 4):
+            got = lengths_of(name)[decoder, n]
             want = brute_accepted(draft, target, budget, max_depth, rank, n)
             np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"{name} n={n}")
 
@@ -164,32 +199,19 @@ def test_exact_values_match_the_literal_algorithm(name, budget, max_depth, rank,
 def test_speed_of_light_beats_every_deterministic_tree(x64):
     """Ranking by the target gives the largest expected drafts kept of any deterministic tree of
     that size, for every previous token: every static top-k tree and EAGLE-2's tree."""
-    draft, target = map(to_chain, INSTANCES["dense"]())
-    shapes = [(1,), (2,), (3,), (1, 1), (2, 1), (1, 2), (1, 1, 1), (2, 2), (3, 1), (2, 1, 1)]
-    cases = []  # (shape, depth, the speed of light, the trees it beats)
-    for shape in shapes:
-        tree = specjax.TokenTree(shape, children="top_k")
-        for depth in (len(shape), 4):
-            light = specjax.DynamicTree(tree.num_nodes, max_depth=depth, rank="target")
-            cases.append((shape, depth, light,
-                          (tree, specjax.DynamicTree(tree.num_nodes, max_depth=depth))))
-    decoders = list(dict.fromkeys(d for *_, light, others in cases for d in (light,) + others))
-    lengths = dict(zip(decoders, (np.asarray(x) for x, in accepted_lengths(decoders, draft,
-                                                                           target))))
-    for shape, depth, light, others in cases:
+    lengths = lengths_of("dense")
+    for shape, depth, light, others in LIGHT_CASES:
         for other in others:
-            assert np.all(lengths[other] <= lengths[light] + 1e-12), (shape, depth, other)
+            assert np.all(lengths[other, 1] <= lengths[light, 1] + 1e-12), (shape, depth, other)
 
 
 def test_chain_budget_two_is_greedy_drafting(x64):
     """Two nodes ranked by the draft: the draft's most probable token, kept with the target's
     probability of it (a top-1 tree)."""
-    draft, target = map(to_chain, INSTANCES["random"]())
-    dynamic, top1 = accepted_lengths((specjax.DynamicTree(2, max_depth=3),
-                                      specjax.TokenTree((1,), children="top_k")), draft, target,
-                                     (1, 3))
-    for got, want in zip(dynamic, top1):  # positions 1 and 3
-        np.testing.assert_allclose(got, want, atol=1e-12)
+    lengths = lengths_of("random")
+    dynamic, top1 = GREEDY
+    for n in (1, 2, 4):  # three drafts and a bonus row, three without, one draft (T = 4)
+        np.testing.assert_allclose(lengths[dynamic, n], lengths[top1, n], atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- Monte Carlo

@@ -23,6 +23,7 @@ import stats
 from conftest import chain
 from conftest import edge_pair
 from conftest import random_pair
+from conftest import uniform_chain
 from specjax.decoders import multi_draft
 from specjax.sampling import engine
 
@@ -94,7 +95,7 @@ def test_exact_rejections_equal_bellman_over_every_coupling(x64, num_drafts, see
 
 
 def test_exact_rejections_equal_bellman_on_edge_rows(x64):
-    draft, target = edge_pair()
+    draft, target = edge_pair(4, 5)  # the shapes above: their M = 2 program
     expected = bellman_rejections(target[0], draft[1], target[1], 2)
     got = specjax.exact(specjax.OptimalMultiDraft(2, sequence_optimal=True),
                         chain(draft), chain(target))
@@ -270,7 +271,7 @@ def test_values_and_gradients_stay_finite_on_edge_rows():
 
 
 def test_settings_it_cannot_run_are_refused_before_any_work():
-    draft, target = specjax.paper_instance()
+    draft = target = uniform_chain(7, 50)  # refused on their sizes: no Dirichlet draw compiled
     with pytest.raises(ValueError, match="sequence_optimal=True needs replacement=True"):
         specjax.OptimalMultiDraft(2, replacement=False, sequence_optimal=True)
     with pytest.raises(ValueError, match="sequence_optimal=True needs lookahead=None"):
@@ -279,7 +280,7 @@ def test_settings_it_cannot_run_are_refused_before_any_work():
         specjax.OptimalMultiDraft(2, sequence_optimal=1)
     with pytest.raises(ValueError, match="laws per position only"):
         specjax.OptimalMultiDraft(2, sequence_optimal=True).laws(draft.trans[0], target.trans[0])
-    ngram = specjax.NGramModel.fit([jnp.arange(30) % 3], order=1, num_states=3)
+    ngram = specjax.NGramModel.fit([np.arange(30) % 3], order=1, num_states=3)
     with pytest.raises(ValueError):
         specjax.decode(jax.random.key(0), specjax.OptimalMultiDraft(2, sequence_optimal=True),
                        ngram, ngram, 10, horizon=4)

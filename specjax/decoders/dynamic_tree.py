@@ -77,16 +77,24 @@ def beam_nodes(rows_at, depth: int, num_states: int, dtype, prev, width: int):
     for d in range(depth):
         cand = scores[-1][:, None] * rows_at(d, tokens[-1])  # (B, V)
         best, flat = jax.lax.top_k(cand.reshape(-1), width)
-        parents.append((flat // num_states).astype(jnp.int32))
-        tokens.append((flat % num_states).astype(jnp.int32))
+        size = jnp.asarray(num_states, flat.dtype)  # flat >= 0: C division is floor division
+        parents.append(jax.lax.div(flat, size).astype(jnp.int32))
+        tokens.append(jax.lax.rem(flat, size).astype(jnp.int32))
         scores.append(best)
     if not depth:
         return tokens[0][None], parents[0][None], (slots == 0)[None]
     scores = jnp.stack(scores[1:])  # (D, B); ranked by score, then depth, then beam order
     order = jnp.argsort(-scores.reshape(-1), stable=True)
-    chosen = jnp.zeros((depth * width,), bool).at[order[:width]].set(True).reshape(depth, width)
+    chosen = jnp.zeros((depth * width,), bool).at[order[:width]].set(
+        True, wrap_negative_indices=False).reshape(depth, width)
     chosen = chosen & (scores > 0)
     return jnp.stack(tokens), jnp.stack(parents), jnp.concatenate([(slots == 0)[None], chosen])
+
+
+def _take(x, *index):
+    """``x[index]`` for non-negative integer arrays: no wrapping of negative indices (a
+    comparison and a select per index array in every program that builds a tree)."""
+    return x.at[index].get(wrap_negative_indices=False)
 
 
 def build_tree(rank_rows: jax.Array, prev: jax.Array, width: int) -> Beams:
@@ -94,13 +102,14 @@ def build_tree(rank_rows: jax.Array, prev: jax.Array, width: int) -> Beams:
     ranking model's rows at the call's positions) after token ``prev``."""
     depth, num_states, _ = rank_rows.shape
     slots = jnp.arange(width, dtype=jnp.int32)
-    tokens, parents, kept = beam_nodes(lambda d, t: rank_rows[d][t], depth, num_states,
+    tokens, parents, kept = beam_nodes(lambda d, t: _take(rank_rows[d], t), depth, num_states,
                                        rank_rows.dtype, prev, width)
     child = []
     for d in range(depth):
         index = jnp.full((width, num_states), -1, jnp.int32)
         target_slot = jnp.where(kept[d + 1], parents[d + 1], width)  # dropped: out of range
-        child.append(index.at[target_slot, tokens[d + 1]].set(slots, mode="drop"))
+        child.append(index.at[target_slot, tokens[d + 1]].set(slots, mode="drop",
+                                                              wrap_negative_indices=False))
     return Beams(tokens, parents, kept, jnp.stack(child) if depth else
                  jnp.zeros((0, width, num_states), jnp.int32))
 
@@ -210,9 +219,9 @@ class DynamicTree(CallDecoder):
         positions = row + jnp.arange(self.max_depth)
         fits = positions < horizon
         rank_rows = rank_trans[jnp.minimum(positions, horizon - 1)] * fits[:, None, None]
-        trees = jax.vmap(lambda prev: beam_nodes(lambda d, t: rank_rows[d][t], self.max_depth,
-                                                 num_states, rank_rows.dtype, prev,
-                                                 self.budget - 1))(jnp.arange(num_states))
+        trees = jax.vmap(lambda prev: beam_nodes(lambda d, t: _take(rank_rows[d], t),
+                                                 self.max_depth, num_states, rank_rows.dtype,
+                                                 prev, self.budget - 1))(jnp.arange(num_states))
         return trees, cumulative_masses(target.trans[row])
 
     def walk_step(self, tables, prev, state, u):
@@ -261,21 +270,22 @@ class DynamicTree(CallDecoder):
             if d < k:
                 child = beams.child[:, d]  # (V_a, B, V)
                 has_children = jnp.any(child >= 0, axis=-1)
-                out = here[..., None] * row[tok]  # (V_a, B, V): y drawn at node (d, j)
+                out = here[..., None] * _take(row, tok)  # (V_a, B, V): y drawn at node (d, j)
                 rejected.append(jnp.sum(jnp.where(has_children[..., None] & (child < 0), out,
                                                   0), axis=1))
                 bonus.append(jnp.sum(jnp.where(has_children[..., None], 0, out), axis=1))
                 parent = beams.parents[:, d + 1]
                 nxt_tok = beams.tokens[:, d + 1]
-                step = here[lanes, parent] * row[tok[lanes, parent], nxt_tok]
+                step = (_take(here, lanes, parent)
+                        * _take(row, _take(tok, lanes, parent), nxt_tok))
                 nxt = jnp.where(beams.kept[:, d + 1], step, 0)
                 mass.append(nxt)
                 kept.append(jnp.zeros((num_states, num_states), dtype).at[
-                    lanes, nxt_tok].add(nxt))
+                    lanes, nxt_tok].add(nxt, wrap_negative_indices=False))
             else:
                 zeros = jnp.zeros((num_states, num_states), dtype)
                 rejected.append(zeros)
-                bonus.append(jnp.sum(here[..., None] * row[tok], axis=1) if with_bonus
+                bonus.append(jnp.sum(here[..., None] * _take(row, tok), axis=1) if with_bonus
                              else zeros)
         return CallLaw(kept=jnp.stack(kept), rejected=jnp.stack(rejected),
                        bonus=jnp.stack(bonus))
