@@ -14,6 +14,9 @@ import pytest
 import specjax
 import specjax.compat
 from conftest import uniform_chain
+from sampler_cases import instance
+from sampler_cases import sd_accept
+from sampler_cases import sd_residual
 
 KEY = jax.random.key(0)
 
@@ -25,24 +28,25 @@ def small_pair(v=4, t=5, seed=0):
 
 
 
-def _accept(p, q):
-    return jnp.minimum(1.0, jnp.where(p > 0, q / jnp.where(p > 0, p, 1.0), 1.0))
-
-
 def _residual(p, q, b):
     return specjax.speculative_residual(p, q)
 
 
+#: The samplers with the settings of sampler_cases' cases (sd, sd K=3, batch M=3, biased eps=0.1
+#: UNO K=4, rejection, autoregressive): on its ``instance()`` with test_scale's
+#: ``SCALE_CHAINS`` chains, they run test_scale's compiled programs.
 SAMPLERS = [
     lambda k, d, t, c: specjax.speculative_decoding(k, d, t, c),
-    lambda k, d, t, c: specjax.speculative_decoding(k, d, t, c, lookahead=2),
+    lambda k, d, t, c: specjax.speculative_decoding(k, d, t, c, lookahead=3),
     lambda k, d, t, c: specjax.batch_speculative_decoding(k, d, t, c, num_drafts=3),
-    lambda k, d, t, c: specjax.biased_speculative_decoding(k, d, t, c, epsilon=0.2),
-    lambda k, d, t, c: specjax.rejection_decoding(k, d, t, c, accept_prob=_accept,
-                                                  residual=_residual),
+    lambda k, d, t, c: specjax.biased_speculative_decoding(k, d, t, c, epsilon=0.1,
+                                                           residual="target", lookahead=4),
+    lambda k, d, t, c: specjax.rejection_decoding(k, d, t, c, accept_prob=sd_accept,
+                                                  residual=sd_residual),
     lambda k, d, t, c: specjax.autoregressive_decoding(k, t, c),
 ]
-IDS = ["sd", "sd_k2", "batch", "biased", "rejection", "autoregressive"]
+IDS = ["sd", "sd_k3", "batch", "biased", "rejection", "autoregressive"]
+SCALE_CHAINS = 3000
 
 
 # ----------------------------------------------------------------------------- models
@@ -153,39 +157,40 @@ def test_sampler_validation_errors():
 # ----------------------------------------------------------------------------- behaviour
 @pytest.mark.parametrize("sampler", SAMPLERS, ids=IDS)
 def test_trace_fields_and_determinism(sampler):
-    d, t = small_pair()
-    a = sampler(KEY, d, t, 64)
-    b = sampler(KEY, d, t, 64)
-    c = sampler(jax.random.key(1), d, t, 64)
-    assert a.tokens.shape == (64, 6) and a.tokens.dtype == jnp.int32
-    assert a.rejected.shape == (64, 5) and a.rejected.dtype == jnp.bool_
-    assert a.num_rejections.shape == (64,) and a.num_rejections.dtype == jnp.int32
-    assert a.num_calls.shape == (64,) and a.num_calls.dtype == jnp.int32
+    d, t = instance()  # V = 5, T = 12
+    a = sampler(KEY, d, t, SCALE_CHAINS)
+    b = sampler(KEY, d, t, SCALE_CHAINS)
+    c = sampler(jax.random.key(1), d, t, SCALE_CHAINS)
+    assert a.tokens.shape == (SCALE_CHAINS, 13) and a.tokens.dtype == jnp.int32
+    assert a.rejected.shape == (SCALE_CHAINS, 12) and a.rejected.dtype == jnp.bool_
+    assert a.num_rejections.shape == (SCALE_CHAINS,) and a.num_rejections.dtype == jnp.int32
+    assert a.num_calls.shape == (SCALE_CHAINS,) and a.num_calls.dtype == jnp.int32
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a.tokens, c.tokens)
     np.testing.assert_array_equal(a.num_rejections, a.rejected.sum(-1))
     np.testing.assert_array_equal(a.num_calls, a.new_call.sum(-1))
-    assert (a.tokens >= 0).all() and (a.tokens < 4).all()
+    assert (a.tokens >= 0).all() and (a.tokens < 5).all()
     assert a.new_call[:, 0].all()
 
 
 def test_calls_structure():
-    # The module's pair and numbers of chains (the sd and autoregressive runs are the programs
-    # of test_prefix_of_chains_is_stable and test_trace_fields_and_determinism).
+    # The sd runs on the module's pair are the programs of test_prefix_of_chains_is_stable and
+    # test_identical_draft_and_target_never_rejects; the autoregressive and K = 3 runs on
+    # sampler_cases' instance (T = 12) test_trace_fields_and_determinism's.
     d, t = small_pair()
-    horizon = t.horizon
     sd = specjax.speculative_decoding(KEY, d, t, 1000)
     # K = T: a call at n = 1 and after every rejection before T.
     np.testing.assert_array_equal(sd.num_calls, 1 + sd.rejected[:, :-1].sum(-1))
-    ar = specjax.autoregressive_decoding(KEY, t, 64)
-    assert (ar.num_calls == horizon).all() and (ar.num_rejections == 0).all()
-    k2 = specjax.speculative_decoding(KEY, d, t, 1000, lookahead=2)
-    # No block is longer than K + 1 tokens: at most 2 drafts and a bonus per call.
-    starts = np.asarray(k2.new_call)
+    ar = specjax.autoregressive_decoding(KEY, instance()[1], SCALE_CHAINS)
+    assert (ar.num_calls == 12).all() and (ar.num_rejections == 0).all()
+    # (test_trace_fields_and_determinism[sd_k3]'s program)
+    k3 = specjax.speculative_decoding(KEY, *instance(), SCALE_CHAINS, lookahead=3)
+    # No block is longer than K + 1 tokens: at most 3 drafts and a bonus per call.
+    starts = np.asarray(k3.new_call)
     for row in starts:
-        gaps = np.diff(np.append(np.nonzero(row)[0], horizon))
-        assert (gaps <= 3).all()
+        gaps = np.diff(np.append(np.nonzero(row)[0], 12))
+        assert (gaps <= 4).all()
     big = specjax.speculative_decoding(KEY, d, t, 1000, lookahead=100)
     np.testing.assert_array_equal(big.tokens, sd.tokens)  # K >= T is K = T
 
@@ -292,9 +297,10 @@ def test_raw_uint32_key_accepted():
 def test_prefix_of_chains_is_stable():
     """Chain c's randomness does not depend on num_chains (partitionable Threefry)."""
     d, t = small_pair()
-    small = specjax.speculative_decoding(KEY, d, t, 64)  # test_trace_fields' program
+    # the programs of test_no_recompilation_for_new_values and test_calls_structure
+    small = specjax.speculative_decoding(KEY, d, t, 32)
     large = specjax.speculative_decoding(KEY, d, t, 1000)
-    np.testing.assert_array_equal(small.tokens, large.tokens[:64])
+    np.testing.assert_array_equal(small.tokens, large.tokens[:32])
 
 
 def test_float64_under_x64(x64):
@@ -347,48 +353,63 @@ def test_a_subpackage_wrapper_resolves_to_compat_with_a_warning(package, name):
 
 
 def test_compat_functions_warn_what_to_call_and_return_the_same():
-    d, t = small_pair()
+    # sampler_cases' instance and cases, the exact values in float64: the programs of
+    # test_decoders' golden test (its exact values, the block case's accepted length at position
+    # 11) and test_scale's (the block case's decode of 3,000 chains)
+    d32, t32 = instance()
+    with jax.enable_x64(True):
+        d, t = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (d32, t32))
     compat = specjax.compat
-    cases = [
-        (lambda: compat.exact_speculative_decoding(d, t, lookahead=2),
-         lambda: specjax.exact(specjax.Speculative(2), d, t), r"specjax\.exact\(specjax\.Spec"),
+    x64 = [
+        (lambda: compat.exact_speculative_decoding(d, t, lookahead=3),
+         lambda: specjax.exact(specjax.Speculative(3), d, t), r"specjax\.exact\(specjax\.Spec"),
         (lambda: compat.exact_batch_speculative_decoding(d, t, num_drafts=2, replacement=False),
          lambda: specjax.exact(specjax.BatchSpeculative(2, replacement=False), d, t),
          r"BatchSpeculative"),
-        (lambda: compat.exact_biased_speculative_decoding(d, t, epsilon=0.1, residual="target"),
-         lambda: specjax.exact(specjax.BiasedSpeculative(0.1, residual="target"), d, t),
+        (lambda: compat.exact_biased_speculative_decoding(d, t, epsilon=0.1, residual="target",
+                                                          lookahead=4),
+         lambda: specjax.exact(specjax.BiasedSpeculative(0.1, residual="target", lookahead=4),
+                               d, t),
          r"BiasedSpeculative"),
-        (lambda: compat.exact_rejection_decoding(d, t, accept_prob=_accept, residual=_residual),
-         lambda: specjax.exact(specjax.RejectionRule(_accept, _residual), d, t),
+        (lambda: compat.exact_rejection_decoding(d, t, accept_prob=sd_accept,
+                                                 residual=sd_residual),
+         lambda: specjax.exact(specjax.RejectionRule(sd_accept, sd_residual), d, t),
          r"RejectionRule"),
-        (lambda: compat.exact_block_expected_calls(d, t, lookahead=2),
-         lambda: specjax.exact(specjax.BlockVerification(2), d, t).expected_calls,
-         r"expected_calls"),
-        (lambda: compat.exact_block_accepted_length(d, t, lookahead=2, position=2),
-         lambda: specjax.accepted_length(specjax.BlockVerification(2), d, t, position=2),
+        (lambda: compat.exact_block_expected_calls(d, t, lookahead=3),
+         lambda: specjax.exact(specjax.BlockVerification(3), d, t).expected_calls,
+         r"specjax\.exact\(specjax\.BlockVerification\(lookahead\).*\)\.expected_calls"),
+        (lambda: compat.exact_block_accepted_length(d, t, lookahead=3, position=11),
+         lambda: specjax.accepted_length(specjax.BlockVerification(3), d, t, position=11),
          r"specjax\.accepted_length"),
-        (lambda: compat.block_verification_decoding(KEY, d, t, 16, lookahead=2),
-         lambda: specjax.decode(KEY, specjax.BlockVerification(2), d, t, 16), r"specjax\.decode"),
-        (lambda: compat.sd_rejections(lookahead=2)(d, t),
-         lambda: specjax.objective(specjax.Speculative(2), "rejections")(d, t),
+        (lambda: compat.sd_rejections(lookahead=3)(d, t),
+         lambda: specjax.objective(specjax.Speculative(3), "rejections")(d, t),
          r"specjax\.objective"),
         (lambda: compat.batch_rejections(3)(d, t),
          lambda: specjax.objective(specjax.BatchSpeculative(3))(d, t), r"BatchSpeculative"),
-        (lambda: compat.target_calls(lookahead=2)(d, t),
-         lambda: specjax.objective(specjax.Speculative(2), "calls")(d, t), r'"calls"'),
+        (lambda: compat.target_calls(lookahead=3)(d, t),
+         lambda: specjax.objective(specjax.Speculative(3), "calls")(d, t), r'"calls"'),
     ]
-    assert len(cases) == len(compat.__all__)
-    for old, new, advice in cases:
-        with pytest.warns(DeprecationWarning, match=advice):
-            got = old()
-        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(new())):
-            np.testing.assert_array_equal(a, b)
+    float32 = [
+        (lambda: compat.block_verification_decoding(KEY, d32, t32, 3000, lookahead=3),
+         lambda: specjax.decode(KEY, specjax.BlockVerification(3), d32, t32, 3000),
+         r"specjax\.decode"),
+    ]
+    assert len(x64) + len(float32) == len(compat.__all__)
+    for enable, cases in ((True, x64), (False, float32)):
+        with jax.enable_x64(enable):
+            for old, new, advice in cases:
+                with pytest.warns(DeprecationWarning, match=advice):
+                    got = old()
+                for a, b in zip(jax.tree_util.tree_leaves(got),
+                                jax.tree_util.tree_leaves(new())):
+                    np.testing.assert_array_equal(a, b)
 
 
 def test_decoding_statistics_old_field_names_warn_and_read_the_same_counts():
-    d, t = small_pair()
-    counts = specjax.decoding_statistics(KEY, specjax.Speculative(2), d, t, 64)
-    trace = specjax.decode(KEY, specjax.Speculative(2), d, t, 64)
+    # test_scale's programs (its sd K=3 case, in one chunk)
+    d, t = instance()
+    counts = specjax.decoding_statistics(KEY, specjax.Speculative(3), d, t, SCALE_CHAINS)
+    trace = specjax.decode(KEY, specjax.Speculative(3), d, t, SCALE_CHAINS)
     np.testing.assert_array_equal(counts.rejected, np.asarray(trace.rejected).sum(0))
     np.testing.assert_array_equal(counts.new_call, np.asarray(trace.new_call).sum(0))
     for old, new in (("rejections_at", "rejected"), ("verified_at", "verified"),

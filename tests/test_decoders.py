@@ -29,7 +29,16 @@ from specjax.decoders import verification
 KEY = jax.random.key(0)
 
 
+def _float64(*models):
+    """The models with float64 arrays (call under ``jax.enable_x64``)."""
+    return jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), models)
+
+
 # ------------------------------------------------------------ decoders defined outside specjax
+#: The float64 models' sizes of the tests of decoders defined outside and of accepted lengths:
+#: one size, so that their draws, exact values and accepted lengths share programs.
+OUTSIDE = dict(num_states=4, horizon=7)
+
 @specjax.decoder_dataclass
 class CappedSpeculative(specjax.TokenwiseDecoder):
     """A lossy rule written by a user: SD's acceptance scaled by ``cap`` (a traced leaf), with
@@ -104,8 +113,7 @@ class CallSpeculative(specjax.CallDecoder):
 
 
 def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64):
-    draft, target = instance(num_states=4, horizon=6)
-    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+    draft, target = _float64(*instance(**OUTSIDE))
     decoder = CappedSpeculative(0.8, lookahead=3)
     exact = specjax.exact(decoder, draft, target)
     trace = specjax.decode(KEY, decoder, draft, target, 20_000)
@@ -132,7 +140,7 @@ def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64)
     grad_cap = jax.jit(jax.grad(lambda c: specjax.exact(CappedSpeculative(c), draft,
                                                         target).expected_rejections))(0.7)
     assert np.isfinite(grad_cap) and grad_cap < 0  # accepting more rejects less
-    family = specjax.tuning.StationaryDraft(num_states=4, horizon=6)
+    family = specjax.tuning.StationaryDraft(num_states=4, horizon=7)
     result = specjax.tune_draft(family, family.init(jax.random.key(1), 0.5), target,
                                 specjax.objective(decoder), num_steps=20)
     assert result.value <= result.history[0]
@@ -142,8 +150,7 @@ def test_a_call_level_decoder_defined_outside_equals_tokenwise_sd(x64):
     """The call-level engines (sampler, exact recursion, accepted length, counts) on SD written
     as a call: every exact value equals the token-wise recursion's, the law of the output is the
     target's and the Monte Carlo means fit."""
-    draft, target = instance(num_states=4, horizon=7)
-    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+    draft, target = _float64(*instance(**OUTSIDE))
     for k in (1, 3, 7):
         want = specjax.exact(specjax.Speculative(k), draft, target)
         got = specjax.exact(CallSpeculative(k), draft, target)
@@ -220,32 +227,35 @@ def _old_exact(name, draft, target):
         return old()
 
 
+#: The chain count of test_scale's statistics test on ``instance()``: the decode programs of the
+#: cases here are that test's (each is a distinct compilation of a sampler, 0.5-1.5 s of CPU).
+SCALE_CHAINS = 3000
+
+
 @pytest.mark.parametrize("name", list(LEGACY_CASES))
 def test_new_entry_points_equal_the_old_conveniences(name):
     draft, target = instance()
-    # 64 chains: the programs of test_tokens_and_exact_values_equal_the_previous_implementation
-    new = specjax.decode(KEY, CASES[name], draft, target, 64)
-    old = _old_sampler(name, KEY, draft, target, 64)
+    # test_scale's programs (SCALE_CHAINS chains of instance()), which
+    # test_tokens_and_exact_values_equal_the_previous_implementation runs too
+    new = specjax.decode(KEY, CASES[name], draft, target, SCALE_CHAINS)
+    old = _old_sampler(name, KEY, draft, target, SCALE_CHAINS)
     for field in new._fields:
         np.testing.assert_array_equal(getattr(new, field), getattr(old, field), err_msg=field)
-    old_exact = _old_exact(name, draft, target)
-    if old_exact is not None:
-        new_exact = specjax.exact(CASES[name], draft, target)
-        for field in new_exact._fields:
-            np.testing.assert_array_equal(getattr(new_exact, field), getattr(old_exact, field))
+    # In float64: the exact programs of test_tokens_and_exact_values_equal_the_previous_
+    # implementation (the conveniences are the same functions in either dtype).
+    with jax.enable_x64(True):
+        draft, target = _float64(draft, target)
+        old_exact = _old_exact(name, draft, target)
+        if old_exact is not None:
+            new_exact = specjax.exact(CASES[name], draft, target)
+            for field in new_exact._fields:
+                np.testing.assert_array_equal(getattr(new_exact, field),
+                                              getattr(old_exact, field))
 
 
-def test_block_conveniences_equal_the_entry_points():
-    draft, target = instance(num_states=3, horizon=6)
-    block = specjax.BlockVerification(2)
-    with pytest.warns(DeprecationWarning, match="specjax.exact"):
-        calls = specjax.compat.exact_block_expected_calls(draft, target, lookahead=2)
-    np.testing.assert_array_equal(calls, specjax.exact(block, draft, target).expected_calls)
-    with pytest.warns(DeprecationWarning, match="specjax.accepted_length"):
-        length = specjax.compat.exact_block_accepted_length(draft, target, lookahead=2,
-                                                             position=3)
-    np.testing.assert_array_equal(length, specjax.accepted_length(block, draft, target,
-                                                                  position=3))
+# The block conveniences (exact_block_expected_calls, exact_block_accepted_length) warn and equal
+# the entry points: test_api's test_compat_functions_warn_what_to_call_and_return_the_same checks
+# both, with the advice the warnings give.
 
 
 # ----------------------------------------------------------------------- the support table
@@ -309,12 +319,13 @@ def test_every_decoder_entry_point_and_model_kind_works_or_is_refused(name, kind
 
 # ----------------------------------------------------------------- accepted length, settings
 def test_accepted_length_against_closed_forms(x64):
-    draft, target = instance(num_states=4, horizon=6)
-    draft, target = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
-    for k in (1, 2, 6):
+    # OUTSIDE's models, and the lookaheads and a position of the call-level test's accepted
+    # lengths (their programs): K' = min(K, T - 4) = 1, 3, 3 drafts from position 5
+    draft, target = _float64(*instance(**OUTSIDE))
+    for k in (1, 3, 7):
         np.testing.assert_allclose(
-            specjax.accepted_length(specjax.Speculative(k), draft, target, position=2),
-            specjax.theory.exact_tokenwise_accepted_length(draft, target, lookahead=k, position=2),
+            specjax.accepted_length(specjax.Speculative(k), draft, target, position=5),
+            specjax.theory.exact_tokenwise_accepted_length(draft, target, lookahead=k, position=5),
             atol=1e-12)
     # One draft per call: the probability that the root accepts, 1 - sum [q - S_M p]_+.
     one = specjax.accepted_length(specjax.BatchSpeculative(3, lookahead=1), draft, target)
@@ -326,8 +337,8 @@ def test_accepted_length_against_closed_forms(x64):
     # K = T: the call may run to the end of the horizon.
     full = specjax.accepted_length(specjax.Speculative(), draft, target, position=1)
     np.testing.assert_allclose(full, specjax.theory.exact_tokenwise_accepted_length(
-        draft, target, lookahead=6), atol=1e-12)
-    for position in (0, 7, 1.5, True):
+        draft, target, lookahead=7), atol=1e-12)
+    for position in (0, 8, 1.5, True):
         with pytest.raises(ValueError, match="position must be an integer in"):
             specjax.accepted_length(specjax.Speculative(), draft, target, position=position)
 
@@ -392,12 +403,16 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
     key = jax.random.key(2024)
     draft, target = instance()
     for name, decoder in LEGACY_CASES.items():
-        trace = specjax.decode(key, decoder, draft, target, 64)
+        # The archive's first 64 chains, of test_scale's SCALE_CHAINS (its programs): a chain's
+        # draws do not depend on the number of chains (test_api's test_prefix_of_chains_is_stable)
+        trace = specjax.decode(key, decoder, draft, target, SCALE_CHAINS)
         for field in ("tokens", "rejected", "new_call"):
-            np.testing.assert_array_equal(getattr(trace, field), GOLDEN[f"{name}|{field}"],
-                                          err_msg=f"{name} {field}")
+            np.testing.assert_array_equal(np.asarray(getattr(trace, field))[:64],
+                                          GOLDEN[f"{name}|{field}"], err_msg=f"{name} {field}")
+    # One chunk of 1,000 chains: test_scale's program for its sd K=3 case in exact chunks (the
+    # counts do not depend on the chunks: test_scale checks padded ones against the trace)
     counts = specjax.decoding_statistics(key, specjax.Speculative(3), draft, target, 1000,
-                                         chunk_size=300)
+                                         chunk_size=1000)
     archived = {"rejected": "rejections_at", "verified": "verified_at",  # the archive's names
                 "new_call": "calls_at"}
     for field in ("num_rejections", "rejected", "verified", "new_call", "final_token_counts"):
