@@ -70,8 +70,11 @@ def pytest_configure(config):
         jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        # The subprocesses (scripts, notebooks, the reproduction, the 4-device check) share it
-        # too: JAX reads these settings from the environment when it starts.
+        # The subprocesses (scripts, notebooks, the reproduction) share it too: JAX reads these
+        # settings from the environment when it starts. Not across device layouts: JAX's cache
+        # key includes the CPU client's topology, so an entry written by a one-device process
+        # never serves the 4-device check (measured: 1 hit in 116; test_scale passes it its
+        # unsharded runs instead), and probably not the two-process check either (not measured).
         os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(folder))
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
