@@ -367,14 +367,19 @@ def test_biased_tradeoff_with_unit_weight_is_tv_under_biased_contexts(x64):
 def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
     """p = q, disjoint supports, one-hot rows, exhausted residuals, p = 0 < q (``edge_pair``),
     drafts at the KL fit of that target (zeros as log(tiny) logits) and extreme logits."""
+    t, v = edge_pair()[1][1].shape[:2]  # trans is (T, V, V)
+    # The extreme logits are drawn in float32 for both dtypes (cast below): a float64 draw
+    # compiled a normal sampler per family shape for logits that are as extreme either way.
+    wild = [family.init(jax.random.key(0), scale=50.0) for family in families(v, t)]
     with jax.enable_x64(dtype == "float64"):
         _, target = edge_pair()
         target = chain(target)
         target = specjax.MarkovChain(target.init.astype(dtype), target.trans.astype(dtype))
-        v, t = target.num_states, target.horizon
-        for family in families(v, t):
+        assert (target.num_states, target.horizon) == (v, t)
+        for family, extreme in zip(families(v, t), wild):
             starts = [specjax.tuning.kl_fit(family, target),
-                      family.init(jax.random.key(0), scale=50.0), family.uniform()]
+                      jax.tree_util.tree_map(lambda x: x.astype(dtype), extreme),
+                      family.uniform()]
             for objective in objectives():
                 for params in starts:
                     value, grad = jax.value_and_grad(
