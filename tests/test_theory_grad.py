@@ -1,6 +1,7 @@
 """Exact theory: gradients (finite at edge cases, equal to finite differences), jit/vmap, dtypes,
 validation and compilation caching."""
 
+import functools
 import math
 
 import jax
@@ -39,6 +40,13 @@ OBJECTIVES = {
 }
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def value_and_grad(name, draft, target):
+    """``OBJECTIVES[name](draft, target)`` and its gradients in both chains: one compiled
+    program per objective, size and dtype, shared by the tests below."""
+    return jax.value_and_grad(OBJECTIVES[name], argnums=(0, 1))(draft, target)
+
+
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 @pytest.mark.parametrize("use_x64", [False, True])
 def test_gradients_finite_at_edge_cases(name, use_x64):
@@ -50,9 +58,8 @@ def test_gradients_finite_at_edge_cases(name, use_x64):
         fn = OBJECTIVES[name]
         if name == "kl opt":  # KL(output || target) is infinite here (disjoint rows): use p = q
             t = d
-        # The value from the gradient's own programs (an eager grad of the jitted recursion
-        # compiles its linearisation and transpose; a separate call of fn compiled a third).
-        value, (g_d, g_t) = jax.value_and_grad(fn, argnums=(0, 1))(d, t)
+        # The value from the gradient's own program (a separate call of fn compiled another).
+        value, (g_d, g_t) = value_and_grad(name, d, t)
         assert value.dtype == dtype
         assert bool(jnp.isfinite(value))
         for leaf in jax.tree_util.tree_leaves((g_d, g_t)):
@@ -68,14 +75,15 @@ def test_gradients_through_logits_finite_with_minus_inf(name):
                     jnp.log(jnp.asarray(draft[1], jnp.float32)))
         t_logits = (jnp.log(jnp.asarray(target[0], jnp.float32)),
                     jnp.log(jnp.asarray(target[1], jnp.float32)))
-    fn = OBJECTIVES[name]
 
-    def objective(dl, tl):
+    def chains(dl, tl):
         d = specjax.MarkovChain.from_logits(*dl)
-        t = d if name == "kl opt" else specjax.MarkovChain.from_logits(*tl)
-        return fn(d, t)
+        return d, d if name == "kl opt" else specjax.MarkovChain.from_logits(*tl)
 
-    grads = jax.grad(objective, argnums=(0, 1))(d_logits, t_logits)
+    # The chain rule split at the chains: the objective's gradient in them is the program of
+    # test_gradients_finite_at_edge_cases[False-name]; the softmax's pullback runs op by op.
+    (d, t), pullback = jax.vjp(chains, d_logits, t_logits)
+    grads = pullback(value_and_grad(name, d, t)[1])
     for leaf in jax.tree_util.tree_leaves(grads):
         assert bool(jnp.all(jnp.isfinite(leaf))), name
 
@@ -147,15 +155,14 @@ def test_gradients_match_central_differences(x64, name):
     # The values at the shifted points come from the same programs as the gradient (those of
     # test_gradients_finite_at_edge_cases[True-...]: same size, float64), not from a forward
     # program compiled for them alone.
-    value_and_grad = jax.value_and_grad(OBJECTIVES[name], argnums=(0, 1))
-    g_d, g_t = value_and_grad(d, t)[1]
+    g_d, g_t = value_and_grad(name, d, t)[1]
     h = 1e-7  # small: log terms (KL) have large third derivatives near small probabilities
     for _ in range(3):
         dirs = [tangent(rng, x.shape) for x in (d.init, d.trans, t.init, t.trans)]
 
         def shifted(s):
             return value_and_grad(
-                specjax.MarkovChain(d.init + s * dirs[0], d.trans + s * dirs[1]),
+                name, specjax.MarkovChain(d.init + s * dirs[0], d.trans + s * dirs[1]),
                 specjax.MarkovChain(t.init + s * dirs[2], t.trans + s * dirs[3]))[0]
 
         fd = (float(shifted(h)) - float(shifted(-h))) / (2 * h)
@@ -171,21 +178,23 @@ def test_gradient_through_logits_matches_central_differences(x64):
     t_logits = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
 
     def objective(dl, tl):
-        return specjax.batch_expected_rejections(
-            specjax.MarkovChain.from_logits(*dl), specjax.MarkovChain.from_logits(*tl),
-            num_drafts=3)  # M = 3: the programs of test_gradients_match_central_differences
+        """The value and gradient of batch_expected_rejections (M = 3) of the chains' logits:
+        the chain rule split at the chains, their part the program of
+        test_gradients_match_central_differences[batch M=3]; the softmax's pullback op by op.
+        The values at the shifted points come from the same programs."""
+        chains, pullback = jax.vjp(lambda dl, tl: (specjax.MarkovChain.from_logits(*dl),
+                                                   specjax.MarkovChain.from_logits(*tl)), dl, tl)
+        value, in_chains = value_and_grad("batch M=3", *chains)
+        return value, pullback(in_chains)
 
-    # The values at the shifted points from the gradient's programs, as in
-    # test_gradients_match_central_differences (no forward program compiled for them alone).
-    value_and_grad = jax.value_and_grad(objective, argnums=(0, 1))
-    g_d, g_t = value_and_grad(d_logits, t_logits)[1]
+    g_d, g_t = objective(d_logits, t_logits)[1]
     dirs_d = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
     dirs_t = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
     h = 1e-6
 
     def shifted(s):
-        return float(value_and_grad([a + s * b for a, b in zip(d_logits, dirs_d)],
-                                    [a + s * b for a, b in zip(t_logits, dirs_t)])[0])
+        return float(objective([a + s * b for a, b in zip(d_logits, dirs_d)],
+                               [a + s * b for a, b in zip(t_logits, dirs_t)])[0])
 
     fd = (shifted(h) - shifted(-h)) / (2 * h)
     analytic = sum(float(jnp.sum(g * v)) for g, v in zip(g_d + g_t, dirs_d + dirs_t))
