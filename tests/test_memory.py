@@ -101,7 +101,9 @@ def test_decode_refusals_name_chains_or_states_whichever_is_larger(available):
                                          r"about .*law table.*use models with fewer tokens"):
         specjax.decode(KEY, specjax.BatchSpeculative(2), big, big, 8)
     available(10**12)
-    assert specjax.decode(KEY, specjax.Speculative(), draft, target, 16).tokens.shape == (16, 13)
+    # 3,000 chains of instance(): test_scale's SD program (a cache hit across the suite)
+    assert specjax.decode(KEY, specjax.Speculative(), draft, target, 3000).tokens.shape == \
+        (3000, 13)
 
 
 def test_other_engines_are_checked_too(available):
@@ -142,9 +144,11 @@ def test_decoding_statistics_refuses_per_chain_results_or_a_chunk_that_cannot_fi
                                          r"chunk_size"):
         specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 40_000,
                                     chunk_size=20_000)
-    stats = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 4_000,
-                                        chunk_size=1_000)
-    assert stats.num_chains == 4_000
+    # chunks of 1,100 of 3,000 chains: test_scale's counting program (a cache hit across the
+    # suite)
+    stats = specjax.decoding_statistics(KEY, specjax.Speculative(), draft, target, 3_000,
+                                        chunk_size=1_100)
+    assert stats.num_chains == 3_000
 
 
 def test_exact_refuses_tables_that_cannot_fit(available):

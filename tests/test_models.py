@@ -19,6 +19,8 @@ from specjax.models.autoregressive import ngram_counts
 from conftest import edge_pair
 from conftest import uniform_chain
 from conftest import random_rows
+from sampler_cases import CASES
+from sampler_cases import instance
 from stats import assert_law
 from stats import assert_mean
 from stats import count_rows
@@ -41,16 +43,10 @@ def make(rule, lookahead=None):
     return specjax.BiasedSpeculative(rule[1], lookahead=lookahead)
 
 
-def markov_pair(seed=0, v=4, t=5, stationary=False):
-    """Two random chains; ``stationary``: the first transition matrix at every position (drawn
-    at the same ``(v, t)``, so the module compiles one Dirichlet draw, not one per shape)."""
+def markov_pair(seed=0, v=4, t=5):
+    """Two random chains."""
     kd, kt = jax.random.split(jax.random.key(seed))
-    draft = specjax.random_markov_chain(kd, v, t)
-    target = specjax.random_markov_chain(kt, v, t)
-    if stationary:
-        draft = specjax.MarkovChain(draft.init, jnp.repeat(draft.trans[:1], t, axis=0))
-        target = specjax.MarkovChain(target.init, jnp.repeat(target.trans[:1], t, axis=0))
-    return draft, target
+    return specjax.random_markov_chain(kd, v, t), specjax.random_markov_chain(kt, v, t)
 
 
 def random_ngram(seed, order, v, zero_fraction=0.3):
@@ -323,7 +319,7 @@ def test_validation_errors_name_the_argument():
 # ----------------------------------------------------------------- the engines pinned together
 
 
-MARKOV_CASES = {  # name: (Markov sampler's keyword arguments, lookahead)
+MARKOV_CASES = {  # name: (the decoder's keyword arguments, lookahead)
     "sd": (dict(), None),
     "sd_k2": (dict(), 2),
     "batch3": (dict(num_drafts=3), None),
@@ -334,38 +330,45 @@ MARKOV_CASES = {  # name: (Markov sampler's keyword arguments, lookahead)
 
 
 def _markov_case(name, draft, target):
-    """(rule, lookahead, extra, Markov sampler, Markov exact theory) of one case (``exact``
-    holds the decoder's type until the last line)."""
+    """(rule, lookahead, extra, Markov exact theory) of one case."""
     kwargs, lookahead = MARKOV_CASES[name]
     if "num_drafts" in kwargs:
-        rule, extra = ("batch", kwargs["num_drafts"]), ()
-        sampler = specjax.batch_speculative_decoding
-        exact = specjax.BatchSpeculative
+        rule, extra, exact = ("batch", kwargs["num_drafts"]), (), specjax.BatchSpeculative
     elif "epsilon" in kwargs:
-        rule, extra = ("biased", kwargs["epsilon"]), ()
-        sampler = specjax.biased_speculative_decoding
-        exact = specjax.BiasedSpeculative
+        rule, extra, exact = ("biased", kwargs["epsilon"]), (), specjax.BiasedSpeculative
     else:
-        rule, extra = SD, ()
-        sampler, exact = specjax.speculative_decoding, specjax.Speculative
+        rule, extra, exact = SD, (), specjax.Speculative
     return (rule, lookahead, extra,
-            lambda c: sampler(KEY, draft, target, c, lookahead=lookahead, **kwargs),
             lambda: specjax.exact(exact(lookahead=lookahead, **kwargs), draft, target))
 
 
-@pytest.mark.parametrize("name", ["sd", "sd_k2", "batch3", "biased"])
+@pytest.mark.parametrize("name", ["sd", "sd K=3", "batch M=3", "biased eps=0.1"])
 def test_simulate_models_equals_the_markov_samplers_token_for_token(name):
     """The engines agree token for token on the same rows and key (position-indexed lift of a
-    non-stationary chain; the stationary lift is pinned by the exact tests). V = 4, T = 5 and
-    4,000 chains: the shapes of the module's other chains and plain SD sampler."""
-    draft, target = markov_pair(seed=1)
+    non-stationary chain; the stationary lift is pinned by the exact tests). The Markov side is
+    sampler_cases' ``instance()`` at 3,000 chains with its cases' decoders: test_scale's and
+    test_decoders' programs (cache hits across the suite)."""
+    draft, target = instance()
     d_fs = FiniteStateModel.from_markov_chain(draft)
     t_fs = FiniteStateModel.from_markov_chain(target)
-    rule, lookahead, extra, sampler, _ = _markov_case(name, draft, target)
-    expected = sampler(4000)
-    trace = specjax.decode(KEY, make(rule, lookahead), d_fs, t_fs, 4000, horizon=5)
+    decoder = CASES[name] if name in CASES else specjax.BiasedSpeculative(0.1)
+    expected = specjax.decode(KEY, decoder, draft, target, 3000)
+    trace = specjax.decode(KEY, decoder, d_fs, t_fs, 3000, horizon=draft.horizon)
     for field, got, want in zip(trace._fields, trace, expected):
         np.testing.assert_array_equal(got, want, err_msg=f"{name}: {field}")
+
+
+def float64_pair(seed, v=4, t=5, stationary=False):
+    """Two random chains of ``markov_pair``'s shapes, rows drawn by NumPy in float64 (a float64
+    ``jax.random.dirichlet`` draw would compile a sampler of its own, about 1 s of CPU)."""
+    rng = np.random.default_rng(seed)
+    chains = []
+    for _ in range(2):
+        init, trans = rng.dirichlet(np.ones(v)), rng.dirichlet(np.ones(v), (t, v))
+        if stationary:
+            trans = np.repeat(trans[:1], t, axis=0)
+        chains.append(specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans)))
+    return tuple(chains)
 
 
 EXACT_CASES = [(name, False) for name in MARKOV_CASES] + [("batch2_k2", True)]
@@ -374,10 +377,10 @@ EXACT_CASES = [(name, False) for name in MARKOV_CASES] + [("batch2_k2", True)]
 @pytest.mark.parametrize("name, stationary", EXACT_CASES,
                          ids=[f"{n}{'_stationary' if s else ''}" for n, s in EXACT_CASES])
 def test_exact_models_equals_the_markov_theory(x64, name, stationary):
-    draft, target = markov_pair(seed=2, v=4, t=5, stationary=stationary)
+    draft, target = float64_pair(seed=2, stationary=stationary)
     d_fs = FiniteStateModel.from_markov_chain(draft, stationary=stationary)
     t_fs = FiniteStateModel.from_markov_chain(target, stationary=stationary)
-    rule, lookahead, extra, _, exact = _markov_case(name, draft, target)
+    rule, lookahead, extra, exact = _markov_case(name, draft, target)
     got = specjax.exact(make(rule, lookahead), d_fs, t_fs, horizon=5)
     assert got.rejected.dtype == jnp.float64
     for field, a, b in zip(got._fields, got, exact()):
@@ -414,10 +417,12 @@ def test_exact_gradient_matches_finite_differences(x64):
 
     logits = jnp.log(draft.table)
     direction = jnp.asarray(np.random.default_rng(0).normal(size=logits.shape))
-    grad = jax.jit(jax.grad(cost))(logits)
+    # One program for the gradient and both evaluations (its values at logits +- h direction).
+    value_and_grad = jax.jit(jax.value_and_grad(cost))
+    _, grad = value_and_grad(logits)
     h = 1e-6
-    cost = jax.jit(cost)  # one program for both evaluations
-    numeric = (cost(logits + h * direction) - cost(logits - h * direction)) / (2 * h)
+    numeric = (value_and_grad(logits + h * direction)[0]
+               - value_and_grad(logits - h * direction)[0]) / (2 * h)
     np.testing.assert_allclose(jnp.sum(grad * direction), numeric, rtol=1e-6)
 
 
@@ -485,17 +490,19 @@ def target_marginals(model, horizon):
 
 def test_ngram_protocol_equals_its_lift_and_is_deterministic():
     draft, target = random_ngram(3, 2, 4), random_ngram(4, 3, 4)
-    batch = specjax.BatchSpeculative(2, lookahead=3)
-    direct = specjax.decode(KEY, batch, draft, target, 3000, horizon=7)
+    # Batch SD, 20,000 chains, horizon 6 on these shapes: the n-gram program of
+    # test_ngram_sampler_matches_exact_and_target_law[batch3] (compiled once, there).
+    batch = specjax.BatchSpeculative(3)
+    direct = specjax.decode(KEY, batch, draft, target, 20_000, horizon=6)
     lifted = specjax.decode(KEY, batch, draft.as_finite_state(2), target.as_finite_state(),
-                            3000, horizon=7)
-    again = specjax.decode(KEY, batch, draft, target, 3000, horizon=7)
-    fewer = specjax.decode(KEY, batch, draft, target, 100, horizon=7)
+                            20_000, horizon=6)
+    again = specjax.decode(KEY, batch, draft, target, 20_000, horizon=6)
+    fewer = specjax.decode(KEY, batch, draft, target, 100, horizon=6)
     for a, b, c, d in zip(direct, lifted, again, fewer):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(a[:100], d)  # chain c depends on its index alone
-    assert direct.tokens.dtype == jnp.int32 and direct.tokens.shape == (3000, 8)
+    assert direct.tokens.dtype == jnp.int32 and direct.tokens.shape == (20_000, 7)
     np.testing.assert_array_equal(direct.num_rejections, direct.rejected.sum(-1))
     np.testing.assert_array_equal(direct.num_calls, direct.new_call.sum(-1))
 
@@ -612,14 +619,15 @@ def test_public_entry_points_validate_models_and_horizon():
     with pytest.raises(ValueError, match="share their state space"):
         specjax.expected_rejections(draft.as_finite_state(1), target.as_finite_state(2),
                                     horizon=3)
-    chain_d, chain_t = markov_pair()
+    chain_d, chain_t = instance()  # T = 12
     with pytest.raises(ValueError, match="horizon is the chains' own T"):
         specjax.speculative_decoding(KEY, chain_d, chain_t, 10, horizon=3)
     with pytest.raises(ValueError, match="horizon is the chains' own T"):
         specjax.expected_rejections(chain_d, chain_t, horizon=3)
-    # 4,000 chains: the program of test_simulate_models_equals_the_markov_samplers...[sd].
-    plain = specjax.speculative_decoding(KEY, chain_d, chain_t, 4000)
-    same = specjax.speculative_decoding(KEY, chain_d, chain_t, 4000, horizon=chain_t.horizon)
+    # 3,000 chains: the program of test_simulate_models_equals_the_markov_samplers_token_for_
+    # token[sd] (and test_scale's).
+    plain = specjax.speculative_decoding(KEY, chain_d, chain_t, 3000)
+    same = specjax.speculative_decoding(KEY, chain_d, chain_t, 3000, horizon=chain_t.horizon)
     np.testing.assert_array_equal(plain.tokens, same.tokens)
 
 

@@ -148,11 +148,15 @@ def check_rates(name: str, rates, shape=None):
                          f"{x.shape}")
     if shape is not None and x.shape != tuple(shape):
         raise ValueError(f"{name} must have the shape of rejection {tuple(shape)}, got {x.shape}")
-    if _checks.is_concrete(x):
+    if _checks.is_concrete(x) and bool(_any_outside_unit_interval(x)):
         bad = ~((x >= 0) & (x <= 1))
-        if bool(jnp.any(bad)):
-            raise ValueError(f"{name} must hold rates in [0, 1], got {float(x[bad][0])!r}")
+        raise ValueError(f"{name} must hold rates in [0, 1], got {float(x[bad][0])!r}")
     return x
+
+
+# One compiled program per shape (op by op, the check was five: two comparisons, an and, a not
+# and an any).
+_any_outside_unit_interval = jax.jit(lambda x: jnp.any(~((x >= 0) & (x <= 1))))
 
 
 def checked_rates(rejection, root_rejection, lookahead):
