@@ -217,7 +217,8 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
                        (lambda: specjax.LenientSpeculative(1.2), "lenience"),
                        (lambda: specjax.ThresholdVerification(0.0), "threshold_single"),
                        (lambda: specjax.ThresholdVerification(1.0, 2.0), "threshold_acc")]:
-        draft, target = specjax.paper_instance()
+        # refused before any work: the chains of the edge rows below (no sampler to compile)
+        draft, target = (chain(x) for x in edge_pair())
         with pytest.raises(ValueError, match=name):
             specjax.exact(make(), draft, target)
     with pytest.raises(ValueError, match="k"):
@@ -244,8 +245,8 @@ def test_every_entry_point_and_model_kind_runs():
     """The support table's row for these decoders: decode, decoding_statistics and exact on a
     Markov chain, its finite-state lift and (Monte Carlo) an n-gram model; equal exact values on
     the chain and its lift."""
-    draft, target = specjax.random_markov_chain(jax.random.key(1), 3, 4), \
-        specjax.random_markov_chain(jax.random.key(2), 3, 4)
+    # a NumPy-drawn pair (JAX's Dirichlet sampler would compile for this V = 3, T = 4 alone)
+    draft, target = (chain(x) for x in random_pair(4, num_states=3, horizon=4))
     lifted = [specjax.FiniteStateModel.from_markov_chain(m) for m in (draft, target)]
     ngram = [specjax.NGramModel(jnp.asarray(m.trans[0]), 2) for m in (draft, target)]
     key = jax.random.key(0)
