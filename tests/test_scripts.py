@@ -23,7 +23,9 @@ def run(*args):
 
 
 def test_simulate_command_tiny():
-    out = run("-m", "specjax", "simulate", "--num-chains", "500", "--horizon", "6")
+    # 20,000 chains: the runs of test_benchmark_samplers_tiny (SD, K = T and K = 4, batch M = 4 on
+    # the paper's instance, T = 6), which find them in the persistent compilation cache
+    out = run("-m", "specjax", "simulate", "--num-chains", "20000", "--horizon", "6")
     assert "SD, K = T (Alg. 1)" in out and "batch SD, M = 4" in out
 
 
