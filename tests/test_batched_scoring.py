@@ -32,9 +32,16 @@ from stats import assert_mean
 V, T, K = 4, 6, 3
 
 
+def _markov_pair(seed):
+    """Two random ``MarkovChain``s of size ``(V, T)``, drawn in float32 even under x64 (one
+    compiled Dirichlet sampler for the module)."""
+    with jax.enable_x64(False):
+        keys = jax.random.split(jax.random.key(seed))
+        return [specjax.random_markov_chain(k, V, T) for k in keys]
+
+
 def _lifted_pair(seed):
-    keys = jax.random.split(jax.random.key(seed))
-    chains = [specjax.random_markov_chain(k, V, T) for k in keys]
+    chains = _markov_pair(seed)
     return tuple(models.FiniteStateModel.from_markov_chain(c) for c in chains)
 
 
@@ -72,8 +79,10 @@ def test_monte_carlo_fits_the_exact_values_per_position(decoder):
     exact = mc_exact_values()[next(i for i, d in enumerate(MC_DECODERS) if d is decoder)]
     calls, rejections = float(exact.expected_calls), float(exact.expected_rejections)
     n = 40_000
+    # Chunks of 1,000 chains: for Speculative(K), the program of
+    # test_chunks_and_stop_tokens_keep_the_tokens (the counts do not depend on chunk_size).
     stats = specjax.decoding_statistics(jax.random.key(2), decoder, draft, target, n, horizon=T,
-                                        batched_scoring=True)
+                                        chunk_size=1000, batched_scoring=True)
     assert_mean(stats.num_calls, calls, "calls")
     assert_mean(stats.num_rejections, rejections, "rejections")
     for name, counts, probs in (
@@ -297,7 +306,7 @@ def test_equal_and_disjoint_models_give_their_known_counts():
 def test_runs_it_cannot_serve_are_refused_by_name_before_any_work():
     draft, target = _lifted_pair(8)
     key = jax.random.key(0)
-    chains = specjax.paper_instance()
+    chains = _markov_pair(8)
     with pytest.raises(ValueError, match="MarkovChain's engine"):
         specjax.decode(key, specjax.Speculative(2), *chains, 10, batched_scoring=True)
     with pytest.raises(ValueError, match="batched_scoring=True: decoder must verify one given"):
@@ -335,12 +344,13 @@ class _Walk:
 
 @pytest.mark.parametrize("who", ["draft", "target"])
 def test_a_row_that_is_not_a_law_is_reported_after_the_run(who):
-    good = jnp.full((7, 4), 0.25)
+    # the table shape, decoder and chains of the next test's batched run: one program for both
+    good = jnp.full((T + 4, 4), 0.25)
     walks = {"draft": _Walk(good), "target": _Walk(good)}
     walks[who] = _Walk(good.at[5].set(jnp.array([0.5, 0.5, 0.5, -0.5])))
     with pytest.raises(ValueError, match=f"^{who} returned a row that is not a law"):
-        specjax.decode(jax.random.key(0), specjax.Speculative(2), walks["draft"],
-                       walks["target"], 8, horizon=T, batched_scoring=True)
+        specjax.decode(jax.random.key(0), specjax.Speculative(3), walks["draft"],
+                       walks["target"], 64, horizon=T, batched_scoring=True)
 
 
 def test_rows_beyond_the_horizon_are_not_read_and_memory_counts_the_calls():

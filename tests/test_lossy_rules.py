@@ -26,6 +26,8 @@ from conftest import random_pair
 from conftest import random_rows
 from engine_reference import inverse_cdf
 from reference import target_sequence_law
+from sampler_cases import CASES
+from sampler_cases import instance
 
 RULES = [specjax.TypicalAcceptance(), specjax.TypicalAcceptance(0.3, 0.5, residual="optimal"),
          specjax.LenientSpeculative(0.6), specjax.LenientSpeculative(0.8, residual="optimal"),
@@ -217,7 +219,8 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
                        (lambda: specjax.LenientSpeculative(1.2), "lenience"),
                        (lambda: specjax.ThresholdVerification(0.0), "threshold_single"),
                        (lambda: specjax.ThresholdVerification(1.0, 2.0), "threshold_acc")]:
-        draft, target = specjax.paper_instance()
+        # refused before any work: the chains of the edge rows below (no sampler to compile)
+        draft, target = (chain(x) for x in edge_pair())
         with pytest.raises(ValueError, match=name):
             specjax.exact(make(), draft, target)
     with pytest.raises(ValueError, match="k"):
@@ -243,18 +246,22 @@ def test_parameters_are_validated_and_edge_rows_stay_finite():
 def test_every_entry_point_and_model_kind_runs():
     """The support table's row for these decoders: decode, decoding_statistics and exact on a
     Markov chain, its finite-state lift and (Monte Carlo) an n-gram model; equal exact values on
-    the chain and its lift."""
-    draft, target = specjax.random_markov_chain(jax.random.key(1), 3, 4), \
-        specjax.random_markov_chain(jax.random.key(2), 3, 4)
+    the chain and its lift. The cases, instances, chain counts and chunks of test_decoders's
+    support-table test (lift, n-gram, exact) and of test_scale's statistics test (Markov chains):
+    their programs, which the suite's persistent compilation cache then serves."""
+    draft, target = instance(num_states=3, horizon=4)
     lifted = [specjax.FiniteStateModel.from_markov_chain(m) for m in (draft, target)]
     ngram = [specjax.NGramModel(jnp.asarray(m.trans[0]), 2) for m in (draft, target)]
     key = jax.random.key(0)
-    for rule in (RULES[0], RULES[-1]):  # a deterministic test, a residual given the draft
+    # a deterministic test, a residual given the draft
+    for rule in (CASES["typical 0.2/0.3 K=4"], CASES["threshold 0.5/0.7 K=3"]):
         on_chain = specjax.exact(rule, draft, target).expected_calls
         np.testing.assert_allclose(specjax.exact(rule, *lifted, horizon=4).expected_calls,
                                    on_chain, rtol=1e-5)
-        for models, kw in (((draft, target), {}), (lifted, dict(horizon=4)),
-                           (ngram, dict(horizon=4))):
-            assert specjax.decode(key, rule, *models, 8, **kw).tokens.shape[0] == 8
-            stats_ = specjax.decoding_statistics(key, rule, *models, 8, **kw)
+        for models, kw, num, num_counted, chunk in ((lifted, dict(horizon=4), 4, 8, 4),
+                                                    (ngram, dict(horizon=4), 4, 8, 4),
+                                                    (instance(), {}, 3000, 3000, 1100)):
+            assert specjax.decode(key, rule, *models, num, **kw).tokens.shape[0] == num
+            stats_ = specjax.decoding_statistics(key, rule, *models, num_counted,
+                                                 chunk_size=chunk, **kw)
             assert np.isfinite(np.asarray(stats_.rejected)).all()

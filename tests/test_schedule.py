@@ -19,6 +19,7 @@ ways.
 from __future__ import annotations
 
 from collections import defaultdict
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -89,15 +90,27 @@ def test_literal_is_sensitive(x64):
         assert abs(float(timed.expected_time) - means["time"]) > 1e-3, other
 
 
+@functools.lru_cache(maxsize=None)
+def _constant_schedules():
+    """``exact`` of SD and the two constant schedules at ``k`` on the pair of
+    ``test_literal_is_sensitive`` (float64), all three ``k`` in one program (one per decoder
+    costs about twice the compilation)."""
+    with jax.enable_x64(True):
+        draft, target = (chain(x) for x in random_pair(11, 3, 5, zero_fraction=0.2))
+        values = jax.jit(lambda d, t: {j: [specjax.exact(decoder, d, t) for decoder in (
+            specjax.Speculative(lookahead=j),
+            specjax.HeuristicSchedule(j, max_lookahead=4, increase=0, decrease=0),
+            specjax.HeuristicSchedule(j, max_lookahead=j, minimum=j))] for j in (1, 2, 3)})(
+                draft, target)
+    return jax.tree.map(np.asarray, values)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_constant_schedule_is_speculative_decoding(k, x64):
     """No change (``increase = decrease = 0``) or one state (``minimum = max_lookahead``): SD with
-    lookahead ``k``. (The pair of ``test_literal_is_sensitive``, whose SD programs these share.)"""
-    draft, target = (chain(x) for x in random_pair(11, 3, 5, zero_fraction=0.2))
-    sd = specjax.exact(specjax.Speculative(lookahead=k), draft, target)
-    for decoder in (specjax.HeuristicSchedule(k, max_lookahead=4, increase=0, decrease=0),
-                    specjax.HeuristicSchedule(k, max_lookahead=k, minimum=k)):
-        got = specjax.exact(decoder, draft, target)
+    lookahead ``k``. (The pair of ``test_literal_is_sensitive``.)"""
+    sd, *constant = _constant_schedules()[k]
+    for got in constant:
         for field in ("marginals", "rejected", "new_call", "verified"):
             np.testing.assert_allclose(np.asarray(getattr(got, field)),
                                        np.asarray(getattr(sd, field)), atol=1e-12)
@@ -131,7 +144,8 @@ def test_decode_matches_literal_and_exact():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_literal_simulation_of_time_fits_exact(name):
-    pair = random_pair(8, 4, 10)
+    # The pair of test_exact_matches_literal, whose expected-time programs this shares.
+    pair = random_pair(11, 3, 5, zero_fraction=0.2)
     decoder, schedule, lookahead = SCHEDULES[name]
     with jax.enable_x64(True):
         exact = float(specjax.expected_time(decoder, *(chain(x) for x in pair), COST))

@@ -23,7 +23,9 @@ def run(*args):
 
 
 def test_simulate_command_tiny():
-    out = run("-m", "specjax", "simulate", "--num-chains", "500", "--horizon", "6")
+    # 20,000 chains: the runs of test_benchmark_samplers_tiny (SD, K = T and K = 4, batch M = 4 on
+    # the paper's instance, T = 6), which find them in the persistent compilation cache
+    out = run("-m", "specjax", "simulate", "--num-chains", "20000", "--horizon", "6")
     assert "SD, K = T (Alg. 1)" in out and "batch SD, M = 4" in out
 
 
@@ -113,7 +115,9 @@ def test_benchmark_growth_points_tiny():
     two forced host devices (the way ``--growth`` runs every point)."""
     benchmark_samplers = import_script("benchmark_samplers")
     for path in ("trace", "stats"):
-        row = benchmark_samplers.measure(path, 400, 6, repeats=1)
+        # 20,000 chains: the trace path is then the program of test_benchmark_samplers_tiny's
+        # first row (SD, K = T on the paper's instance)
+        row = benchmark_samplers.measure(path, 20000, 6, repeats=1)
         assert row["seconds"] > 0 and row["peak_rss"] > 0 and row["devices"] >= 1
     row = benchmark_samplers._point("stats", 400, 6, 2, 1)
     assert row["devices"] == 2 and row["chains"] == 400 and row["seconds"] > 0
@@ -134,7 +138,8 @@ def test_large_run_script_tiny():
 def test_multi_draft_script_tiny():
     """The simulated means agree with the exact ones (|z| < 4.5), and M = 1 would be SD."""
     multi_draft = import_script("multi_draft")
-    rows = multi_draft.main(["--chains", "3000", "--horizon", "6", "--states", "4",
+    # 4,000 chains: with replacement, the program of test_tune_draft_script_tiny's batch run
+    rows = multi_draft.main(["--chains", "4000", "--horizon", "6", "--states", "4",
                              "--seeds", "1"])
     assert len(rows) == 3
     for row in rows:
@@ -143,7 +148,9 @@ def test_multi_draft_script_tiny():
 
 
 def test_benchmark_stop_tokens_tiny():
-    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "2000", "--repeats", "1",
+    # 20,000 chains: decode without stop tokens is the program of test_benchmark_samplers_tiny's
+    # Speculative(4) row
+    rows = import_script("benchmark_stop_tokens").main(["--num-chains", "20000", "--repeats", "1",
                                                         "--horizon", "6"])
     assert [row[0] for row in rows] == ["decode, Markov chains", "decode, finite-state models",
                                         "decoding_statistics", "exact"]
