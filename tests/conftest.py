@@ -213,6 +213,14 @@ def uniform_chain(num_states: int, horizon: int):
     return specjax.MarkovChain(np.full(num_states, 1 / num_states, np.float32), rows)
 
 
+def float64(*models):
+    """The models (``MarkovChain``s or any pytrees of arrays) with float64 arrays, as a tuple
+    (call under ``x64``)."""
+    import jax.numpy as jnp
+
+    return jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), models)
+
+
 def random_pair(seed: int, num_states: int, horizon: int, zero_fraction=0.0):
     """A random (draft, target) pair of NumPy float64 ``(init, trans)`` tuples.
 

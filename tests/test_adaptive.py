@@ -32,6 +32,7 @@ import specjax
 import stats
 from conftest import chain
 from conftest import edge_pair
+from conftest import float64
 from conftest import random_pair
 
 COST = specjax.CostModel(0.15, [0.0, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7], call_overhead=0.05)
@@ -265,16 +266,10 @@ def ref_threshold_stop(solved, n, path, pair):
     return all_acc <= float(solved.thresholds[n - 1, len(path) - 1, path[-1]])
 
 
-def paper_instance64():
-    """The paper's instance in float64 (under ``x64``)."""
-    return tuple(specjax.MarkovChain(m.init.astype(jnp.float64), m.trans.astype(jnp.float64))
-                 for m in specjax.paper_instance())
-
-
 def test_optimal_thresholds_depend_on_the_state(x64):
     """The paper's instance: the optimal thresholds are not one constant (a constant threshold
     is not optimal there), and the best constant SpecDec++ threshold of a fine grid is worse."""
-    draft, target = paper_instance64()
+    draft, target = float64(*specjax.paper_instance())
     cost = specjax.CostModel(0.1, 1.0)
     solved = specjax.theory.optimal_stopping(draft, target, cost, max_lookahead=3)
     grid = [specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(t), max_lookahead=3)
@@ -290,7 +285,7 @@ def test_optimal_thresholds_depend_on_the_state(x64):
 def test_threshold_is_a_leaf_under_vmap_and_jit(x64):
     # In float64: the paper instance's and the decoder's programs are those of
     # test_optimal_thresholds_depend_on_the_state (a threshold is a leaf in either dtype).
-    draft, target = paper_instance64()
+    draft, target = float64(*specjax.paper_instance())
 
     def calls(threshold):
         decoder = specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(threshold),

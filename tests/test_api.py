@@ -13,6 +13,7 @@ import pytest
 
 import specjax
 import specjax.compat
+from conftest import float64
 from conftest import uniform_chain
 from sampler_cases import instance
 from sampler_cases import sd_accept
@@ -358,7 +359,7 @@ def test_compat_functions_warn_what_to_call_and_return_the_same():
     # 11) and test_scale's (the block case's decode of 3,000 chains)
     d32, t32 = instance()
     with jax.enable_x64(True):
-        d, t = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (d32, t32))
+        d, t = float64(d32, t32)
     compat = specjax.compat
     x64 = [
         (lambda: compat.exact_speculative_decoding(d, t, lookahead=3),

@@ -13,6 +13,7 @@ import pytest
 import specjax
 import specjax.compat
 import stats
+from conftest import float64
 from sampler_cases import CASES
 from sampler_cases import instance
 from sampler_cases import sd_accept
@@ -27,11 +28,6 @@ LEGACY_CASES = {name: decoder for name, decoder in CASES.items()
 from specjax.decoders import verification
 
 KEY = jax.random.key(0)
-
-
-def _float64(*models):
-    """The models with float64 arrays (call under ``jax.enable_x64``)."""
-    return jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), models)
 
 
 # ------------------------------------------------------------ decoders defined outside specjax
@@ -113,7 +109,7 @@ class CallSpeculative(specjax.CallDecoder):
 
 
 def test_a_tokenwise_decoder_defined_outside_runs_through_every_entry_point(x64):
-    draft, target = _float64(*instance(**OUTSIDE))
+    draft, target = float64(*instance(**OUTSIDE))
     decoder = CappedSpeculative(0.8, lookahead=3)
     exact = specjax.exact(decoder, draft, target)
     trace = specjax.decode(KEY, decoder, draft, target, 20_000)
@@ -150,7 +146,7 @@ def test_a_call_level_decoder_defined_outside_equals_tokenwise_sd(x64):
     """The call-level engines (sampler, exact recursion, accepted length, counts) on SD written
     as a call: every exact value equals the token-wise recursion's, the law of the output is the
     target's and the Monte Carlo means fit."""
-    draft, target = _float64(*instance(**OUTSIDE))
+    draft, target = float64(*instance(**OUTSIDE))
     for k in (1, 3, 7):
         want = specjax.exact(specjax.Speculative(k), draft, target)
         got = specjax.exact(CallSpeculative(k), draft, target)
@@ -244,7 +240,7 @@ def test_new_entry_points_equal_the_old_conveniences(name):
     # In float64: the exact programs of test_tokens_and_exact_values_equal_the_previous_
     # implementation (the conveniences are the same functions in either dtype).
     with jax.enable_x64(True):
-        draft, target = _float64(draft, target)
+        draft, target = float64(draft, target)
         old_exact = _old_exact(name, draft, target)
         if old_exact is not None:
             new_exact = specjax.exact(CASES[name], draft, target)
@@ -321,7 +317,7 @@ def test_every_decoder_entry_point_and_model_kind_works_or_is_refused(name, kind
 def test_accepted_length_against_closed_forms(x64):
     # OUTSIDE's models, and the lookaheads and a position of the call-level test's accepted
     # lengths (their programs): K' = min(K, T - 4) = 1, 3, 3 drafts from position 5
-    draft, target = _float64(*instance(**OUTSIDE))
+    draft, target = float64(*instance(**OUTSIDE))
     for k in (1, 3, 7):
         np.testing.assert_allclose(
             specjax.accepted_length(specjax.Speculative(k), draft, target, position=5),
@@ -419,7 +415,7 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
         np.testing.assert_array_equal(
             getattr(counts, field), GOLDEN[f"statistics sd K=3|{archived.get(field, field)}"])
     with jax.enable_x64(True):
-        d64, t64 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (draft, target))
+        d64, t64 = float64(draft, target)
         decoders = dict(LEGACY_CASES, **{"batch M=inf": specjax.BatchSpeculative(math.inf)})
         for name, decoder in decoders.items():
             if name in ("autoregressive", "block K=3"):
@@ -441,7 +437,7 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
             np.testing.assert_allclose(specjax.accepted_length(block, d64, t64, position=n),
                                        GOLDEN[f"exact block K=3|accepted_length@{n}"], rtol=0,
                                        atol=1e-6)
-        paper = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), specjax.paper_instance())
+        paper = float64(*specjax.paper_instance())
         np.testing.assert_allclose(specjax.exact(specjax.Speculative(), *paper)
                                    .expected_rejections, GOLDEN["paper|expected_rejections"],
                                    rtol=1e-14)

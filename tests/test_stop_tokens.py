@@ -21,6 +21,7 @@ import pytest
 
 import specjax
 from specjax import models
+from conftest import float64
 from reference import batch_literal
 from reference import biased_accept
 from reference import enumerate_law
@@ -169,7 +170,7 @@ def test_monte_carlo_of_each_engine_fits_the_exact_values():
     draft, target = _pair(3)
     decoder = specjax.Speculative(2)
     with jax.enable_x64(True):
-        d64, t64 = (jax.tree.map(lambda x: x.astype(jnp.float64), m) for m in (draft, target))
+        d64, t64 = float64(draft, target)
         got = specjax.exact(decoder, d64, t64, stop_tokens=[2])
         exact = (float(got.expected_calls), float(got.expected_rejections),
                  float(got.expected_length), np.asarray(got.marginals[-1]))

@@ -13,6 +13,7 @@ import specjax
 from specjax.theory import values as theory
 from conftest import chain
 from conftest import edge_pair
+from conftest import float64
 from conftest import random_pair
 
 
@@ -55,10 +56,9 @@ def test_gradients_finite_at_edge_cases(name, use_x64):
         dtype = jnp.float64 if use_x64 else jnp.float32
         d = specjax.MarkovChain(jnp.asarray(draft[0], dtype), jnp.asarray(draft[1], dtype))
         t = specjax.MarkovChain(jnp.asarray(target[0], dtype), jnp.asarray(target[1], dtype))
-        fn = OBJECTIVES[name]
         if name == "kl opt":  # KL(output || target) is infinite here (disjoint rows): use p = q
             t = d
-        # The value from the gradient's own program (a separate call of fn compiled another).
+        # The value from the gradient's own program (a separate call of the objective compiled another).
         value, (g_d, g_t) = value_and_grad(name, d, t)
         assert value.dtype == dtype
         assert bool(jnp.isfinite(value))
@@ -254,7 +254,7 @@ def test_default_float32_and_float64_under_x64():
     d, t = jax.tree_util.tree_map(lambda x: x[0], (d, t))
     assert specjax.expected_rejections(d, t).dtype == jnp.float32
     with jax.enable_x64(True):
-        d64, t64 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), (d, t))
+        d64, t64 = float64(d, t)
         value64 = specjax.batch_expected_rejections(d64, t64, num_drafts=3)
         assert value64.dtype == jnp.float64
         value32 = specjax.batch_expected_rejections(d, t, num_drafts=3)
