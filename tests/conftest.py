@@ -203,6 +203,25 @@ def random_rows(rng: np.random.Generator, shape, zero_fraction=0.0, concentratio
     return rows
 
 
+def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
+    """Runs ``runner`` (the source of a script ``runner.py payload.json results.json`` that
+    writes ``{name: None or the failure}``) in one subprocess on the JSON ``payload``, in the
+    folder ``cwd`` with the environment ``env``; its results, or, when the subprocess crashed,
+    the crash (``what``: "the documentation runner") as every one of ``names``' failure. The
+    docs pages and the notebooks run this way (several in one process, sharing their compiled
+    programs)."""
+    import json
+
+    (tmp / "payload.json").write_text(json.dumps(payload))
+    (tmp / "runner.py").write_text(runner)
+    out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "payload.json"),
+                          str(tmp / "results.json")], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=900)
+    if out.returncode != 0 or not (tmp / "results.json").exists():  # every one fails with it
+        return dict.fromkeys(names, f"{what} crashed:\n{out.stderr[-4000:]}")
+    return json.loads((tmp / "results.json").read_text())
+
+
 def uniform_chain(num_states: int, horizon: int):
     """A float32 ``MarkovChain`` of uniform rows, built from NumPy: for checks that read only the
     models' sizes or kinds (no compiled program, where ``random_markov_chain`` compiles its

@@ -12,7 +12,6 @@
 """
 
 import importlib.util
-import json
 import os
 import pathlib
 import re
@@ -20,6 +19,8 @@ import subprocess
 import sys
 
 import pytest
+
+from conftest import run_batch
 
 # End-to-end runs (every README and guide code block in a subprocess, and the site build): part
 # of the full suite, skipped by the inner loop's `-m "not slow"`.
@@ -106,18 +107,10 @@ def test_every_page_has_runnable_examples_where_expected():
 def run_pages(pages, tmp):
     """Runs the pages' blocks in one subprocess; ``{page name: None or the failure}``."""
     pages = [{"path": _name(p), "blocks": python_blocks(p.read_text())} for p in pages]
-    (tmp / "pages.json").write_text(json.dumps(pages))
-    (tmp / "runner.py").write_text(RUNNER)
     # The suite's compilation cache comes with the environment (tests/conftest.py sets it).
-    env = dict(os.environ, MPLBACKEND="Agg")
     # Run from an empty folder: a page may write files, never into the repository.
-    out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "pages.json"),
-                          str(tmp / "results.json")], cwd=tmp, env=env, capture_output=True,
-                         text=True, timeout=900)
-    if out.returncode != 0 or not (tmp / "results.json").exists():  # every page fails with it
-        return dict.fromkeys((p["path"] for p in pages),
-                             f"the documentation runner crashed:\n{out.stderr[-4000:]}")
-    return json.loads((tmp / "results.json").read_text())
+    return run_batch("the documentation runner", RUNNER, pages, [p["path"] for p in pages], tmp,
+                     cwd=tmp, env=dict(os.environ, MPLBACKEND="Agg"))
 
 
 CODE_PAGES = [p for p in PAGES if python_blocks(p.read_text())]

@@ -12,10 +12,10 @@ own.
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from conftest import run_batch
 
 # End-to-end runs (the notebooks end to end): part of the full suite, skipped by the inner loop's
 # `-m "not slow"`.
@@ -84,19 +84,12 @@ def run_notebooks(paths, tmp):
         script = tmp / f"{path.stem}.py"
         script.write_text(code(path))
         scripts.append((path.name, str(script)))
-    (tmp / "notebooks.json").write_text(json.dumps(scripts))
-    (tmp / "runner.py").write_text(RUNNER)
     # The repository root goes on the path as for the scripts' tests (which run from the root).
     path_entries = [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     env = dict(os.environ, SPECJAX_NOTEBOOK_SMOKE="1", MPLBACKEND="Agg",
                PYTHONPATH=os.pathsep.join(path_entries))
-    out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "notebooks.json"),
-                          str(tmp / "results.json")], cwd=ROOT / "notebooks", env=env,
-                         capture_output=True, text=True, timeout=900)
-    if out.returncode != 0 or not (tmp / "results.json").exists():  # every notebook fails with it
-        return dict.fromkeys((p.name for p in paths),
-                             f"the notebook runner crashed:\n{out.stderr[-4000:]}")
-    return json.loads((tmp / "results.json").read_text())
+    return run_batch("the notebook runner", RUNNER, scripts, [p.name for p in paths], tmp,
+                     cwd=ROOT / "notebooks", env=env)
 
 
 def _group(path) -> int:
