@@ -203,6 +203,18 @@ def random_rows(rng: np.random.Generator, shape, zero_fraction=0.0, concentratio
     return rows
 
 
+@jax.jit  # one program (op by op, about ten)
+def theorem1_terms(draft, target):
+    """``(T,)``: ``E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` at every position, with specjax's
+    ``marginals`` and ``tv_distance`` (Theorem 1 sums them; for ``K = T`` one minus them is
+    the acceptance rate)."""
+    import jax.numpy as jnp
+    import specjax
+
+    tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
+    return jnp.einsum("nv,nv->n", specjax.marginals(target)[:-1], tv)
+
+
 def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
     """Runs ``runner`` (the source of a script ``runner.py payload.json results.json`` that
     writes ``{name: None or the failure}``) in one subprocess on the JSON ``payload``, in the

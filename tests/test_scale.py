@@ -19,6 +19,7 @@ import specjax
 import stats
 from conftest import edge_pair
 from conftest import random_pair
+from conftest import theorem1_terms
 from conftest import uniform_chain
 from sampler_cases import CASES
 from sampler_cases import EARLY_BONUS
@@ -340,13 +341,7 @@ def test_exact_acceptance_rate_biased_against_enumeration(x64):
 def test_exact_acceptance_rate_theorem_1_form(x64):
     """For ``K = T``: ``1 - E_{x_{n-1} ~ q}[TV(p_n, q_n)]`` at every position."""
     draft, target = specjax.paper_instance()
-
-    @jax.jit  # one program (op by op, eight)
-    def theorem_1(draft, target):
-        tv = specjax.tv_distance(draft.trans, target.trans)  # (T, V)
-        return 1 - jnp.einsum("nv,nv->n", specjax.marginals(target)[:-1], tv)
-
-    expected = theorem_1(draft, target)
+    expected = 1 - theorem1_terms(draft, target)
     exact = specjax.exact(specjax.Speculative(), draft, target)
     np.testing.assert_allclose(exact.acceptance_rate, expected, rtol=1e-12)
     np.testing.assert_array_equal(exact.verified, 1)
