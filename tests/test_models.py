@@ -16,8 +16,10 @@ from specjax.models.autoregressive import NGramModel
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import ngram_counts
 
+from conftest import chain
 from conftest import edge_pair
 from conftest import uniform_chain
+from conftest import random_pair
 from conftest import random_rows
 from sampler_cases import CASES
 from sampler_cases import instance
@@ -358,17 +360,14 @@ def test_simulate_models_equals_the_markov_samplers_token_for_token(name):
         np.testing.assert_array_equal(got, want, err_msg=f"{name}: {field}")
 
 
-def float64_pair(seed, v=4, t=5, stationary=False):
-    """Two random chains of ``markov_pair``'s shapes, rows drawn by NumPy in float64 (a float64
-    ``jax.random.dirichlet`` draw would compile a sampler of its own, about 1 s of CPU)."""
-    rng = np.random.default_rng(seed)
-    chains = []
-    for _ in range(2):
-        init, trans = rng.dirichlet(np.ones(v)), rng.dirichlet(np.ones(v), (t, v))
-        if stationary:
-            trans = np.repeat(trans[:1], t, axis=0)
-        chains.append(specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans)))
-    return tuple(chains)
+def float64_pair(seed, stationary=False):
+    """``conftest.random_pair`` of ``markov_pair``'s shapes (V = 4, T = 5) as float64 chains,
+    every position's rows the first's if ``stationary`` (a float64 ``jax.random.dirichlet`` draw
+    would compile a sampler of its own, about 1 s of CPU)."""
+    pair = random_pair(seed, 4, 5)
+    if stationary:
+        pair = [(init, np.repeat(trans[:1], 5, axis=0)) for init, trans in pair]
+    return tuple(chain(x) for x in pair)
 
 
 EXACT_CASES = [(name, False) for name in MARKOV_CASES] + [("batch2_k2", True)]
