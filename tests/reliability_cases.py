@@ -110,6 +110,19 @@ class CliTraceback(RuntimeError):
 # Inputs (built lazily, once per process) and float64 references in NumPy.
 
 
+def built_once(build):
+    """``functools.cache`` for the inputs, built as concrete arrays even when the first call comes
+    from inside a ``jax.jit`` trace (several cases call ``draft()`` in a jitted lambda, and which
+    case a worker runs first depends on xdist's scheduling): otherwise the cache would keep the
+    trace's tracers and every later case would fail on a leaked tracer."""
+    @functools.cache
+    @functools.wraps(build)
+    def cached(*args):
+        with jax.ensure_compile_time_eval():
+            return build(*args)
+    return cached
+
+
 @functools.cache
 def np_pair():
     """``(init, p, q)``: float64 NumPy arrays of a random draft/target pair, ``V = 4, T = 3``."""
@@ -123,7 +136,7 @@ def np_pair():
     return init, p, q
 
 
-@functools.cache
+@built_once
 def pair():
     """The float32 ``(draft, target)`` MarkovChains of ``np_pair``."""
     init, p, q = np_pair()
@@ -139,12 +152,12 @@ def target():
     return pair()[1]
 
 
-@functools.cache
+@built_once
 def key():
     return jax.random.key(0)
 
 
-@functools.cache
+@built_once
 def rows():
     """One draft row and one target row ``(V,)`` (float32) from the pair."""
     _, p, q = np_pair()
@@ -323,7 +336,7 @@ def _dyadic_rows(dtype):
     return (mk(trans_p), mk(trans_q)), (init, trans_p, trans_q)
 
 
-@functools.cache
+@built_once
 def half_pair(dtype_name: str):
     return _dyadic_rows(jnp.dtype(dtype_name))
 
@@ -1589,7 +1602,7 @@ def _as32(chain):
     return specjax.MarkovChain(chain.init.astype(jnp.float32), chain.trans.astype(jnp.float32))
 
 
-@functools.cache
+@built_once
 def _int_pair():
     perm_p = np.stack([np.eye(V, dtype=np.int32)[np.roll(np.arange(V), n)] for n in range(T)])
     perm_q = np.stack([np.eye(V, dtype=np.int32)[np.roll(np.arange(V), n + 1)]
@@ -1598,7 +1611,7 @@ def _int_pair():
     return specjax.MarkovChain(init, perm_p), specjax.MarkovChain(init, perm_q)
 
 
-@functools.cache
+@built_once
 def _f16_dirichlet():
     init, p, q = np_pair()
     def chain(trans):

@@ -95,3 +95,19 @@ def test_battery_covers_every_public_entry_point():
                  "PromptedModel", "TreeLaw", "VerifiedTree"}
     missing = sorted(set(specjax.__all__) - entries - data_only)
     assert not missing, missing
+
+
+def test_inputs_are_concrete_when_first_built_inside_a_trace():
+    """The battery's cached inputs are built once per process, by whichever case asks first; a
+    case that asks inside ``jax.jit`` must not leave tracers in the cache (they leaked into the
+    next case and failed it, depending on which worker ran what first)."""
+    import jax
+
+    built = (rc.pair, rc.key, rc.rows, rc.half_pair, rc._f16_dirichlet, rc._int_pair)
+    for build in built:
+        build.cache_clear()
+    jax.jit(lambda x: (rc.pair(), rc.key(), rc.rows(), rc.half_pair("float32"),
+                       rc._f16_dirichlet(), rc._int_pair(), x)[-1])(1.0)
+    leaves = jax.tree_util.tree_leaves((rc.pair(), rc.key(), rc.rows(), rc.half_pair("float32"),
+                                        rc._f16_dirichlet(), rc._int_pair()))
+    assert leaves and not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
