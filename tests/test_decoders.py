@@ -388,7 +388,23 @@ def test_residual_distribution_is_deprecated_for_the_draft_first_name():
 
 
 # ------------------------------------------- against the previous implementation, stored
-GOLDEN = np.load(__import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz")
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+GOLDEN = np.load(DATA / "golden_0925acd.npz")
+
+
+def golden_instance():
+    """The archive's inputs: ``instance()`` as XLA:CPU draws it with its default settings (and
+    the suite's level 1), stored, because the suite's compile settings round the float32
+    transcendental functions of the Dirichlet draws differently in the last bit (an ulp in about
+    a third of the entries), and the float64 exact values below see that."""
+    stored = np.load(DATA / "golden_0925acd_instance.npz")
+    models = tuple(specjax.MarkovChain(jnp.asarray(stored[f"{name}_init"]),
+                                       jnp.asarray(stored[f"{name}_trans"]))
+                   for name in ("draft", "target"))
+    for model, drawn in zip(models, instance()):  # the same pair, to float32 rounding
+        np.testing.assert_allclose(model.trans, drawn.trans, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(model.init, drawn.init, rtol=0, atol=1e-6)
+    return models
 
 
 def test_tokens_and_exact_values_equal_the_previous_implementation():
@@ -397,7 +413,7 @@ def test_tokens_and_exact_values_equal_the_previous_implementation():
     token of every decoder for the same key, every exact field in float64, and the chunked
     statistics. The new entry points reproduce all of them."""
     key = jax.random.key(2024)
-    draft, target = instance()
+    draft, target = golden_instance()
     for name, decoder in LEGACY_CASES.items():
         # The archive's first 64 chains, of test_scale's SCALE_CHAINS (its programs): a chain's
         # draws do not depend on the number of chains (test_api's test_prefix_of_chains_is_stable)

@@ -90,7 +90,8 @@ def test_sdist_carries_the_whole_suite_and_it_collects(dists, tmp_path):
     with tarfile.open(sdist) as archive:
         names = archive.getnames()
         top = names[0].split("/")[0]
-        for helper in TEST_HELPERS + ["test_scripts.py", "data/golden_0925acd.npz"]:
+        for helper in TEST_HELPERS + ["test_scripts.py", "data/golden_0925acd.npz",
+                                      "data/golden_0925acd_instance.npz"]:
             assert f"{top}/tests/{helper}" in names, f"tests/{helper} is missing from the sdist"
         assert f"{top}/specjax/py.typed" in names
         if sys.version_info >= (3, 12):
