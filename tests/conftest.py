@@ -159,26 +159,53 @@ def _map_budget():
 
 MAP_BUDGET = _map_budget()
 
+# Reading /proc/self/maps costs about 1 ms per thousand mappings (15 ms at 15,000, mostly system
+# time), and a worker holds 10,000-30,000: read after every test, it took about a tenth of a warm
+# run's CPU. So the count is read only when it could have reached the budget: the programs
+# compiled or loaded since the last reading (counted from JAX's compile events) each add at most
+# MAPS_PER_PROGRAM mappings (measured: about 1.5 for a one-operation program, 44 for the sampler's
+# and exact's programs of Speculative(K)), and at least every READ_EVERY tests for the mappings
+# that are not programs'.
+MAPS_PER_PROGRAM = 64
+READ_EVERY = 50
+# The mappings at the last reading, and the programs and tests since.
+_MAPS = {"known": _mapped_regions(), "programs": 0, "tests": 0}
+
+
+def _count_program(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":  # a compilation or a cache load
+        _MAPS["programs"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_program)
+
 
 @pytest.hookimpl(trylast=True)  # after the test's fixtures (and its module's, if the last) end
 def pytest_runtest_teardown(item, nextitem):
     """Frees every compiled program once the process holds many of them.
 
-    Each XLA:CPU executable holds memory mappings of its own (about 3-4), and the suite compiles
-    thousands of programs: in one process they exceed the kernel's ``vm.max_map_count`` (65,530 by
-    default) and compilation then crashes (abort or segfault); one module alone
-    (``test_decoders.py``) maps 26,000 in 54 of its tests. Clearing JAX's caches releases them.
-    It is done after a test that leaves more than half the limit mapped (a worker then holds
-    about 2 GB), not after every module, so that the next tests and modules of the same process
-    reuse the programs they share with earlier ones (the sampler cases, the same models and
-    shapes) instead of compiling them again. Where ``/proc`` is missing, it is done after every
-    module.
+    Each XLA:CPU executable holds memory mappings of its own (one per compiled kernel, a few to
+    tens per program), and the suite compiles thousands of programs: in one process they exceed
+    the kernel's ``vm.max_map_count`` (65,530 by default) and compilation then crashes (abort or
+    segfault); one module alone (``test_decoders.py``) maps 26,000 in 54 of its tests. Clearing
+    JAX's caches releases them. It is done after a test that leaves more than half the limit
+    mapped (a worker then holds about 2 GB), not after every module, so that the next tests and
+    modules of the same process reuse the programs they share with earlier ones (the sampler
+    cases, the same models and shapes) instead of compiling them again. Where ``/proc`` is
+    missing, it is done after every module.
     """
+    _MAPS["tests"] += 1
+    known = _MAPS["known"]
+    if (known is not None and _MAPS["tests"] < READ_EVERY
+            and known + MAPS_PER_PROGRAM * _MAPS["programs"] <= MAP_BUDGET):
+        return  # cannot have reached the budget since the last reading
     regions = _mapped_regions()
+    _MAPS.update(known=regions, programs=0, tests=0)
     last_of_module = nextitem is None or _file(nextitem) != _file(item)
     if (regions is None and last_of_module) or (regions is not None and regions > MAP_BUDGET):
         jax.clear_caches()
         gc.collect()
+        _MAPS["known"] = _mapped_regions()
 
 
 @pytest.fixture
