@@ -25,8 +25,7 @@ import sys
 # and the subprocesses (docs pages, scripts, notebooks) inherit them. An XLA that no longer knows a
 # flag aborts the process at start-up, so they are tried once in a subprocess first and left out if
 # that fails.
-FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
-                "--xla_cpu_parallel_codegen_split_count=1")
+from compile_flags import FAST_COMPILE  # noqa: E402  (tests/compile_flags.py)
 
 
 def _use_fast_compile():

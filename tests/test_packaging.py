@@ -22,8 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SUBPACKAGES = ["", "models", "decoders", "sampling", "theory", "tuning", "auditing",
                "experiments", "pairs"]
-TEST_HELPERS = ["conftest.py", "reference.py", "stats.py", "sampler_cases.py",
-                "sharded_check.py"]
+TEST_HELPERS = ["conftest.py", "compile_flags.py", "reference.py", "stats.py",
+                "sampler_cases.py", "sharded_check.py"]
 # Not part of a source distribution: environments, caches, build outputs, local results.
 IGNORED = shutil.ignore_patterns(".git", ".venv", "venv", ".ci", "build", "dist", "*.egg-info",
                                  "__pycache__", ".pytest_cache", ".ipynb_checkpoints",
