@@ -352,6 +352,7 @@ def test_rule_registry_is_consistent():
 # The script, at toy size.
 
 
+@pytest.mark.slow  # a script end to end, as tests/test_scripts.py
 def test_audit_rules_script_tiny():
     script = import_script("audit_rules")
     rows = script.main(["--num-samples", "2000", "--vocab", "4", "--grid", "256",

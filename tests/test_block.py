@@ -410,6 +410,7 @@ def test_deterministic_and_no_recompilation():
 
 
 # ----------------------------------------------------------------------------- the script
+@pytest.mark.slow  # a script end to end, as tests/test_scripts.py
 def test_block_verification_script_tiny():
     script = import_script("block_verification")
     rows = script.main(["--max-lookahead", "2", "--num-chains", "2000", "--horizon", "6",

@@ -526,6 +526,7 @@ def test_new_values_do_not_recompile():
 # ----------------------------------------------------------------------------- the demo
 
 
+@pytest.mark.slow  # a script end to end, as tests/test_scripts.py
 def test_ngram_demo_tiny(capsys):
     """The script end to end with SD and the greedy draft (its two code paths). Batch SD on
     n-grams, simulated against exact, is test_ngram_sampler_matches_exact_and_target_law[batch3]

@@ -1,12 +1,14 @@
 """Smoke test of scripts/token_tree_study.py on a tiny setting, and the n-gram lift it uses."""
 
 import numpy as np
+import pytest
 from test_scripts import import_script
 
 import specjax
 from specjax.models.autoregressive import NGramModel
 
 
+@pytest.mark.slow  # a script end to end, as tests/test_scripts.py
 def test_token_tree_study_tiny(tmp_path):
     study = import_script("token_tree_study")
     out = tmp_path / "trees.png"
