@@ -167,12 +167,12 @@ def _map_budget():
 MAP_BUDGET = _map_budget()
 
 # Reading /proc/self/maps costs about 1 ms per thousand mappings (15 ms at 15,000, mostly system
-# time), and a worker holds 10,000-30,000: read after every test, it took about a tenth of a warm
-# run's CPU. So the count is read only when it could have reached the budget: the programs
-# compiled or loaded since the last reading (counted from JAX's compile events) each add at most
-# MAPS_PER_PROGRAM mappings (measured: about 1.5 for a one-operation program, 44 for the sampler's
-# and exact's programs of Speculative(K)), and at least every READ_EVERY tests for the mappings
-# that are not programs'.
+# time), and a worker holds 10,000-30,000: read after every test, it took about 6% of a warm run
+# (-m "not slow": 176 s -> 166 s, system time 49 s -> 33 s). So the count is read only when it
+# could have reached the budget: the programs compiled or loaded since the last reading (counted
+# from JAX's compile events) each add at most MAPS_PER_PROGRAM mappings (measured: about 1.5 for a
+# one-operation program, 44 for the sampler's and exact's programs of Speculative(K)), and at least
+# every READ_EVERY tests for the mappings that are not programs'.
 MAPS_PER_PROGRAM = 64
 READ_EVERY = 50
 # The mappings at the last reading, and the programs and tests since.
