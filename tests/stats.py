@@ -61,7 +61,7 @@ def count_rows(rows: np.ndarray) -> dict:
 
     Each row is read as one mixed-radix integer (its columns' offsets from their minima), so the
     count is a 1-D ``np.bincount`` (or ``np.unique`` for a wide range) instead of
-    ``np.unique(axis=0)``'s lexicographic sort of rows (47 ms for 100,000 pairs, about 1 ms)."""
+    ``np.unique(axis=0)``'s lexicographic sort of rows (100,000 pairs: 2.4 ms against 44 ms)."""
     rows = np.asarray(rows)
     if rows.ndim != 2:
         raise ValueError(f"rows must be a 2-D array, got shape {rows.shape}")

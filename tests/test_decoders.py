@@ -393,8 +393,8 @@ GOLDEN = np.load(DATA / "golden_0925acd.npz")
 
 
 def golden_instance():
-    """The archive's inputs: ``instance()`` as XLA:CPU draws it with its default settings (and
-    the suite's level 1), stored, because the suite's compile settings round the float32
+    """The archive's inputs: ``instance()`` as XLA:CPU draws it with its default settings (the
+    same bits at level 1), stored, because the suite's level 0 rounds the float32
     transcendental functions of the Dirichlet draws differently in the last bit (an ulp in about
     a third of the entries), and the float64 exact values below see that."""
     stored = np.load(DATA / "golden_0925acd_instance.npz")
