@@ -133,6 +133,7 @@ def test_literal_is_sensitive(x64):
 NUM_CHAINS = 100_000
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("name", ["SpecDec++ 0.3", "user rule"])
 def test_decode_matches_literal_and_exact(name):
     pair = random_pair(5, 3, 5, zero_fraction=0.2)

@@ -235,6 +235,7 @@ def test_sampler_matches_the_literal_joint_law(name, budget, max_depth, rank, x6
     stats.assert_mean(trace.num_rejections, float(exact.expected_rejections), "rejections")
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_sampler_output_law_on_a_larger_chain(x64):
     """V = 6, T = 8: the final token's law is the target's marginal (float32 sampler), and the
     mean calls are the exact (float64) value."""

@@ -38,6 +38,7 @@ def test_thresholds_of_narrow_floats_are_not_all_the_first_token(dtype):
     np.testing.assert_allclose(widths / 2**31, [0.25, 0.25, 0.5], atol=1e-6)
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_narrow_float_samplers_output_the_target_law(dtype):
     """Every sampler of a float16 chain emitted only token 0 (an overflow in the threshold

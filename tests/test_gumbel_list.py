@@ -181,6 +181,7 @@ def mc_row_library(row):
         return library(p[None], q[None])
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("num_drafts", [2, 3])
 def test_literal_coupling_fits_the_exact_joint_law(x64, num_drafts):
     """1,000,000 draws of the literal coupling (NumPy, fixed seed) per row, two rows (one with

@@ -166,6 +166,7 @@ MC_CASES = [
 ]
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("kind, kw", MC_CASES)
 def test_samplers_fit_literal_law(kind, kw):
     """Monte Carlo of the fast samplers vs the exact law of the literal algorithm."""

@@ -146,6 +146,7 @@ def test_default_threshold_verification_is_lossless_and_the_others_are_not(x64):
         assert (kl < 1e-12) == lossless, (rule.label, kl)
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("rule", [specjax.TypicalAcceptance(0.2, 0.5),
                                   specjax.ThresholdVerification(0.5, 0.8)],
                          ids=["typical", "threshold"])

@@ -72,6 +72,7 @@ def test_greedy_rejections_closed_form(x64):
         assert abs(float(exact.expected_calls) - calls) < TIGHT
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_greedy_sampler_fits_the_literal_law():
     """Monte Carlo of ``speculative_decoding`` with a greedy draft (lookahead 2) against the exact
     law of (tokens, rejected, calls) of the literal algorithm (chi-square, alpha = 1e-5)."""
@@ -187,6 +188,7 @@ def test_without_replacement_equals_enumerated_literal_algorithm(x64, num_drafts
                                atol=TIGHT)
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_without_replacement_sampler_fits_the_literal_law():
     draft, target = random_pair(4, 3, 2, zero_fraction=0.3)
     law = ref.enumerate_law(lambda ch: ref.batch_literal(ch, draft, target, 2, replacement=False))

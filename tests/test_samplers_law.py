@@ -20,6 +20,8 @@ import stats
 from conftest import random_pair
 
 V, T, C = 7, 50, 100_000
+
+pytestmark = pytest.mark.slow  # Monte Carlo runs of 100,000 chains
 POSITIONS = (1, 2, 25, 50)
 
 

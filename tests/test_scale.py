@@ -378,6 +378,7 @@ ACCEPTANCE_CASES = {name: CASES[name] for name in
                     ("sd", "sd K=3", "batch M=2 K=2", "biased eps=0.1 UNO K=4", "block K=3")}
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("name", list(ACCEPTANCE_CASES))
 def test_simulated_acceptance_rate_matches_exact(name):
     """Per position, the simulated acceptance rate given a verified draft is within

@@ -120,6 +120,7 @@ def test_constant_schedule_is_speculative_decoding(k, x64):
 NUM_CHAINS = 100_000
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_decode_matches_literal_and_exact():
     pair = random_pair(5, 3, 5, zero_fraction=0.2)
     decoder, schedule, lookahead = SCHEDULES["HF +2/-1 from 1"]

@@ -227,6 +227,7 @@ def test_engine_tables_are_the_bound_decoders_laws_at_every_position():
                                        err_msg=f"{plan}, position {n}")
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_sampler_output_law_rejections_and_calls_match_the_exact_values():
     """Monte Carlo: 200,000 chains on a random chain with zeros (V = 3, T = 3): the law of the
     output sequences passes a chi-square test against the target's (false-failure rate 1e-5),

@@ -165,6 +165,7 @@ def _check_monte_carlo(trace, exact, what):
     assert_law({int(k): int(v) for k, v in last.items()}, law, n, f"{what}: x_T")
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 def test_monte_carlo_of_each_engine_fits_the_exact_values():
     """Markov engine, protocol engine (the lifted chain) and decoding_statistics."""
     draft, target = _pair(3)

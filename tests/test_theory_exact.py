@@ -390,6 +390,7 @@ def test_tv_and_residual_conventions(x64):
 
 # --- against the samplers' Monte Carlo ------------------------------------------------------------
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("case", ["sd K=4", "batch M=4", "batch M=3 K=3", "biased opt K=T",
                                   "biased uno K=4"])
 def test_exact_values_match_sampler_means(case):

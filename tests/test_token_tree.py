@@ -286,6 +286,7 @@ INSTANCES[SAMPLER_INSTANCE] = lambda: random_pair(221, 4, 4, zero_fraction=0.2) 
 NUM_CHAINS = 150_000
 
 
+@pytest.mark.slow  # a Monte Carlo run of 100,000 chains or more
 @pytest.mark.parametrize("children", CHILDREN)
 @pytest.mark.parametrize("tree_name", ["(2, 2)", "irregular"])
 def test_decode_matches_literal_and_exact(tree_name, children):
