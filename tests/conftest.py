@@ -16,7 +16,7 @@ import sys
 # whole suite: 6 min 2 s and 636 s of user CPU at level 0 against 8 min 45 s and 942 s at level 1
 # (same flags otherwise); the programs run slower, which these tests do not notice. The values
 # differ from XLA's defaults in the last bit of some float32 transcendental functions: the
-# Dirichlet draws of jax.random differ by an ulp in about a third of the entries, which every
+# Dirichlet draws of jax.random differ by an ulp in about a quarter of the entries, which every
 # test's tolerance absorbs; the one test that needs the bits XLA's defaults draw (the archive of
 # test_decoders) reads its models from tests/data/golden_0925acd_instance.npz. (An earlier trial at
 # level 0 also failed a float64 finite-difference check; with jax 0.10.2 the whole suite passes at
