@@ -56,8 +56,9 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # collector ran about 3,400 times and took 8% of the CPU of test_decoders + test_token_tree +
 # test_theory_grad in one process (3.6 s of 46 s); at (50,000, 20, 100) it runs 34 times (0.5 s),
 # with the same peak memory (3.2 GB). The teardown below still collects in full when it frees the
-# compiled programs.
-gc.set_threshold(50_000, 20, 100)
+# compiled programs. run_batch's subprocesses (the docs pages, the notebooks) use them too.
+GC_THRESHOLDS = (50_000, 20, 100)
+gc.set_threshold(*GC_THRESHOLDS)
 
 
 def pytest_configure(config):
@@ -254,11 +255,11 @@ def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
     folder ``cwd`` with the environment ``env``; its results, or, when the subprocess crashed,
     the crash (``what``: "the documentation runner") as every one of ``names``' failure. The
     docs pages and the notebooks run this way (several in one process, sharing their compiled
-    programs)."""
+    programs), with the suite's ``GC_THRESHOLDS``."""
     import json
 
     (tmp / "payload.json").write_text(json.dumps(payload))
-    (tmp / "runner.py").write_text(runner)
+    (tmp / "runner.py").write_text(f"import gc\ngc.set_threshold(*{GC_THRESHOLDS!r})\n{runner}")
     out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "payload.json"),
                           str(tmp / "results.json")], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=900)

@@ -11,6 +11,8 @@ with ALPHA = 1e-5 its family-wise false-failure rate is below 1e-3. Mean tests u
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy import stats
 
@@ -69,14 +71,15 @@ def count_rows(rows: np.ndarray) -> dict:
         return {}
     low = rows.min(0).astype(np.int64)
     span = rows.max(0).astype(np.int64) - low + 1
-    if float(np.prod(span.astype(np.float64))) >= 2.0 ** 62:  # no room for one integer per row
+    num_keys = math.prod(int(size) for size in span)  # Python ints: no overflow
+    if num_keys >= 2 ** 62:  # no room for one integer per row
         uniq, counts = np.unique(rows, axis=0, return_counts=True)
         return {tuple(int(v) for v in row): int(c) for row, c in zip(uniq, counts)}
     keys = np.zeros(rows.shape[0], np.int64)
     for column, size, offset in zip(rows.T, span, low):
         keys = keys * size + (column.astype(np.int64) - offset)
-    if int(np.prod(span)) <= 4 * rows.shape[0] + 1024:
-        counts = np.bincount(keys, minlength=int(np.prod(span)))
+    if num_keys <= 4 * rows.shape[0] + 1024:
+        counts = np.bincount(keys, minlength=num_keys)
         uniq = np.flatnonzero(counts)
         counts = counts[uniq]
     else:

@@ -13,6 +13,7 @@ import pytest
 import stats
 
 import specjax
+from conftest import float64
 from conftest import random_rows
 from specjax.pairs.distill import decoding_objective
 from specjax.pairs.distill import divergence_objective
@@ -199,9 +200,7 @@ def test_recorded_rollouts_estimate_the_exact_value(rollouts):
         # The exact value in float64 (the programs of test_enumerated_recording_is_exact: same
         # decoders, V, T and dtype), of this float32 draft and target.
         with jax.enable_x64(True):
-            exact = float(specjax.exact(decoder, *(jax.tree_util.tree_map(
-                lambda x: x.astype(jnp.float64), chain) for chain in (draft, target)))
-                .expected_rejections)
+            exact = float(specjax.exact(decoder, *float64(draft, target)).expected_rejections)
         stats.assert_mean(out.per_sequence, exact, repr(decoder))
 
 

@@ -40,11 +40,9 @@ warnings.simplefilter("error")  # as the suite's filterwarnings = ["error"]
 # as pyproject.toml: the workers share the compilation cache, and JAX does not write atomically
 warnings.filterwarnings("ignore", "Error (reading|writing) persistent compilation cache entry")
 
-import gc
 import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # as tests/conftest.py
-gc.set_threshold(50_000, 20, 100)  # as tests/conftest.py
 
 pages = json.loads(open(sys.argv[1]).read())
 results = {}

@@ -53,12 +53,9 @@ def code(path: pathlib.Path) -> str:
 
 
 RUNNER = r"""
-import gc
 import json
 import sys
 import traceback
-
-gc.set_threshold(50_000, 20, 100)  # as tests/conftest.py
 
 results = {}
 for name, script in json.loads(open(sys.argv[1]).read()):

@@ -13,6 +13,7 @@ import pytest
 import specjax
 from conftest import chain
 from conftest import edge_pair
+from conftest import float64
 from conftest import random_pair
 
 V, T = 5, 12
@@ -146,7 +147,7 @@ def test_kl_fit_closed_form_is_stationary_point(x64, name):
     for i in range(5):
         with jax.enable_x64(False):
             other = family.init(jax.random.key(i))
-        other = jax.tree_util.tree_map(lambda x: x.astype(jnp.float64), other)
+        other, = float64(other)
         assert value <= float(objective(family.chain(other), target))
     if name == "full":
         assert value == pytest.approx(0.0, abs=1e-12)
