@@ -279,6 +279,11 @@ def theorem1_terms(draft, target):
     return jnp.einsum("nv,nv->n", specjax.marginals(target)[:-1], tv)
 
 
+# The runners' last lines: with their results written, they leave as the xdist workers do (see
+# pytest_sessionfinish).
+EXIT_AT_ONCE = "\nimport os\nsys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
+
+
 def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
     """Runs ``runner`` (the source of a script ``runner.py payload.json results.json`` that
     writes ``{name: None or the failure}``) in one subprocess on the JSON ``payload``, in the
@@ -289,7 +294,8 @@ def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
     import json
 
     (tmp / "payload.json").write_text(json.dumps(payload))
-    (tmp / "runner.py").write_text(f"import gc\ngc.set_threshold(*{GC_THRESHOLDS!r})\n{runner}")
+    (tmp / "runner.py").write_text(f"import gc\ngc.set_threshold(*{GC_THRESHOLDS!r})\n{runner}"
+                                   f"{EXIT_AT_ONCE}")
     out = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "payload.json"),
                           str(tmp / "results.json")], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=900)
