@@ -389,7 +389,8 @@ def test_residual_distribution_is_deprecated_for_the_draft_first_name():
 
 # ------------------------------------------- against the previous implementation, stored
 DATA = __import__("pathlib").Path(__file__).parent / "data"
-GOLDEN = np.load(DATA / "golden_0925acd.npz")
+with np.load(DATA / "golden_0925acd.npz") as _archive:  # closed at once: read into a dict
+    GOLDEN = dict(_archive)
 
 
 def golden_instance():
@@ -397,7 +398,8 @@ def golden_instance():
     same bits at level 1), stored, because the suite's level 0 rounds the float32
     transcendental functions of the Dirichlet draws differently in the last bit (an ulp in about
     a quarter of the entries: 149 of 600), and the float64 exact values below see that."""
-    stored = np.load(DATA / "golden_0925acd_instance.npz")
+    with np.load(DATA / "golden_0925acd_instance.npz") as archive:
+        stored = dict(archive)
     models = tuple(specjax.MarkovChain(jnp.asarray(stored[f"{name}_init"]),
                                        jnp.asarray(stored[f"{name}_trans"]))
                    for name in ("draft", "target"))

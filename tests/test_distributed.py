@@ -85,7 +85,12 @@ def two_processes(tmp_path_factory):
         outs = launch(tmp_path_factory.mktemp("distributed"))
     except PortTaken:  # a race with another program, not a failure of the run: once more
         outs = launch(tmp_path_factory.mktemp("distributed"))
-    return [dict(np.load(path)) for path in outs]
+    return [_read(path) for path in outs]
+
+
+def _read(path) -> dict:
+    with np.load(path) as arrays:  # closed here, not whenever the collector finds it
+        return dict(arrays)
 
 
 @pytest.mark.slow  # two more JAX processes start and compile (about 15 s on the loaded machine)

@@ -175,7 +175,8 @@ def test_random_markov_chain_refuses_what_cannot_fit(available):
 
 
 # ----------------------------------------------------------------------------- same results
-GOLDEN = np.load(__import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz")
+with np.load(__import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz") as _archive:
+    GOLDEN = dict(_archive)
 
 
 @pytest.mark.parametrize("constants", [
