@@ -233,14 +233,14 @@ def pytest_sessionfinish(session, exitstatus):
     """An xdist worker leaves without Python's teardown once its session is over.
 
     A worker ends holding thousands of compiled programs and gigabytes of arrays, and freeing them
-    one by one at exit (JAX's own exit handler, then Python's) took 8 s of a warm
-    ``-m "not slow"`` run on the 2-core machine: the run ended 9.6 s after its last test, and
-    1.3 s after it when the workers leave at once. By then a worker has sent its results to the
-    controller, which decides the exit status; the operating system frees what the worker held.
-    The last exit handler registered runs first, so this one skips the others (pytest's
-    temporary folders belong to the controller, not to the workers). Not under coverage, which
-    may write its data from an exit handler, and not in a single process (``-n 0``), whose exit
-    status is the run's.
+    one by one at exit (JAX's own exit handler, then Python's) took about 8 s of a warm
+    ``-m "not slow"`` run on the 2-core machine: the run ended 8.3-9.6 s after its last test, and
+    1.2-1.3 s after it when the workers leave at once (two runs each). By then a worker has sent
+    its results to the controller, which decides the exit status; the operating system frees what
+    the worker held. The last exit handler registered runs first, so this one skips the others
+    (pytest's temporary folders belong to the controller, not to the workers). Not under
+    coverage, which may write its data from an exit handler, and not in a single process
+    (``-n 0``), whose exit status is the run's.
     """
     if os.environ.get("PYTEST_XDIST_WORKER") and not _coverage_running():
         atexit.register(_exit_at_once)

@@ -175,7 +175,8 @@ def test_random_markov_chain_refuses_what_cannot_fit(available):
 
 
 # ----------------------------------------------------------------------------- same results
-with np.load(__import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz") as _archive:
+ARCHIVE = __import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz"
+with np.load(ARCHIVE) as _archive:  # closed at once: read into a dict
     GOLDEN = dict(_archive)
 
 
