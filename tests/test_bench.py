@@ -72,6 +72,19 @@ def test_a_failing_case_is_a_failed_row_and_the_others_still_run(fake_cases, tmp
     assert rows[2]["specjax_s"] is None and rows[2]["ratio"] is None  # NaN is null in JSON
 
 
+def test_the_header_names_what_made_the_run(fake_cases):
+    """The command for the CLI's two modes; ``run`` and the sizes that differ from the defaults
+    for a run from Python with sizes of its own."""
+    quick = bench.markdown(bench.run(bench.Sizes.quick(), mode="quick", progress=False))
+    assert quick.startswith("`python -m specjax bench --quick` on ")
+    default = bench.markdown(bench.run(progress=False))
+    assert default.startswith("`python -m specjax bench` on ")
+    large = bench.Sizes(repeats=3, samplers=(7, 50, 2_000_000))
+    header = bench.markdown(bench.run(large, mode="large", progress=False)).splitlines()[0]
+    assert header.startswith("`specjax.experiments.bench.run` (large: repeats=3, "
+                             "samplers=(7, 50, 2000000)) on ")
+
+
 def test_bench_flags_are_checked_before_any_work(fake_cases, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["bench", "--cases", "fine", "nope", "--out", str(tmp_path)])

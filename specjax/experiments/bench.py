@@ -658,11 +658,20 @@ def _fmt_rate(row: Row) -> str:
     return f"{rate:.3g} {row.unit}/s"
 
 
+def _command(result: Result) -> str:
+    """What made the run: the command for its two modes, else ``run`` with the sizes that differ
+    from the defaults (a run from Python, ``run(sizes, mode=...)``)."""
+    if result.mode in ("default", "quick"):
+        return f"`python -m specjax bench{' --quick' if result.mode == 'quick' else ''}`"
+    defaults = dataclasses.asdict(Sizes())
+    changed = ", ".join(f"{k}={v!r}" for k, v in result.sizes.items() if defaults.get(k) != v)
+    return f"`specjax.experiments.bench.run` ({result.mode}: {changed or 'the default sizes'})"
+
+
 def markdown(result: Result) -> str:
     """The run as Markdown: a header line (device, versions, commit, date, load) and one table."""
     load = "" if result.load is None else f", load average {result.load[0]:.2f}"
-    lines = [f"`python -m specjax bench{' --quick' if result.mode == 'quick' else ''}` on "
-             f"{result.device}; JAX {result.jax_version}, specjax {result.specjax_version}, "
+    lines = [f"{_command(result)} on {result.device}; JAX {result.jax_version}, specjax {result.specjax_version}, "
              f"commit {result.commit}; {result.date}; {result.cpu_count} CPU cores{load}; "
              f"{result.seconds:.0f} s in all.",
              "",
