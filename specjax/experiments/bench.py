@@ -671,9 +671,9 @@ def _command(result: Result) -> str:
 def markdown(result: Result) -> str:
     """The run as Markdown: a header line (device, versions, commit, date, load) and one table."""
     load = "" if result.load is None else f", load average {result.load[0]:.2f}"
-    lines = [f"{_command(result)} on {result.device}; JAX {result.jax_version}, specjax {result.specjax_version}, "
-             f"commit {result.commit}; {result.date}; {result.cpu_count} CPU cores{load}; "
-             f"{result.seconds:.0f} s in all.",
+    lines = [f"{_command(result)} on {result.device}; JAX {result.jax_version}, "
+             f"specjax {result.specjax_version}, commit {result.commit}; {result.date}; "
+             f"{result.cpu_count} CPU cores{load}; {result.seconds:.0f} s in all.",
              "",
              "| case | what | size | specjax | reference | ratio | % floor | specjax rate "
              "| outputs |",
