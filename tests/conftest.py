@@ -3,6 +3,7 @@
 import atexit
 import gc
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -302,6 +303,18 @@ def run_batch(what: str, runner: str, payload, names, tmp, *, cwd, env) -> dict:
     if out.returncode != 0 or not (tmp / "results.json").exists():  # every one fails with it
         return dict.fromkeys(names, f"{what} crashed:\n{out.stderr[-4000:]}")
     return json.loads((tmp / "results.json").read_text())
+
+
+# The suite's stored data (golden outputs and their inputs; tests/data/README.md).
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def read_archive(path) -> dict:
+    """The arrays of an ``.npz`` file as a dict, the file closed on return (an ``NpzFile`` left
+    open raises a ``ResourceWarning``, an error in this suite, in whichever test is running when
+    the collector frees it)."""
+    with np.load(path) as arrays:
+        return dict(arrays)
 
 
 def uniform_chain(num_states: int, horizon: int):

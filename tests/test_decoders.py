@@ -13,7 +13,9 @@ import pytest
 import specjax
 import specjax.compat
 import stats
+from conftest import DATA
 from conftest import float64
+from conftest import read_archive
 from sampler_cases import CASES
 from sampler_cases import instance
 from sampler_cases import sd_accept
@@ -388,9 +390,7 @@ def test_residual_distribution_is_deprecated_for_the_draft_first_name():
 
 
 # ------------------------------------------- against the previous implementation, stored
-DATA = __import__("pathlib").Path(__file__).parent / "data"
-with np.load(DATA / "golden_0925acd.npz") as _archive:  # closed at once: read into a dict
-    GOLDEN = dict(_archive)
+GOLDEN = read_archive(DATA / "golden_0925acd.npz")
 
 
 def golden_instance():
@@ -398,8 +398,7 @@ def golden_instance():
     same bits at level 1), stored, because the suite's level 0 rounds the float32
     transcendental functions of the Dirichlet draws differently in the last bit (an ulp in about
     a quarter of the entries: 149 of 600), and the float64 exact values below see that."""
-    with np.load(DATA / "golden_0925acd_instance.npz") as archive:
-        stored = dict(archive)
+    stored = read_archive(DATA / "golden_0925acd_instance.npz")
     models = tuple(specjax.MarkovChain(jnp.asarray(stored[f"{name}_init"]),
                                        jnp.asarray(stored[f"{name}_trans"]))
                    for name in ("draft", "target"))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import specjax
+from conftest import read_archive
 from specjax.sampling import sharding as _sharding
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -85,12 +86,7 @@ def two_processes(tmp_path_factory):
         outs = launch(tmp_path_factory.mktemp("distributed"))
     except PortTaken:  # a race with another program, not a failure of the run: once more
         outs = launch(tmp_path_factory.mktemp("distributed"))
-    return [_read(path) for path in outs]
-
-
-def _read(path) -> dict:
-    with np.load(path) as arrays:  # closed here, not whenever the collector finds it
-        return dict(arrays)
+    return [read_archive(path) for path in outs]
 
 
 @pytest.mark.slow  # two more JAX processes start and compile (about 15 s on the loaded machine)

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import specjax
+from conftest import DATA
+from conftest import read_archive
 from conftest import uniform_chain
 from sampler_cases import CASES
 from sampler_cases import instance
@@ -175,9 +177,7 @@ def test_random_markov_chain_refuses_what_cannot_fit(available):
 
 
 # ----------------------------------------------------------------------------- same results
-ARCHIVE = __import__("pathlib").Path(__file__).parent / "data" / "golden_0925acd.npz"
-with np.load(ARCHIVE) as _archive:  # closed at once: read into a dict
-    GOLDEN = dict(_archive)
+GOLDEN = read_archive(DATA / "golden_0925acd.npz")
 
 
 @pytest.mark.parametrize("constants", [
