@@ -247,6 +247,15 @@ def pytest_sessionfinish(session, exitstatus):
         atexit.register(_exit_at_once)
 
 
+def full_suite_only(*values, id=None):
+    """A case of ``pytest.mark.parametrize`` that runs in the full suite only (marked ``slow``):
+    the larger enumeration, the second dtype or the second children rule of a test whose other
+    cases already run in the inner loop (``-m "not slow"``), so that the inner loop runs every
+    test function at least once within its time (test_coverage checks that each list keeps a
+    case without it)."""
+    return pytest.param(*values, marks=pytest.mark.slow, id=id)
+
+
 @pytest.fixture
 def x64():
     """Runs a test with ``jax_enable_x64`` on, restoring the previous setting afterwards."""

@@ -33,6 +33,7 @@ import stats
 from conftest import chain
 from conftest import edge_pair
 from conftest import float64
+from conftest import full_suite_only
 from conftest import random_pair
 
 COST = specjax.CostModel(0.15, [0.0, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 1.7], call_overhead=0.05)
@@ -299,7 +300,7 @@ def test_threshold_is_a_leaf_under_vmap_and_jit(x64):
     assert np.allclose(np.asarray(swept), one_by_one, rtol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, full_suite_only(np.float64)])
 def test_finite_values_and_gradients_at_edge_cases(dtype, x64):
     draft, target = edge_pair(4, 4)
     d = specjax.MarkovChain(jnp.asarray(draft[0], dtype), jnp.asarray(draft[1], dtype))

@@ -22,6 +22,7 @@ import specjax
 import reference as ref
 import stats
 from conftest import chain
+from conftest import full_suite_only
 from conftest import random_pair
 
 COSTS = {
@@ -44,7 +45,7 @@ def literal_time(rounds, cost):
 
 
 @pytest.mark.parametrize("cost_name", sorted(COSTS))
-@pytest.mark.parametrize("lookahead", [1, 2, 3])
+@pytest.mark.parametrize("lookahead", [1, 2, full_suite_only(3)])
 def test_expected_time_matches_literal_sd(lookahead, cost_name, x64):
     cost = COSTS[cost_name]
     draft, target = random_pair(5, 3, 4, zero_fraction=0.2)

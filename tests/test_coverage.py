@@ -127,6 +127,43 @@ def test_the_case_driven_tests_consume_every_case():
     assert imported == {"CASES"} and loops, "sharded_check.py must loop over all of CASES"
 
 
+def _is_call(node, name: str) -> bool:
+    """Whether ``node`` calls ``name`` (``name(...)`` or ``something.name(...)``)."""
+    return isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id == name)
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == name))
+
+
+def test_the_inner_loop_runs_every_test_function():
+    """A parametrised test keeps at least one case in the inner loop (``-m "not slow"``): every
+    ``full_suite_only`` case sits in the literal list of a ``parametrize`` that has a case
+    without it, and no case is marked slow in another way (``pytest.param(..., marks=slow)``
+    would escape this check)."""
+    problems = []
+    for path in sorted(HERE.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        checked = set()
+        for node in ast.walk(tree):
+            if not (_is_call(node, "parametrize") and len(node.args) >= 2
+                    and isinstance(node.args[1], (ast.List, ast.Tuple))):
+                continue
+            cases = node.args[1].elts
+            heavy = [case for case in cases if _is_call(case, "full_suite_only")]
+            checked.update(map(id, heavy))
+            if heavy and len(heavy) == len(cases):
+                problems.append(f"{path.name}:{node.lineno}: every case is full_suite_only")
+        for node in ast.walk(tree):
+            if _is_call(node, "full_suite_only") and id(node) not in checked:
+                problems.append(f"{path.name}:{node.lineno}: full_suite_only outside the "
+                                "literal case list of a parametrize")
+            if _is_call(node, "param") and any(
+                    "slow" in ast.unparse(keyword.value) for keyword in node.keywords
+                    if keyword.arg == "marks"):
+                problems.append(f"{path.name}:{node.lineno}: a case marked slow without "
+                                "full_suite_only")
+    assert not problems, "\n".join(problems)
+
+
 # ------------------------------------------------------------------------- the public contract
 def api_md() -> pathlib.Path | None:
     """``../shared/API.md`` beside the repository (``SPECJAX_API_MD`` overrides it)."""

@@ -29,6 +29,7 @@ import reference as ref
 import specjax
 import stats
 from conftest import edge_pair
+from conftest import full_suite_only
 from conftest import random_pair
 from specjax.theory import trees
 
@@ -329,7 +330,7 @@ def test_best_token_tree_value_is_its_exact_value_and_the_best(children, x64):
 
 
 # ----------------------------------------------------------------------------- static trees
-@pytest.mark.parametrize("children", ["iid", "without_replacement"])
+@pytest.mark.parametrize("children", ["iid", full_suite_only("without_replacement")])
 def test_static_tree_gradients_equal_finite_differences(children, x64):
     """The exact expected calls of a static tree are differentiable in the draft and the target:
     reverse-mode gradients against central differences along random directions (interior

@@ -19,12 +19,13 @@ import specjax
 import reference as ref
 import stats
 from conftest import chain
+from conftest import full_suite_only
 from conftest import random_pair
 from sampler_cases import CASES
 from sampler_cases import instance
 
 
-@pytest.mark.parametrize("lookahead", [1, 2, 3, None])
+@pytest.mark.parametrize("lookahead", [1, 2, 3, full_suite_only(None)])
 def test_metrics_match_literal_sd(lookahead, x64):
     draft, target = random_pair(9, 3, 4, zero_fraction=0.2)
     law = ref.enumerate_law(lambda c: ref.sd_rounds_literal(c, draft, target, lookahead or 4))

@@ -33,6 +33,7 @@ import reference as ref
 import specjax
 from conftest import chain
 from conftest import edge_pair
+from conftest import full_suite_only
 from conftest import random_pair
 from conftest import random_rows
 from specjax.decoders import multi_draft
@@ -531,7 +532,7 @@ def _edge_values_and_gradients(p, q, logits, target, settings, decoders):
 _edge_program = jax.jit(_edge_values_and_gradients, static_argnums=(4, 5))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", full_suite_only("float64")])
 def test_values_and_gradients_are_finite_at_edge_cases(dtype):
     """p = q, disjoint supports, one-hot rows, zeros, p = 0 where q > 0 (``edge_pair``): the
     values of ``optimal_acceptance`` lie in [0, 1] and its gradients in p and q are finite

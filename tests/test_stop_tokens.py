@@ -22,6 +22,7 @@ import pytest
 import specjax
 from specjax import models
 from conftest import float64
+from conftest import full_suite_only
 from reference import batch_literal
 from reference import biased_accept
 from reference import enumerate_law
@@ -85,7 +86,7 @@ def _marginals(law, num_states):
 # residual at V = 3 is checked by sd2 and biased2, the stop by every case).
 @pytest.mark.parametrize("name,stop,num_states", [
     ("sd", (1,), 2), ("sd2", (2,), V), ("autoregressive", (1,), V), ("biased2", (0, 2), V),
-    ("batch2", (1,), 2)])
+    full_suite_only("batch2", (1,), 2)])
 def test_exact_values_equal_the_literal_algorithm_stopped_like_huggingface(x64, name, stop,
                                                                             num_states):
     draft, target = _pair(0, num_states)

@@ -11,6 +11,7 @@ import pytest
 import specjax
 import reference as ref
 from conftest import chain
+from conftest import full_suite_only
 from conftest import random_pair
 from conftest import random_rows
 from conftest import theorem1_terms
@@ -24,7 +25,7 @@ def chains(draft, target):
 
 # --- brute force: the literal algorithms enumerated over every execution path ------------------
 
-@pytest.mark.parametrize("lookahead", [None, 1, 2])
+@pytest.mark.parametrize("lookahead", [full_suite_only(None), 1, 2])
 def test_sd_counts_equal_enumerated_literal_algorithm(x64, lookahead):
     draft, target = random_pair(10, 3, 4, zero_fraction=0.3)
     law = ref.enumerate_law(lambda ch: ref.sd_literal(ch, draft, target, lookahead))
@@ -40,7 +41,7 @@ def test_sd_counts_equal_enumerated_literal_algorithm(x64, lookahead):
     np.testing.assert_allclose(np.asarray(exact.marginals), marg, atol=TIGHT)
 
 
-@pytest.mark.parametrize("num_drafts,horizon", [(1, 3), (2, 3), (3, 2)])
+@pytest.mark.parametrize("num_drafts,horizon", [(1, 3), full_suite_only(2, 3), (3, 2)])
 def test_batch_counts_equal_enumerated_literal_algorithm(x64, num_drafts, horizon):
     # (M = 3 at T = 3 has too many execution paths to enumerate quickly.)
     draft, target = random_pair(11, 3, horizon, zero_fraction=0.2)

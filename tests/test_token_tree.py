@@ -30,6 +30,7 @@ import reference as ref
 import stats
 import tree_reference as tr
 from conftest import edge_pair
+from conftest import full_suite_only
 from conftest import random_pair
 
 CHILDREN = tr.CHILDREN
@@ -336,7 +337,7 @@ def test_decode_in_float64(children):
 
 
 # ----------------------------------------------------------------------------- edge cases
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, full_suite_only(np.float64)])
 @pytest.mark.parametrize("children", ["iid", "without_replacement"])
 def test_finite_values_and_gradients_at_edge_cases(children, dtype, x64):
     """Finite exact values and gradients in both models at the edge pair, and at ``p = q``

@@ -21,6 +21,7 @@ import pytest
 
 import specjax
 import stats
+from conftest import full_suite_only
 from conftest import random_pair
 from specjax.decoders.draws import cdf_search
 from specjax.decoders.draws import cumulative_masses
@@ -54,7 +55,7 @@ def test_cumulative_masses_and_cdf_search_never_draw_a_zero_mass_outcome(dtype, 
         np.testing.assert_allclose(counts, w[r] / w[r].sum(), atol=1.01 / GRID)
 
 
-@pytest.mark.parametrize("children", ["iid", "without_replacement", "top_k"])
+@pytest.mark.parametrize("children", ["iid", full_suite_only("without_replacement"), "top_k"])
 def test_the_literal_call_rule_keeps_drafts_as_the_call_law_says(children):
     draft, target = (specjax.MarkovChain(jnp.asarray(i, jnp.float32),
                                          jnp.asarray(t, jnp.float32))

@@ -14,6 +14,7 @@ import specjax
 from conftest import chain
 from conftest import edge_pair
 from conftest import float64
+from conftest import full_suite_only
 from conftest import random_pair
 
 V, T = 5, 12
@@ -376,7 +377,7 @@ def _objective_value_and_grad(objective, draft, target):
     return jax.value_and_grad(objective)(draft, target)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", full_suite_only("float64")])
 def test_gradients_finite_through_every_objective_at_edge_cases(dtype):
     """p = q, disjoint supports, one-hot rows, exhausted residuals, p = 0 < q (``edge_pair``),
     drafts at the KL fit of that target (zeros as log(tiny) logits) and extreme logits."""
