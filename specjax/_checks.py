@@ -41,13 +41,24 @@ def host_or_device(x):
     return x if isinstance(x, jax.Array) else host_array(x)
 
 
+def device_array(x):
+    """``jnp.asarray(x)`` that compiles nothing for host data: a NumPy array or scalar goes to
+    the default device with ``jax.device_put`` as ``host_array(x)`` (a copy, in JAX's canonical
+    dtype), where ``jnp.asarray`` lifts it through a compiled identity program of its own for
+    each new shape and dtype (in JAX 0.10). Anything else (jax arrays, tracers, Python numbers,
+    which stay weakly typed, and lists) is ``jnp.asarray(x)``."""
+    if isinstance(x, (np.ndarray, np.generic)) and not isinstance(x, np.ma.MaskedArray):
+        return jax.device_put(host_array(x))
+    return jnp.asarray(x)
+
+
 def array_module(*arrays):
     """NumPy when every one of ``arrays`` is a NumPy array (``host_or_device``'s host side),
     else ``jax.numpy``."""
     return np if all(isinstance(x, np.ndarray) for x in arrays) else jnp
 
 
-def _dtype(x):
+def dtype_of(x):
     """The dtype ``jnp.asarray(x)`` would have, without converting ``x``."""
     return x.dtype if isinstance(x, (jax.Array, np.ndarray)) else host_array(x).dtype
 
@@ -69,7 +80,7 @@ def check_probabilities(name: str, x, *, axis: int = -1, tolerance: float | None
     Value checks are skipped for tracers (see module docstring). ``tolerance`` on the row sums
     defaults to ``row_sum_tolerance(dtype)``.
     """
-    if not jnp.issubdtype(_dtype(x), jnp.floating):
+    if not jnp.issubdtype(dtype_of(x), jnp.floating):
         raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
     if not is_concrete(x):
         return
@@ -204,7 +215,7 @@ def suspect_rows(arrays, tolerances, selected=None) -> list:
     positive subnormal) and a negative subnormal may come out ``+0.0``, so such a row may pass
     unflagged (telling the zeros apart takes an elementwise pass, several times the screen's
     cost)."""
-    arrays = tuple(jnp.asarray(x) for x in arrays)
+    arrays = tuple(device_array(x) for x in arrays)
     selected = [None] * len(arrays) if selected is None else list(selected)
     picks = [np.flatnonzero(np.ones(x.shape[:-1], bool) if chosen is None
                             else np.broadcast_to(np.asarray(chosen, bool), x.shape[:-1]))
@@ -372,7 +383,7 @@ def check_scalar_leaf(name: str, value, *, low: float = 0.0, high: float = math.
             or isinstance(value, jax.core.Tracer)):
         raise ValueError(f"{name} must be a number (a float or a 0-d array), got "
                          f"{type(value).__name__} {value!r}")
-    dtype = jnp.asarray(value).dtype
+    dtype = dtype_of(value)
     if not jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.complexfloating):
         raise ValueError(f"{name} must be a real number, got dtype {dtype}")
     if jnp.shape(value) != ():

@@ -180,11 +180,22 @@ MAPS_PER_PROGRAM = 64
 READ_EVERY = 50
 # The mappings at the last reading, and the programs and tests since.
 _MAPS = {"known": _mapped_regions(), "programs": 0, "tests": 0}
+# Every program this process compiled or loaded from the cache (for programs_compiled).
+_PROGRAMS = {"total": 0}
 
 
 def _count_program(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":  # a compilation or a cache load
         _MAPS["programs"] += 1
+        _PROGRAMS["total"] += 1
+
+
+def programs_compiled(run) -> int:
+    """How many programs ``run()`` compiled or loaded from the compilation cache (JAX's compile
+    events; a program already in the process's in-memory caches counts none)."""
+    before = _PROGRAMS["total"]
+    run()
+    return _PROGRAMS["total"] - before
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_program)

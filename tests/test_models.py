@@ -18,6 +18,7 @@ from specjax.models.autoregressive import ngram_counts
 
 from conftest import chain
 from conftest import edge_pair
+from conftest import programs_compiled
 from conftest import uniform_chain
 from conftest import random_pair
 from conftest import random_rows
@@ -152,6 +153,32 @@ def test_markov_chain_tree_unflatten_builds_without_validation():
         specjax.MarkovChain(init / 3, trans)
     with pytest.raises(ValueError, match="init must have shape"):
         specjax.MarkovChain(trans, init)
+
+
+def test_models_built_from_numpy_compile_nothing():
+    """NumPy fields go to the device with ``jax.device_put`` in JAX's canonical dtype, as
+    ``jnp.asarray`` would give them, and without the compiled identity program ``jnp.asarray``
+    runs per new shape and dtype; the fields are copies."""
+    rng = np.random.default_rng(5)
+    init, trans = rng.dirichlet(np.ones(7)), rng.dirichlet(np.ones(7), size=(11, 7))  # float64
+    table = rng.dirichlet(np.ones(7), size=13)
+    next_state = rng.integers(0, 13, size=(13, 7))  # int64
+    models = []
+    assert programs_compiled(lambda: models.extend([
+        specjax.MarkovChain(init, trans),
+        specjax.models.FiniteStateModel(np.int64(2), next_state, table)])) == 0
+    markov, finite = models
+    assert markov.trans.dtype == jnp.asarray(trans).dtype == jnp.float32
+    assert finite.next_state.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(markov.trans), trans.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(finite.next_state), next_state)
+    trans[0, 0, 0] = 0.0  # the chain holds a copy
+    assert float(markov.trans[0, 0, 0]) != 0.0
+    with jax.enable_x64(True):
+        assert specjax.MarkovChain(init, trans / trans.sum(-1, keepdims=True)).trans.dtype \
+            == jnp.float64
+    with pytest.raises(ValueError, match="init must be an array of probabilities"):
+        specjax.MarkovChain(np.array(["a", "b"], dtype=object), trans)
 
 
 def test_probability_messages_name_the_argument_and_its_shape():

@@ -15,6 +15,7 @@ from conftest import chain
 from conftest import edge_pair
 from conftest import float64
 from conftest import full_suite_only
+from conftest import programs_compiled
 from conftest import random_pair
 
 V, T = 5, 12
@@ -60,6 +61,46 @@ def test_family_chain_is_valid_and_has_its_structure(family):
         assert np.linalg.matrix_rank(centred, tol=1e-4) <= family.rank
     uniform = family.chain(family.uniform())
     np.testing.assert_allclose(np.asarray(uniform.trans), 1.0 / V, rtol=1e-6)
+
+
+def test_family_maps_compile_one_program_each(x64):
+    """``init``, ``chain`` and ``spectral_start`` are one compiled program per family and
+    shapes (called eagerly, each of their operations compiled a program of its own per shape),
+    under ``jit`` and ``grad`` too, with the values of their formulas."""
+    family = specjax.tuning.LowRankDraft(9, 5, rank=2)  # shapes no other test uses
+    key = jax.random.key(3)
+    out = {}
+    assert programs_compiled(lambda: out.update(params=family.init(key, 0.5))) == 1
+    assert programs_compiled(lambda: out.update(draft=family.chain(out["params"]))) == 1
+    moved = {name: np.asarray(x) + 1.0 for name, x in out["params"].items()}
+    assert programs_compiled(lambda: family.chain(moved)) == 0  # new values, same program
+    u, w, bias = (np.asarray(out["params"][name]) for name in ("u", "w", "bias"))
+    logits = u @ w + bias
+    rows = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(out["draft"].trans),
+                               np.broadcast_to(rows / rows.sum(-1, keepdims=True), (5, 9, 9)),
+                               rtol=1e-12)
+    target = target_chain(4, num_states=9, horizon=5)
+    assert programs_compiled(lambda: out.update(start=family.spectral_start(target))) == 1
+    start = {name: np.asarray(x) for name, x in out["start"].items()}
+    # The stationary forward-KL fit: each context's target rows averaged over the positions,
+    # weighted by the target's law of the context (every context is reached here).
+    init, trans = np.asarray(target.init), np.asarray(target.trans)
+    laws = [init]
+    for n in range(4):
+        laws.append(laws[-1] @ trans[n])
+    laws = np.stack(laws)  # (T, V): the law of x_{n-1}
+    fit = np.einsum("na,nab->ab", laws, trans) / laws.sum(0)[:, None]
+    fitted = np.log(fit + 1e-6)
+    fitted -= fitted.mean(-1, keepdims=True)
+    bias = fitted.mean(0)
+    left, singular, right = np.linalg.svd(fitted - bias, full_matrices=False)
+    np.testing.assert_allclose(start["bias"], bias, atol=1e-10)
+    np.testing.assert_allclose(start["u"] @ start["w"],
+                               (left[:, :2] * singular[:2]) @ right[:2], atol=1e-10)
+    loss = lambda params: jnp.sum(family.chain(params).trans[0, 0] ** 2)  # noqa: E731
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(out["params"])["bias"],
+                               jax.grad(loss)(out["params"])["bias"], rtol=1e-12)
 
 
 def test_family_validation():

@@ -44,8 +44,8 @@ class FiniteStateModel:
 
     def __post_init__(self):
         start = self.start
-        table = jnp.asarray(self.table)
-        next_state = jnp.asarray(self.next_state)
+        table = _checks.device_array(self.table)
+        next_state = _checks.device_array(self.next_state)
         if table.ndim != 2 or table.shape[0] < 1 or table.shape[1] < 1:
             raise ValueError(f"table must have shape (S, V), got shape {table.shape}")
         if next_state.shape != table.shape:

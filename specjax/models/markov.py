@@ -135,7 +135,7 @@ class MarkovChain:
 def _as_array(name: str, value):
     """``value`` as a JAX array of real numbers, or a ``ValueError`` naming the field."""
     try:
-        array = jnp.asarray(value)
+        array = _checks.device_array(value)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be an array of probabilities, got {type(value).__name__}"
                          f" {value!r}"[:300]) from error

@@ -23,6 +23,7 @@ the full, stationary and context-free families and by optax for the low-rank fam
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -90,10 +91,7 @@ class DraftFamily:
         _checks.check_key(key)
         scale = _checks.check_finite_non_negative("scale", scale)
         self._check_fits()
-        shapes, treedef = self.shape_leaves()
-        keys = jax.random.split(key, len(shapes))
-        return jax.tree_util.tree_unflatten(
-            treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, shapes)])
+        return _draw(self, key, scale)
 
     def uniform(self):
         """Parameters of the uniform draft (all logits zero). For ``LowRankDraft`` a saddle
@@ -120,10 +118,9 @@ class DraftFamily:
         raise NotImplementedError
 
     def chain(self, params) -> MarkovChain:
-        """The draft ``MarkovChain``: uniform prompt law, softmax of ``transitions(params)``."""
-        trans = jax.nn.softmax(self.transitions(params), axis=-1)
-        return MarkovChain.tree_unflatten(None, (_uniform_init(self.num_states, trans.dtype),
-                                                 trans))
+        """The draft ``MarkovChain``: uniform prompt law, softmax of ``transitions(params)``
+        (one compiled program per family and parameter shapes, called eagerly or traced)."""
+        return _chain(self, params)
 
     def kl_fit_closed_form(self, target: MarkovChain):
         """Forward-KL fit in closed form (parameters), or ``None`` when the family has none."""
@@ -137,6 +134,29 @@ class DraftFamily:
             raise ValueError(
                 f"target has V = {target.num_states}, T = {target.horizon} but the draft family "
                 f"{self!r} has V = {self.num_states}, T = {self.horizon}")
+
+
+# The families' maps, compiled once per family (static: families are hashable) and argument
+# shapes: called eagerly (tests, notebooks, kl_fit's start) their dozen operations would each
+# compile a program of their own per shape.
+@functools.partial(jax.jit, static_argnums=0)
+def _draw(family, key, scale):
+    shapes, treedef = family.shape_leaves()
+    keys = jax.random.split(key, len(shapes))
+    return jax.tree_util.tree_unflatten(
+        treedef, [scale * jax.random.normal(k, s, _dtype()) for k, s in zip(keys, shapes)])
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _chain(family, params) -> MarkovChain:
+    trans = jax.nn.softmax(family.transitions(params), axis=-1)
+    return MarkovChain.tree_unflatten(None, (_uniform_init(family.num_states, trans.dtype),
+                                             trans))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _spectral_start(family, target):
+    return family._spectral_start(target)
 
 
 def _target_weights(target):
@@ -241,6 +261,9 @@ class LowRankDraft(DraftFamily):
     def spectral_start(self, target):
         """Deterministic starting parameters for fitting: the rank-``r`` truncated SVD of the
         (row-centred) logits of the stationary forward-KL fit, probabilities floored at 1e-6."""
+        return _spectral_start(self, target)
+
+    def _spectral_start(self, target):
         logits = jnp.log(_stationary_fit(target, self.horizon) + 1e-6)
         logits = logits - jnp.mean(logits, axis=-1, keepdims=True)
         bias = jnp.mean(logits, axis=0)
