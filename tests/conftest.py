@@ -378,10 +378,9 @@ def random_pair(seed: int, num_states: int, horizon: int, zero_fraction=0.0):
 
 def chain(pair):
     """A ``specjax.MarkovChain`` from a NumPy ``(init, trans)`` pair (dtype kept)."""
-    import jax.numpy as jnp
     import specjax
     init, trans = pair
-    return specjax.MarkovChain(jnp.asarray(init), jnp.asarray(trans))
+    return specjax.MarkovChain(init, trans)  # NumPy arrays go to the device as they are
 
 
 def edge_pair(num_states=4, horizon=4):
@@ -411,10 +410,11 @@ def lift(rows, horizon):
     import jax.numpy as jnp
     import specjax
 
-    rows = jnp.asarray(rows)
+    xp = jnp if isinstance(rows, jax.Array) else np  # built on the host: no program compiled
+    rows = xp.asarray(rows)
     num_states = rows.shape[-1]
-    return specjax.MarkovChain(jnp.full((num_states,), 1 / num_states, rows.dtype),
-                               jnp.broadcast_to(rows, (horizon,) + rows.shape))
+    return specjax.MarkovChain(xp.full((num_states,), 1 / num_states, rows.dtype),
+                               xp.broadcast_to(rows, (horizon,) + rows.shape))
 
 
 def stationary_pair(seed, num_states, horizon=40, concentration=1.0):
