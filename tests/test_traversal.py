@@ -29,6 +29,7 @@ from specjax.decoders.tree_structure import branching_parents
 import reference as ref
 import stats
 from conftest import edge_pair
+from conftest import full_suite_only
 from conftest import random_pair
 
 
@@ -289,7 +290,7 @@ def test_chains_are_block_verification(x64):
 NUM_CHAINS = 20_000
 
 
-@pytest.mark.parametrize("children", ["iid", "without_replacement"])
+@pytest.mark.parametrize("children", ["iid", full_suite_only("without_replacement")])
 def test_sampler_fits_the_brute_force_law(children):
     """The sampler's joint law of (tokens, rejected, calls) fits the enumerated literal law
     (chi-square), so its output law is the target's; its mean calls fit ``exact``."""
