@@ -156,7 +156,7 @@ def _chain(family, params) -> MarkovChain:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _spectral_start(family, target):
-    return family._spectral_start(target)
+    return family._traced_spectral_start(target)
 
 
 def _target_weights(target):
@@ -263,7 +263,7 @@ class LowRankDraft(DraftFamily):
         (row-centred) logits of the stationary forward-KL fit, probabilities floored at 1e-6."""
         return _spectral_start(self, target)
 
-    def _spectral_start(self, target):
+    def _traced_spectral_start(self, target):
         logits = jnp.log(_stationary_fit(target, self.horizon) + 1e-6)
         logits = logits - jnp.mean(logits, axis=-1, keepdims=True)
         bias = jnp.mean(logits, axis=0)
