@@ -7,6 +7,8 @@ walking the package, not read from a hand list.
   ``decoding_statistics`` and sharded ``decode`` consume every case.
 * Every name of the public contract (``../shared/API.md``) resolves at the top level without a
   warning, and the top level stays small: ``__all__`` is exactly its public attributes.
+* Every parametrised test keeps a case in the inner loop (``-m "not slow"``): the cases that run
+  in the full suite only are written ``full_suite_only`` beside one that is not.
 """
 
 from __future__ import annotations
