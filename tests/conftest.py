@@ -178,15 +178,14 @@ MAP_BUDGET = _map_budget()
 # every READ_EVERY tests for the mappings that are not programs'.
 MAPS_PER_PROGRAM = 64
 READ_EVERY = 50
-# The mappings at the last reading, and the programs and tests since.
-_MAPS = {"known": _mapped_regions(), "programs": 0, "tests": 0}
-# Every program this process compiled or loaded from the cache (for programs_compiled).
+# Every program this process compiled or loaded from the cache; the mappings at the last
+# reading, the program count then, and the tests since.
 _PROGRAMS = {"total": 0}
+_MAPS = {"known": _mapped_regions(), "programs": 0, "tests": 0}
 
 
 def _count_program(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":  # a compilation or a cache load
-        _MAPS["programs"] += 1
         _PROGRAMS["total"] += 1
 
 
@@ -218,10 +217,11 @@ def pytest_runtest_teardown(item, nextitem):
     _MAPS["tests"] += 1
     known = _MAPS["known"]
     if (known is not None and _MAPS["tests"] < READ_EVERY
-            and known + MAPS_PER_PROGRAM * _MAPS["programs"] <= MAP_BUDGET):
+            and known + MAPS_PER_PROGRAM * (_PROGRAMS["total"] - _MAPS["programs"])
+            <= MAP_BUDGET):
         return  # cannot have reached the budget since the last reading
     regions = _mapped_regions()
-    _MAPS.update(known=regions, programs=0, tests=0)
+    _MAPS.update(known=regions, programs=_PROGRAMS["total"], tests=0)
     last_of_module = nextitem is None or _file(nextitem) != _file(item)
     if (regions is None and last_of_module) or (regions is not None and regions > MAP_BUDGET):
         jax.clear_caches()

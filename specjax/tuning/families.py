@@ -156,7 +156,13 @@ def _chain(family, params) -> MarkovChain:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _spectral_start(family, target):
-    return family._traced_spectral_start(target)
+    logits = jnp.log(_stationary_fit(target, family.horizon) + 1e-6)
+    logits = logits - jnp.mean(logits, axis=-1, keepdims=True)
+    bias = jnp.mean(logits, axis=0)
+    u, s, vt = jnp.linalg.svd(logits - bias[None, :], full_matrices=False)
+    root = jnp.sqrt(s[:family.rank])
+    u, vt = u[:, :family.rank] * root[None, :], vt[:family.rank] * root[:, None]
+    return {"u": u, "w": vt, "bias": bias}
 
 
 def _target_weights(target):
@@ -262,15 +268,6 @@ class LowRankDraft(DraftFamily):
         """Deterministic starting parameters for fitting: the rank-``r`` truncated SVD of the
         (row-centred) logits of the stationary forward-KL fit, probabilities floored at 1e-6."""
         return _spectral_start(self, target)
-
-    def _traced_spectral_start(self, target):
-        logits = jnp.log(_stationary_fit(target, self.horizon) + 1e-6)
-        logits = logits - jnp.mean(logits, axis=-1, keepdims=True)
-        bias = jnp.mean(logits, axis=0)
-        u, s, vt = jnp.linalg.svd(logits - bias[None, :], full_matrices=False)
-        root = jnp.sqrt(s[:self.rank])
-        u, vt = u[:, :self.rank] * root[None, :], vt[:self.rank] * root[:, None]
-        return {"u": u, "w": vt, "bias": bias}
 
     def transitions(self, params):
         logits = jnp.dot(params["u"], params["w"], precision=HIGHEST)
