@@ -104,6 +104,7 @@ from specjax.auditing import verify_tree
 from specjax.auditing import verify_tree_law
 
 # Real model pairs: recordings of target rollouts and the estimates from them.
+from specjax.pairs import Estimate
 from specjax.pairs import Recording
 from specjax.pairs import estimate
 from specjax.pairs import record
@@ -197,6 +198,7 @@ __all__ = [
     "verify_tree",
     "verify_tree_law",
     # real model pairs
+    "Estimate",
     "Recording",
     "estimate",
     "record",
