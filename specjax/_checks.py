@@ -298,6 +298,13 @@ def check_static_int(name: str, value, *, allow_none: bool = False) -> None:
     check_positive_int(name, value, allow_none=allow_none)
 
 
+def check_bool(name: str, value) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False`` (a Python or NumPy bool): a
+    string such as ``"no"`` is truthy, and reading it as true would be silent."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}"[:300])
+
+
 def check_static_non_negative_int(name: str, value) -> None:
     """Like ``check_static_int``, allowing 0."""
     _refuse_array(name, value)

@@ -133,6 +133,12 @@ def _check_profile(profile) -> np.ndarray:
     if a.ndim != 1 or a.size == 0 or not np.isfinite(a).all() or (a < 0).any() or (a > 1).any():
         raise ValueError(f"profile must be a non-empty 1-D vector of rates in [0, 1], got "
                          f"{np.asarray(profile)!r}"[:300])
+    if (np.diff(a) > 0).any():
+        i = int(np.argmax(np.diff(a) > 0))
+        raise ValueError(f"profile must not increase with the position (a call that kept i + 1 "
+                         f"drafts kept i, so a_(i+1) <= a_i), got a_{i + 1} = {a[i]:g} < "
+                         f"a_{i + 2} = {a[i + 1]:g}: is it conditional rates (a_i / a_(i-1)) "
+                         f"rather than the fraction of calls keeping at least i drafts?")
     return a
 
 

@@ -23,7 +23,20 @@ sequences it is 3 MB (the rows would be 65 GB).
     draft_probs   float (B, T, V)    optional full rows (then draft_prob/target_prob may be
     target_probs  float (B, T, V)    left out: they are read off the rows)
     root_rejection/<label>, rejection/<label>   float (B, T)   optional rates of a decoder,
-                                     <label> its ``repr`` with ``lookahead=None``
+                                     <label> its ``repr`` with ``lookahead=None`` (functions
+                                     as ``module.qualname``: ``recording_files.rate_label``)
+
+``save`` writes atomically (a temporary file in the same folder, renamed over the destination) and
+adds ``.npz`` to a name without it; ``load`` reads ``path`` or ``path + ".npz"`` and checks what it
+reads as ``from_arrays`` checks its arguments (``specjax.pairs.recording_files``).
+
+**What every constructor checks.** At least one sequence and one position; tokens in ``[0, V)``
+(int32 ids); probabilities in ``[0, 1]``; a *positive* target probability of every recorded token
+of a sequence of positive weight (target rollouts emit only tokens the target can emit: a zero is
+the mark of a dump misaligned by a position, or of the wrong model's rows); weights finite,
+non-negative, not all zero, stored divided by their largest (the estimates are weighted means,
+which do not depend on the weights' scale; this keeps float32 sums from overflowing or
+underflowing).
 
 A PyTorch user writes ``np.savez(path, tokens=..., draft_prob=..., target_prob=...)`` from the
 gathered probabilities of the emitted tokens (``torch.gather`` on the softmaxes), or the full rows
@@ -223,6 +236,8 @@ class Recording(NamedTuple):
           >>> print(*[round(float(v), 3) for v in rec.draft_prob[0]])
           0.2 0.5
         """
+        _checks.check_bool("logits", logits)
+        _checks.check_bool("keep_rows", keep_rows)
         if processing is not None and not logits:
             raise ValueError("processing (process_logits keywords) applies to logits: pass "
                              "logits=True with it")
@@ -238,6 +253,7 @@ class Recording(NamedTuple):
             raise ValueError(f"draft_probs and target_probs must have the same shape (B, T, V), "
                              f"got {p.shape} and {q.shape}")
         num, horizon, num_states = q.shape
+        check_sizes("draft_probs and target_probs", num, horizon)
         tokens = check_tokens(tokens, num, horizon, num_states)
         weights = check_weights(weights, num)
         _checks.check_probabilities("draft_probs", p)
@@ -270,84 +286,87 @@ class Recording(NamedTuple):
                                  f"{x.shape} {x.dtype}")
             values = np.asarray(x)
             if not ((values >= 0) & (values <= 1)).all():
-                raise ValueError(f"{name} must hold probabilities in [0, 1]")
+                bad = values[~((values >= 0) & (values <= 1))].ravel()[0]
+                raise ValueError(f"{name} must hold probabilities in [0, 1], got {bad!r}")
         if draft_prob.shape != target_prob.shape:
             raise ValueError(f"draft_prob and target_prob must have the same shape, got "
                              f"{draft_prob.shape} and {target_prob.shape}")
         num, horizon = target_prob.shape
+        check_sizes("draft_prob and target_prob", num, horizon)
         tokens = check_tokens(tokens, num, horizon, None)
+        weights = check_weights(weights, num)
+        check_recorded_tokens("target_prob", target_prob, weights)
         dtype = jnp.result_type(draft_prob.dtype, target_prob.dtype)
-        return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype),
-                   check_weights(weights, num))
+        return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype), weights)
 
-    def save(self, path) -> None:
-        """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring.
+    def save(self, path) -> str:
+        """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring,
+        atomically: a temporary file in the same folder renamed over ``path``, so a save that
+        fails midway leaves an existing file whole. ``.npz`` is added to a name without it
+        (``save("rec")`` writes ``rec.npz``, which ``load("rec")`` reads).
+
+        Returns:
+          the file written.
 
         Raises:
-          ValueError: the recording's arrays span several processes (``record`` under
-            ``jax.distributed``): gather it first, on every process, with
-            ``specjax.sampling.sharding.gather(recording)``, and save that.
+          ValueError: ``path`` names a folder or a missing folder; the recording's arrays span
+            several processes (``record`` under ``jax.distributed``): gather it first, on every
+            process, with ``specjax.sampling.sharding.gather(recording)``, and save that; two
+            decoders' rates under one label.
         """
-        if any(isinstance(x, jax.Array) and not x.is_fully_addressable
-               for x in jax.tree.leaves(self)):
-            raise ValueError(
-                "recording: its arrays span several processes (jax.distributed), so no process "
-                "holds all of it; gather it on every process first, "
-                "specjax.sampling.sharding.gather(recording), and save that")
-        arrays = {"tokens": np.asarray(self.tokens), "draft_prob": np.asarray(self.draft_prob),
-                  "target_prob": np.asarray(self.target_prob)}
-        if self.weights is not None:
-            arrays["weights"] = np.asarray(self.weights)
-        if self.draft_probs is not None:
-            arrays["draft_probs"] = np.asarray(self.draft_probs)
-            arrays["target_probs"] = np.asarray(self.target_probs)
-        for entry in self.rates:
-            arrays[f"root_rejection/{entry.decoder!r}"] = np.asarray(entry.root_rejection)
-            arrays[f"rejection/{entry.decoder!r}"] = np.asarray(entry.rejection)
-        np.savez(path, **arrays)
+        from specjax.pairs import recording_files  # noqa: PLC0415
+
+        return recording_files.save(self, path)
 
     @classmethod
     def load(cls, path, *, decoders=(), keep_rows=None) -> "Recording":
-        """Reads a recording written in the ``.npz`` layout (by ``save`` or by NumPy alone).
+        """Reads a recording written in the ``.npz`` layout (by ``save`` or by NumPy alone),
+        checking what it reads as ``from_arrays`` and ``from_statistics`` check their arguments.
 
         Args:
-          path: the file.
-          decoders: decoders whose stored rates to read back (matched by ``repr`` with
-            ``lookahead=None``), or to compute now from stored rows.
+          path: the file (``path + ".npz"`` is read when ``path`` does not exist).
+          decoders: decoders whose stored rates to read back (matched by
+            ``recording_files.rate_label``: the ``repr`` with ``lookahead=None``, functions by
+            module and name), or to compute now from stored rows.
           keep_rows: keep stored rows (default: when the file has them).
 
         Raises:
-          ValueError: a file without ``tokens``, or without either the statistics
-            (``draft_prob``, ``target_prob``) or the rows; a decoder neither stored nor
-            computable.
+          ValueError (naming the file): no such file, a folder, a ``.npy`` file, a truncated or
+            damaged archive; a file without ``tokens``, or without either the statistics
+            (``draft_prob``, ``target_prob``) or the rows; arrays that ``from_arrays`` or
+            ``from_statistics`` refuse; stored rates not of shape ``(B, T)``, not finite or
+            outside ``[0, 1]``; a decoder neither stored nor computable.
         """
-        with np.load(path) as data:
-            arrays = {name: data[name] for name in data.files}
-        if "tokens" not in arrays:
-            raise ValueError(f"path: {path} has no 'tokens' array (see the .npz layout in "
-                             "specjax.pairs.recording)")
-        weights = arrays.get("weights")
-        decoders = check_decoders(decoders)
-        if "draft_probs" in arrays and "target_probs" in arrays:
-            keep = True if keep_rows is None else keep_rows
-            return cls.from_arrays(arrays["tokens"], arrays["draft_probs"],
-                                   arrays["target_probs"], weights=weights, decoders=decoders,
-                                   keep_rows=keep)
-        if "draft_prob" not in arrays or "target_prob" not in arrays:
-            raise ValueError(f"path: {path} needs 'draft_prob' and 'target_prob' (B, T) or the "
-                             f"rows 'draft_probs' and 'target_probs' (B, T, V)")
-        rec = cls.from_statistics(arrays["tokens"], arrays["draft_prob"],
-                                  arrays["target_prob"], weights=weights)
-        rates = []
-        for decoder in decoders:
-            label = repr(decoder)
-            root, inside = f"root_rejection/{label}", f"rejection/{label}"
-            if root not in arrays or inside not in arrays:
-                raise ValueError(f"decoders: {path} holds no rates of {label} and no rows to "
-                                 f"compute them from")
-            rates.append(DecoderRates(decoder, jnp.asarray(arrays[root]),
-                                      jnp.asarray(arrays[inside])))
-        return rec._replace(rates=tuple(rates))
+        from specjax.pairs import recording_files  # noqa: PLC0415
+
+        return recording_files.load(cls, path, decoders=decoders, keep_rows=keep_rows)
+
+
+def check_sizes(names: str, num: int, horizon: int) -> None:
+    """Refuse a recording without sequences or positions (its estimates would be NaN)."""
+    if num == 0:
+        raise ValueError(f"{names} hold no sequences (B = 0): a recording needs at least one")
+    if horizon == 0:
+        raise ValueError(f"{names} hold no positions (T = 0): a recording needs at least one "
+                         f"emitted token per sequence")
+
+
+def check_recorded_tokens(name: str, target_prob, weights) -> None:
+    """Refuse a target probability 0 of a recorded token (in a sequence of positive weight)."""
+    if not _checks.is_concrete(target_prob):
+        return
+    values = np.asarray(target_prob)
+    zero = values <= 0
+    if weights is not None:
+        zero &= np.asarray(weights)[:, None] > 0
+    if zero.any():
+        b, t = (int(i) for i in np.argwhere(zero)[0])
+        raise ValueError(
+            f"{name}: the target gives the recorded token of sequence {b} at position t = "
+            f"{t + 1} probability 0 ({int(zero.sum())} such tokens in all), but target rollouts "
+            f"emit only tokens the target can emit: is the dump misaligned by one position (the "
+            f"row at index t - 1 must be the law of x_t given x_0..x_(t-1)), or the rows "
+            f"another model's?")
 
 
 def check_tokens(tokens, num: int, horizon: int, num_states: int | None):
@@ -360,22 +379,27 @@ def check_tokens(tokens, num: int, horizon: int, num_states: int | None):
     if (tokens < 0).any() or (num_states is not None and (tokens >= num_states).any()):
         raise ValueError("tokens must lie in [0, V)"
                          + ("" if num_states is None else f" = [0, {num_states})"))
+    if tokens.size and tokens.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"tokens must be int32 ids, below 2**31, got {int(tokens.max())}")
     return jnp.asarray(tokens, jnp.int32)
 
 
 def check_weights(weights, num: int):
     if weights is None:
         return None
-    w = jnp.asarray(weights)
-    if w.shape != (num,) or not jnp.issubdtype(w.dtype, jnp.floating):
+    w = np.asarray(weights)  # on the host: a float64 1e300 stays finite here
+    if w.shape != (num,) or not np.issubdtype(w.dtype, np.floating):
         raise ValueError(f"weights must be a float array of shape (B,) = ({num},), got "
                          f"{w.shape} {w.dtype}")
-    values = np.asarray(w)
+    values = w.astype(np.float64)
     if not np.isfinite(values).all() or (values < 0).any():
         raise ValueError("weights must be finite and non-negative")
-    if values.sum() <= 0:
+    if values.max() <= 0:
         raise ValueError("weights must not all be zero")
-    return w
+    # Divided by the largest (module docstring): the estimates do not depend on the scale, and
+    # the float32 sums of weights of 1e37 or 1e-44 neither overflow nor underflow.
+    return _checks.device_array(values / values.max()).astype(
+        jax.dtypes.canonicalize_dtype(w.dtype))
 
 
 def check_decoders(decoders) -> tuple:
@@ -403,6 +427,7 @@ def assemble(tokens, weights, decoders, parts, rows=None) -> Recording:
     """A ``Recording`` from the chunks' ``_statistics`` (checking each decoder's laws)."""
     draft_prob = jnp.concatenate([part[0] for part in parts])
     target_prob = jnp.concatenate([part[1] for part in parts])
+    check_recorded_tokens("target_probs", target_prob, weights)
     rates = []
     for i, decoder in enumerate(decoders):
         loss = max(float(part[2][i][2]) for part in parts)

@@ -51,6 +51,7 @@ import jax
 import numpy as np
 
 from specjax import _checks
+from specjax import _memory
 
 #: Tolerance on ``sum(acceptance) <= 1``.
 SUM_TOLERANCE = 1e-6
@@ -175,11 +176,21 @@ class _Program(NamedTuple):
     sizes: np.ndarray
 
 
-def _program(acc: np.ndarray, budget: int, depth: int) -> _Program:
-    """Sequoia's dynamic program for every ``m <= budget`` and depth ``<= depth`` at once."""
+#: Bytes per entry of the program's ``(budget + 1, budget)`` work arrays (an int64 index table,
+#: a mask, two float64 candidate tables and an int64 arg-max, alive together).
+PROGRAM_ENTRY_BYTES = 40
+
+
+def _program(acc: np.ndarray, budget: int, depth: int, argument: str = "budget") -> _Program:
+    """Sequoia's dynamic program for every ``m <= budget`` and depth ``<= depth`` at once.
+    Its memory grows as ``budget ** 2`` (checked first: ``argument`` names the budget)."""
     nonzero = np.flatnonzero(acc > 0)
     ranks = min(int(nonzero[-1]) + 1 if nonzero.size else 0, budget - 1)
     size = budget + 1  # m = 0..budget
+    _memory.check_fits(PROGRAM_ENTRY_BYTES * size * budget + 4 * (depth + 1) * (ranks + 2) * size,
+                       argument=f"{argument} = {budget:,}",
+                       what="Sequoia's dynamic program over every budget up to it",
+                       remedy=f"use a smaller {argument} (its tables grow as its square)")
     best = np.ones((depth + 1, size))  # depth 0: the root alone, value 1
     best[:, 0] = -np.inf  # no tree has zero nodes
     children = np.zeros((depth + 1, size), np.int32)
@@ -331,7 +342,7 @@ def sequoia_hardware_tree(acceptance, *, draft_cost, target_cost, max_budget: in
     max_depth = _check_max_depth(max_depth)
     target = _check_target_cost(target_cost, max_budget)
     depth = min(max_depth, max_budget - 1)
-    program = _program(acc, max_budget, depth)
+    program = _program(acc, max_budget, depth, "max_budget")
     value = program.best[:, 1:].copy()  # [d, n - 1]
     value[0, 1:] = -np.inf  # depth 0: the root alone, exactly one node
     cost = np.arange(depth + 1)[:, None] * draft + target[None, 1:]
