@@ -9,6 +9,14 @@
 * ``python -m specjax bench [--quick] [--out DIR]``: every benchmark's headline case, specjax
   beside its NumPy reference on the same run, on whatever device JAX finds; ``bench.md`` and
   ``bench.json`` in ``DIR`` (``specjax.experiments.bench``).
+
+Every output path is checked before any work: ``--out`` must be a writable folder, or one that
+can be created, with no folder where an output file goes; otherwise a usage error names ``--out``
+and the path. Every file is written atomically (a temporary file in the same folder, then
+renamed), so an interrupted or failed run leaves each file whole or absent; ``bench`` writes its
+two files both or neither, and prints its table before writing them. One Ctrl-C ends a run with
+status 130, also when the ``KeyboardInterrupt`` it raised was lost inside a callback (see
+``catch_lost_interrupts``): the run then ends at its next progress step, or ``bench``'s next case.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import time
 import jax
 
 import specjax
+from specjax import _progress
 from specjax.decoders.planning import MAX_COUNTER
 from specjax.models import markov as _models
 from specjax.experiments.reproduce import mean_se
@@ -56,7 +65,8 @@ def _parsers():
     commands = parser.add_subparsers(dest="command")
     rep = commands.add_parser("reproduce", help="the paper's figures and numbers")
     rep.add_argument("--out", default="figures",
-                     help="output folder, created if needed (default: figures)")
+                     help="output folder, created if needed and checked before any work; every "
+                          "file is written whole or not at all (default: figures)")
     rep.add_argument("--quick", action="store_true",
                      help="toy sizes (about 30 s, mostly compilation; for tests)")
     rep.add_argument("--num-runs", type=int, default=None,
@@ -71,8 +81,9 @@ def _parsers():
     _instance_arguments(sim)
     bench = commands.add_parser("bench", help="every benchmark's headline case, one table")
     bench.add_argument("--out", default="bench",
-                       help="output folder for bench.md and bench.json, created if needed "
-                            "(default: bench)")
+                       help="output folder for bench.md and bench.json, created if needed and "
+                            "checked before any work; both files are written whole, both or "
+                            "neither (default: bench)")
     bench.add_argument("--quick", action="store_true",
                        help="toy sizes (seconds plus compilation; for tests): the timings mean "
                             "little")
@@ -92,7 +103,8 @@ def main(argv=None) -> None:
     Every flag is checked before any work, and a mistake ends the run with a usage message
     naming the flag (exit status 2). A ``ValueError`` that specjax raises during the run (bad
     input it found later) is one ``error:`` line, also status 2, not a traceback; Ctrl-C is one
-    ``interrupted`` line, status 130 (``reproduce`` writes every file whole or not at all).
+    ``interrupted`` line, status 130 (every output file is written whole or not at all), also
+    when a callback lost the ``KeyboardInterrupt`` (``catch_lost_interrupts``).
     """
     parser, rep, sim, bench = _parsers()
     args = parser.parse_args(argv)
@@ -138,18 +150,31 @@ def main(argv=None) -> None:
 def catch_lost_interrupts() -> list:
     """Records every Ctrl-C of the program, also those Python loses; returns the record.
 
-    Python raises ``KeyboardInterrupt`` wherever the main thread is when SIGINT arrives. Inside
-    a callback whose exceptions are ignored (JAX's garbage-collection callback, a ``__del__``)
-    it is printed as "Exception ignored" and lost, and the run would go on and end with status
-    0. This handler raises as Python's does and also appends to the returned list, which
-    ``main`` checks when the work returns; a lost ``KeyboardInterrupt`` is not printed. Nothing
-    is installed when SIGINT is not Python's default handler (ignored, or a caller's own)."""
+    Python raises ``KeyboardInterrupt`` wherever the main thread runs Python code next after
+    SIGINT arrives. Inside a callback whose exceptions are ignored it is printed as "Exception
+    ignored" and lost, and the run goes on. The usual place is JAX's garbage-collection
+    callback (``jax._src.lib._xla_gc_callback``, in ``gc.callbacks``): the collector calls it
+    at the end of every collection, and it is the first Python code to run after one, so a
+    SIGINT that arrives while a collection runs (or while the callback's
+    ``collect_garbage()`` runs) is raised inside it and lost, every time. Collections are
+    frequent while JAX traces and compiles, and slower under load and with a large heap,
+    hence a Ctrl-C lost twice in a row on a loaded machine (a plain JAX script loses it the
+    same way). A ``__del__``, or code that catches ``KeyboardInterrupt``, loses it too.
+
+    This handler raises as Python's does, appends to the returned list (which ``main`` checks
+    when the work returns) and sets the flag of ``specjax._progress`` (``request_interrupt``),
+    which every ``Progress.step`` and ``bench``'s loop over its cases check: a lost Ctrl-C ends
+    the run at its next step, with status 130, not at its end. A lost ``KeyboardInterrupt`` is
+    not printed. Nothing is installed when SIGINT is not Python's default handler (ignored, or
+    a caller's own); it is installed only by ``main`` run as ``python -m specjax``, so a
+    library user's ``Progress`` never sees the flag set."""
     record: list = []
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return record
 
     def on_sigint(signum, frame):
         record.append(signum)
+        _progress.request_interrupt()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
@@ -280,9 +305,9 @@ def check_bench_args(bench, args) -> None:
     unknown = [c for c in args.cases or [] if c not in cases]
     if unknown:
         bench.error(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(cases)}")
-    from specjax.experiments import reproduce
+    from specjax.experiments import bench as _bench
     try:
-        reproduce.check_out_dir(args.out)
+        _bench.check_out_dir(args.out)
     except ValueError as err:
         bench.error(f"--out {err}")
 
@@ -291,9 +316,11 @@ def run_bench(args) -> None:
     from specjax.experiments import bench
     sizes = bench.Sizes.quick() if args.quick else bench.Sizes()
     result = bench.run(sizes, cases=args.cases, mode="quick" if args.quick else "default")
-    md, js = bench.write(result, args.out)
+    # The table first: if writing fails at the end (the disk filled during the run), the
+    # finished run is still on standard output.
     print()
-    print(bench.markdown(result), end="")
+    print(bench.markdown(result), end="", flush=True)
+    md, js = bench.write(result, args.out)
     failed = sum(r.error is not None for r in result.rows)
     print(f"wrote {md} and {js} in {result.seconds:.0f} s"
           + (f"; {failed} case{'s' * (failed > 1)} FAILED" if failed else "") + ".")
@@ -354,6 +381,7 @@ def simulate(args) -> None:
     print("-" * len(header))
     key = jax.random.key(args.seed)
     for i, (name, run, exact) in enumerate(runs):
+        _progress.check_interrupt()
         start = time.perf_counter()
         trace = jax.block_until_ready(run(jax.random.fold_in(key, i)))
         elapsed = time.perf_counter() - start

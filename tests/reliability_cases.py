@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import dataclasses
 import functools
+import importlib
 import io
 import json
 import math
@@ -61,6 +62,9 @@ CHILD_ADDRESS_SPACE = 3 << 30
 PATCHED_AVAILABLE = 2 * 10**9
 #: Seconds a size case may take in the child before it counts as a crash (a hang).
 CASE_TIMEOUT = 120.0  # generous: a 2-core machine running the suite on both cores is slow
+
+#: Modules (beside this one) whose ``add_cases(add, specjax)`` add the cases of issue 52.
+RECENT_CASE_MODULES = ("reliability_recent_pairs", "reliability_recent_cli")
 
 V, T, C = 4, 3, 4000  # tokens, horizon, chains of every sampler case
 
@@ -1578,6 +1582,11 @@ def _cases() -> list[Case]:
         lambda: S.theory.stationary_rate(S.TokenTree((2, 1)), *_stationary(),
                                          S.CostModel(0.1, 1.0)),
         check=returned)
+
+    # Issue 52: the entry points of the last round (recordings and their files, profiles,
+    # serving sizes; the command line's outputs; auditing, distillation and model faults).
+    for module in RECENT_CASE_MODULES:
+        importlib.import_module(module).add_cases(add, S)
 
     ids = [c.id for c in cases]
     duplicates = {i for i in ids if ids.count(i) > 1}

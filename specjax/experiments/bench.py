@@ -17,7 +17,7 @@ sizes that check the command end to end in the test suite (its timings mean litt
 
 The output: ``bench.md`` (one Markdown table, the device, JAX's version, the commit and the date
 above it) and ``bench.json`` (the same, with every figure in seconds), written whole into the
-output folder.
+output folder, both or neither (``write``; ``check_out_dir`` checks the folder before a run).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax._progress import check_interrupt
 from specjax.experiments import references
 from specjax.experiments import report
 
@@ -59,6 +60,7 @@ def best_times(fns, repeats: int) -> list:
         jax.block_until_ready(fn(0))
     times = [[] for _ in fns]
     for i in range(repeats):
+        check_interrupt()  # a Ctrl-C lost inside JAX (specjax._progress) ends the run here
         for fn, seconds in zip(fns, times):
             start = time.perf_counter()
             jax.block_until_ready(fn(i + 1))
@@ -550,6 +552,9 @@ CASES: dict[str, Callable[[Sizes, _Chains], Iterator[Row]]] = {
 
 
 # ----------------------------------------------------------------------------------- the run
+OUTPUTS = ("bench.md", "bench.json")  # the files ``write`` puts in its folder, in this order
+
+
 def commit() -> str:
     """The git commit of the checkout specjax is imported from (``+modified`` where tracked
     files have uncommitted changes), or ``unknown`` (an installed copy, no git)."""
@@ -615,6 +620,9 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
     chains = _Chains()
     rows = []
     for i, name in enumerate(names):
+        # Between cases (and rows, and repeats): a Ctrl-C of ``python -m specjax bench`` whose
+        # KeyboardInterrupt a callback lost ends the run here (``specjax._progress``).
+        check_interrupt()
         case_start = time.perf_counter()
         if out is not None:
             print(f"[{i + 1}/{len(names)}] {name} ...", end=" ", file=out, flush=True)
@@ -622,6 +630,7 @@ def run(sizes: Sizes | None = None, *, cases=None, mode: str = "default",
         try:
             for row in CASES[name](sizes, chains):
                 got.append(row)
+                check_interrupt()
             status = "ok"
         except Exception as err:  # noqa: BLE001 - one case failing must not stop the others
             got.append(Row(name, name, "", math.nan, error=_error(err)))
@@ -708,15 +717,33 @@ def to_json(result: Result) -> dict:
     return out
 
 
+def check_out_dir(out_dir) -> pathlib.Path:
+    """``out_dir`` as a path, checked before any work (``python -m specjax bench`` checks
+    ``--out`` with it): a writable folder, or one that can be created, with no folder where
+    ``bench.md`` or ``bench.json`` goes (``reproduce.check_out_dir``).
+
+    Raises:
+      ValueError: saying why.
+    """
+    from specjax.experiments import reproduce  # noqa: PLC0415
+    return reproduce.check_out_dir(out_dir, OUTPUTS, "bench")
+
+
 def write(result: Result, out_dir) -> tuple[pathlib.Path, pathlib.Path]:
     """Writes ``bench.md`` and ``bench.json`` into ``out_dir`` (created if needed), each file
-    whole; returns their paths."""
-    folder = pathlib.Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    md, js = folder / "bench.md", folder / "bench.json"
-    with report.atomic_write(md) as f:
-        f.write(markdown(result))
-    with report.atomic_write(js) as f:
-        json.dump(to_json(result), f, indent=2)
-        f.write("\n")
+    whole and both or neither (``report.write_texts``); returns their paths.
+
+    Raises:
+      ValueError: ``out_dir`` is not a writable folder (``check_out_dir``), or a file could not
+        be written (neither is then, as far as the file system allows).
+    """
+    from specjax.experiments import reproduce  # noqa: PLC0415
+    folder = reproduce.make_out_dir(out_dir, OUTPUTS, "bench")
+    md, js = folder / OUTPUTS[0], folder / OUTPUTS[1]
+    texts = {md: markdown(result), js: json.dumps(to_json(result), indent=2) + "\n"}
+    try:
+        report.write_texts(texts)
+    except OSError as err:
+        raise ValueError(f"out_dir {str(folder)!r}: bench.md and bench.json could not be "
+                         f"written ({err.strerror or err})") from None
     return md, js

@@ -11,6 +11,8 @@ import uuid
 import jax
 import numpy as np
 
+from specjax._progress import check_interrupt
+
 
 TEMPORARY_SUFFIX = ".tmp"  # what ``atomic_write``'s temporary files end with
 
@@ -54,6 +56,29 @@ def write_text(path, text: str) -> None:
     """Writes ``text`` to ``path`` (UTF-8) through ``atomic_write``."""
     with atomic_write(path) as f:
         f.write(text)
+
+
+def write_texts(files) -> None:
+    """Writes several files both or neither, as far as a file system allows: every text to its
+    temporary file first (``atomic_write``, UTF-8), then the temporaries renamed onto their
+    paths in order.
+
+    An exception (or Ctrl-C) while writing removes every temporary file and leaves every path
+    as it was; so does a failed first rename. Only a rename failing after the first succeeded
+    (which a full disk or a missing permission does not cause: those fail the writes) leaves
+    the earlier paths replaced.
+
+    Args:
+      files: ``{path: text}`` (or ``(path, text)`` pairs), renamed in this order.
+    """
+    items = list(files.items()) if isinstance(files, dict) else list(files)
+    with contextlib.ExitStack() as stack:
+        # Entered last to first: the stack leaves them (renames) first to last, and an
+        # exception in one rename reaches the files after it, which remove their temporaries.
+        opened = [(stack.enter_context(atomic_write(path)), text)
+                  for path, text in reversed(items)]
+        for f, text in opened:
+            f.write(text)
 
 
 def z_score(mean, se, exact):
@@ -221,6 +246,7 @@ def write_figures(results, out_dir) -> list:
         finally:
             plt.close(fig)
         paths.append(path)
+        check_interrupt()  # a Ctrl-C lost while drawing (specjax._progress)
     return paths
 
 

@@ -214,17 +214,34 @@ def _probe_writable(folder: pathlib.Path) -> None:
     os.unlink(probe)
 
 
-def check_out_dir(out_dir) -> pathlib.Path:
+def _probe_creatable(folder: pathlib.Path) -> None:
+    """Creates and removes a temporary folder in ``folder``; raises ``OSError`` if it cannot
+    (``/proc``, a read-only file system: ``os.access`` says yes there to root)."""
+    probe = _report.temporary_name(folder / "mkdir-test")
+    os.mkdir(probe)
+    os.rmdir(probe)
+
+
+def check_out_dir(out_dir, names=None, writer: str = "reproduce") -> pathlib.Path:
     """``out_dir`` as a path, checked before any work: it must be a folder that exists and is
-    writable, or a path that can be created (under a writable folder, not under a file).
+    writable, or a path that can be created (under a writable folder, not under a file), and
+    each output file's path in it must be free for a file (not a folder).
 
     Writes nothing that stays: an existing folder is checked by creating and removing a
-    temporary file in it; a missing one by the permissions of its nearest existing parent.
+    temporary file in it; a missing one by the permissions of its nearest existing parent and
+    by creating and removing a temporary folder there.
+
+    Args:
+      out_dir: the output folder.
+      names: the files written into it (default: ``reproduce``'s, ``output_names()``).
+      writer: who writes them, as the message says (``python -m specjax bench`` passes
+        ``"bench"``).
 
     Raises:
       ValueError: saying why (empty, exists and is not a folder, under a file, not writable,
         or holds a folder where an output file goes).
     """
+    names = output_names() if names is None else list(names)
     if str(out_dir) == "":
         raise ValueError("'' is empty: give a folder, such as figures")
     out = pathlib.Path(out_dir)
@@ -237,9 +254,9 @@ def check_out_dir(out_dir) -> pathlib.Path:
             _probe_writable(out)
         except OSError as err:
             raise ValueError(f"{str(out)!r} is not writable ({err.strerror or err})") from None
-        for name in output_names():
+        for name in names:
             if (out / name).is_dir():
-                raise ValueError(f"{str(out / name)!r} is a folder, where reproduce writes the "
+                raise ValueError(f"{str(out / name)!r} is a folder, where {writer} writes the "
                                  f"file {name}")
         return out
     # A folder to create: its nearest existing parent must be a writable folder.
@@ -251,12 +268,18 @@ def check_out_dir(out_dir) -> pathlib.Path:
                          "folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{str(out)!r} cannot be created: {str(parent)!r} is not writable")
+    try:
+        _probe_creatable(parent)
+    except OSError as err:
+        raise ValueError(f"{str(out)!r} cannot be created: {str(parent)!r} is not writable "
+                         f"({err.strerror or err})") from None
     return out
 
 
-def make_out_dir(out_dir) -> pathlib.Path:
-    """``check_out_dir``, then creates the folder (and its parents) if needed."""
-    out = check_out_dir(out_dir)
+def make_out_dir(out_dir, names=None, writer: str = "reproduce") -> pathlib.Path:
+    """``check_out_dir`` (with the same arguments), then creates the folder (and its parents)
+    if needed."""
+    out = check_out_dir(out_dir, names, writer)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -288,10 +311,11 @@ def reproduce(out_dir="figures", settings: Settings = Settings(), progress: bool
         # The numbers first: a plotting failure must not lose them. Every file is written
         # whole or not at all (``report.atomic_write``): an interrupted run leaves no partial
         # file, and a rerun into the same folder replaces them.
-        _report.write_text(out / "summary.md",
-                           _report.summary_markdown(results, PAPER, Z_TOLERANCE))
-        _report.write_text(out / "summary.json", json.dumps(_report.jsonable(results), indent=1,
-                                                            allow_nan=False))
+        # The two summaries both or neither (``report.write_texts``).
+        _report.write_texts({
+            out / "summary.md": _report.summary_markdown(results, PAPER, Z_TOLERANCE),
+            out / "summary.json": json.dumps(_report.jsonable(results), indent=1,
+                                             allow_nan=False)})
         bar.step("summary.md and summary.json written")
         _report.write_figures(results, out)
         bar.step("figures written")
