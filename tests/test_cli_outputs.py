@@ -123,7 +123,7 @@ def test_report_write_texts_renames_only_after_every_file_is_written(monkeypatch
         if os.path.basename(dst) == "a.md":
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
-    monkeypatch.setattr(report.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)  # every writer renames with os.replace
     with pytest.raises(OSError, match="No space"):
         report.write_texts({a: "new a", b: "new b"})
     assert replaced == ["a.md"]  # the first rename failed: the second never happened

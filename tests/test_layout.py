@@ -9,7 +9,8 @@ import re
 import pytest
 
 PACKAGE = pathlib.Path(__file__).parent.parent / "specjax"
-LAYERS = {"_checks": 0, "_memory": 0, "_pytree": 0, "_progress": 0, "_moved": 0, "numerics": 0,
+LAYERS = {"_checks": 0, "_files": 0, "_memory": 0, "_pytree": 0, "_progress": 0, "_moved": 0,
+          "numerics": 0,
           "models": 1, "decoders": 2, "sampling": 3, "theory": 3, "tuning": 4, "auditing": 4,
           "pairs": 4, "experiments": 5, "compat": 5, "cli": 6, "__init__": 7, "__main__": 7}
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import zipfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax import _files
 
 __all__ = ["load", "rate_label", "resolve_path", "save"]
 
@@ -125,18 +126,8 @@ def save(recording, path) -> str:
     for label, entry in zip(labels, recording.rates):
         arrays[f"root_rejection/{label}"] = np.asarray(entry.root_rejection)
         arrays[f"rejection/{label}"] = np.asarray(entry.rejection)
-    folder, name = os.path.split(os.path.abspath(target))
-    handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            np.savez(file, **arrays)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    with _files.atomic_write(target, binary=True) as file:
+        np.savez(file, **arrays)
     return target
 
 
