@@ -531,10 +531,25 @@ def _affine_draft(cost: ServingCost, batch_size: int) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
+def _check_lookaheads(lookaheads) -> np.ndarray:
+    """``lookaheads`` as a ``(B,)`` int64 array of non-negative ints (``B >= 1``)."""
+    if isinstance(lookaheads, jax.core.Tracer):
+        raise ValueError("lookaheads must be concrete (a step's time is planning, not traced)")
+    k = np.asarray(lookaheads)
+    if k.ndim != 1 or k.size == 0 or not (np.issubdtype(k.dtype, np.integer)
+                                          or (np.issubdtype(k.dtype, np.floating)
+                                              and np.all(np.isfinite(k)) and np.all(k == k // 1))):
+        raise ValueError(f"lookaheads must be a (B,) vector of draft lengths, one int per slot "
+                         f"(B >= 1), got {np.asarray(lookaheads)!r}"[:300])
+    if (k < 0).any():
+        raise ValueError(f"lookaheads must be non-negative draft lengths, got {k.tolist()}"[:300])
+    return k.astype(np.int64)
+
+
 def step_time(lookaheads, cost: ServingCost) -> float:
     """The time of one SD step whose slots draft ``lookaheads`` (``(B,)`` ints): ``K_b`` passes
     and ``K_b + 1`` tokens scored per slot, pass ``j`` over the slots with ``K_b >= j``."""
-    k = np.asarray(lookaheads, np.int64)
+    k = _check_lookaheads(lookaheads)
     batch = k.shape[0]
     draft = cost.draft_times(batch)
     counts = [(k >= j).sum() for j in range(1, int(k.max(initial=0)) + 1)]
@@ -575,6 +590,11 @@ def allocate_drafts(survival, cost: ServingCost) -> DraftAllocation:
     _check_serving_cost(cost)
     batch, depth = table.shape
     intercept, slope = _affine_draft(cost, batch)
+    if intercept < -1e-12 * max(1.0, abs(slope)):
+        raise ValueError(
+            f"cost.draft_time must be a + c n with a >= 0 for the exact allocation (a pass's "
+            f"fixed part; the greedy rule's optimality needs it), got a = {intercept:.6g}, c = "
+            f"{slope:.6g}; with a < 0 compare the step_time of candidate lookaheads instead")
     target = cost.target_times(batch * (depth + 1))
     best = (-1.0, 0, 0)
     for cap in range(depth + 1):
@@ -647,7 +667,8 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
       cost: a ``ServingCost``.
       batch_size: ``B``, a positive int, or a sequence of them (each decoder's law of work is
         computed once for all).
-      max_lookahead: the largest ``K`` tried.
+      max_lookahead: the largest ``K`` tried, a non-negative int (``0``: SD off, the baseline
+        alone).
 
     Returns:
       ``BatchPolicy`` (a tuple of them, one per batch size, for a sequence).
@@ -662,7 +683,7 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
     """
     _check_serving_cost(cost)
     sizes, many = _batch_sizes(batch_size)
-    _checks.check_static_int("max_lookahead", max_lookahead)
+    _checks.check_static_non_negative_int("max_lookahead", max_lookahead)  # 0: SD off only
     for k in range(max_lookahead + 1):  # tables too short raise before any work
         _check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
     rates = np.stack([_rates(slot_work(_fixed(k), None if k == 0 else draft, target), cost, sizes)
@@ -671,6 +692,18 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
                                 price=None, tokens_per_time=float(r.max()), fixed_rates=r)
                     for r in rates)
     return choices if many else choices[0]
+
+
+def _check_price(price) -> None:
+    """A concrete ``price`` must be one finite number (a traced one is not checked)."""
+    if not _checks.is_concrete(price):
+        return
+    try:
+        value = np.asarray(price, np.float64)
+    except (TypeError, ValueError):
+        value = None
+    if isinstance(price, bool) or value is None or value.ndim != 0 or not np.isfinite(value):
+        raise ValueError(f"price must be a finite number, got {price!r}"[:300])
 
 
 def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSpeculative:
@@ -689,6 +722,7 @@ def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSp
       33.099
     """
     _checks.check_static_int("max_lookahead", max_lookahead)
+    _check_price(price)
     p, q = draft.trans, target.trans
     horizon = q.shape[0]
     depth = min(max_lookahead, horizon)
