@@ -255,7 +255,7 @@ def test_validation_errors():
         Recording.from_arrays(tokens + 3, rows, rows)
     with pytest.raises(ValueError, match="processing"):
         Recording.from_arrays(tokens, rows, rows, processing={"temperature": 0.5})
-    rec = Recording.from_arrays(tokens, rows, rows)
+    rec = Recording.from_arrays(tokens, rows, rows, keep_rows=False)
     for decoder, what in ((specjax.BiasedSpeculative(0.1), "lossy"),
                           (specjax.TopKAcceptance(2), "lossy"),
                           (specjax.BlockVerification(2), "call-level"),

@@ -302,3 +302,13 @@ def test_sizes_are_checked_before_the_work(monkeypatch):
     with pytest.raises(ValueError, match=r"batch_size = 1,000,000 .* use a smaller batch_size"):
         specjax.serving_rate(specjax.Speculative(lookahead=2), d, t, cost, batch_size=10**6)
     assert time.perf_counter() - start < 30
+
+
+def test_from_arrays_given_small_rows_serves_every_token_wise_decoder_without_a_flag():
+    tokens, p, q = _dump()
+    bsd = specjax.BatchSpeculative(2, lookahead=2)
+    default = specjax.estimate(bsd, Recording.from_arrays(tokens, p, q))
+    kept = specjax.estimate(bsd, Recording.from_arrays(tokens, p, q, keep_rows=True))
+    assert float(default.expected_calls) == float(kept.expected_calls)
+    with pytest.raises(ValueError, match="no rates"):
+        specjax.estimate(bsd, Recording.from_arrays(tokens, p, q, keep_rows=False))

@@ -8,7 +8,8 @@ A ``Recording`` holds ``B`` sequences ``x_0..x_T`` drawn from the target and, at
   record time (``decoders=``): ``P(rejected, x_t) / q_t(x_t)`` at a call's root and inside a
   call, from the decoder's own ``laws`` on the full rows, computed once and kept as ``(B, T)``
   arrays (a decoder's rates do not depend on its lookahead, so one entry serves every ``K``);
-* or, when asked (``keep_rows=True``), the full rows ``(B, T, V)`` (small ``V`` only), from
+* or the full rows ``(B, T, V)`` (``keep_rows=True``; by default ``from_arrays`` keeps rows of at
+  most ``KEEP_ROWS_BYTES``, so that a small dump serves every token-wise decoder), from
   which any token-wise decoder's rates are computed at estimate time.
 
 Statistics instead of rows keep a recording small: at ``V = 32,000``, ``T = 256`` and 1,000
@@ -69,6 +70,8 @@ from specjax.sampling import sharding as _sharding
 
 #: Working memory (bytes) one chunk's rows may take when scoring or reading rows.
 CHUNK_BYTES = 1 << 28
+#: ``from_arrays`` keeps the rows by default when both take at most this many bytes.
+KEEP_ROWS_BYTES = 1 << 30
 #: Rows (V entries) alive per chain and step while a chunk of rollouts runs (measured about 10 at
 #: V = 32,000: a run of 1,000 chains peaked 1.29 GB above the process's start).
 ROLLOUT_COPIES = 12
@@ -201,7 +204,7 @@ class Recording(NamedTuple):
 
     @classmethod
     def from_arrays(cls, tokens, draft_probs, target_probs, *, weights=None, logits=False,
-                    processing=None, decoders=(), keep_rows=False) -> "Recording":
+                    processing=None, decoders=(), keep_rows=None) -> "Recording":
         """A recording from arrays, e.g. an engine's dump of target rollouts.
 
         Args:
@@ -218,7 +221,8 @@ class Recording(NamedTuple):
           processing: those keywords (only with ``logits=True``).
           decoders: token-wise decoders whose rates to compute from the rows now (multi-draft
             roots, a ``RejectionRule``); SD needs none.
-          keep_rows: keep the full rows (any token-wise decoder can then be estimated later).
+          keep_rows: keep the full rows (any token-wise decoder can then be estimated later);
+            default ``None``: keep them when both take at most ``KEEP_ROWS_BYTES`` (1 GiB).
 
         Returns:
           ``Recording``.
@@ -237,7 +241,8 @@ class Recording(NamedTuple):
           0.2 0.5
         """
         _checks.check_bool("logits", logits)
-        _checks.check_bool("keep_rows", keep_rows)
+        if keep_rows is not None:
+            _checks.check_bool("keep_rows", keep_rows)
         if processing is not None and not logits:
             raise ValueError("processing (process_logits keywords) applies to logits: pass "
                              "logits=True with it")
@@ -261,7 +266,9 @@ class Recording(NamedTuple):
         decoders = check_decoders(decoders)
         dtype = jnp.result_type(p.dtype, q.dtype)
         p, q = p.astype(dtype), q.astype(dtype)
-        if keep_rows:
+        if keep_rows is None:
+            keep_rows = 2 * p.size * p.dtype.itemsize <= KEEP_ROWS_BYTES
+        elif keep_rows:
             _memory.check_fits(2 * p.size * p.dtype.itemsize, argument="keep_rows=True",
                                what="the full rows", remedy="keep statistics (keep_rows=False)")
         chunk = rows_chunk(horizon, num_states, dtype, num, decoders)
