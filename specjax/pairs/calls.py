@@ -93,7 +93,7 @@ def resolve_lookahead(lookahead, horizon: int) -> int:
     return min(lookahead, horizon)
 
 
-def phase_filter(rejection, root_rejection, lookahead: int, call_weights):
+def phase_filter(rejection, root_rejection, lookahead: int, call_weights, lengths=None):
     """The filter itself, for a static ``K = lookahead`` (``0 <= K <= T``).
 
     Args:
@@ -102,6 +102,9 @@ def phase_filter(rejection, root_rejection, lookahead: int, call_weights):
       lookahead: static ``K``.
       call_weights: ``(T, W)`` per-position weights of a call start (a column of ones counts
         calls; a column of depths counts drafted levels; a column of call times gives time).
+      lengths: ``(B,)`` ints or ``None``: sequence ``b`` ends after ``lengths[b]`` emitted
+        tokens (an end-of-sequence token): its later positions are padding, never read, and
+        open no call (whatever phase the last token left).
 
     Returns:
       ``(rejections (B,), weighted_calls (B, W), accepted_at (B, K))``.
@@ -111,24 +114,31 @@ def phase_filter(rejection, root_rejection, lookahead: int, call_weights):
     dtype = rejection.dtype
     call_weights = jnp.asarray(call_weights, dtype)
     is_root = (jnp.arange(k) == 0)[None]  # (1, K)
+    if lengths is None:
+        live = jnp.ones((horizon, batch), dtype)
+    else:
+        live = (jnp.arange(horizon)[:, None] < jnp.asarray(lengths)[None]).astype(dtype)
+    # Padding may hold anything: its rates are replaced before they meet a product.
+    rejection = jnp.where(live.T > 0, rejection, 0)
+    root_rejection = jnp.where(live.T > 0, root_rejection, 0)
 
     def step(carry, inputs):
         alpha, rejected, weighted, accepted = carry
-        r, root_r, weight = inputs  # (B,), (B,), (W,)
+        r, root_r, weight, on = inputs  # (B,), (B,), (W,), (B,)
         rate = jnp.where(is_root, root_r[:, None], r[:, None])  # (B, K)
         drafted = alpha[:, :k]
-        rej = drafted * rate
-        acc = drafted - rej  # phase j accepted: phase j + 1 at the next position
-        start = jnp.sum(rej, axis=-1) + alpha[:, k]  # a rejection or a bonus opens a call
+        rej = drafted * rate * on[:, None]
+        acc = (drafted - rej) * on[:, None]  # phase j accepted: phase j + 1 next
+        start = jnp.sum(rej, axis=-1) + alpha[:, k] * on  # a rejection or a bonus opens a call
         new_alpha = jnp.concatenate([start[:, None], acc], axis=-1)
-        weighted = weighted + alpha[:, :1] * weight[None]
+        weighted = weighted + (alpha[:, :1] * on[:, None]) * weight[None]
         return (new_alpha, rejected + jnp.sum(rej, axis=-1), weighted, accepted + acc), None
 
     alpha0 = jnp.zeros((batch, k + 1), dtype).at[:, 0].set(1)
     carry = (alpha0, jnp.zeros((batch,), dtype),
              jnp.zeros((batch, call_weights.shape[-1]), dtype), jnp.zeros((batch, k), dtype))
     (_, rejections, weighted, accepted_at), _ = jax.lax.scan(
-        step, carry, (rejection.T, root_rejection.T, call_weights))
+        step, carry, (rejection.T, root_rejection.T, call_weights, live))
     return rejections, weighted, accepted_at
 
 

@@ -191,7 +191,16 @@ def per_sequence(decoder, recording: Recording, cost: CostModel | None):
     dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
     columns = call_columns(decoder, horizon, lookahead, cost)
     return _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
-                   call_weights=jnp.asarray(columns, dtype))
+                   call_weights=jnp.asarray(columns, dtype), lengths=recording.lengths)
+
+
+def autoregressive_times(recording: Recording, cost: CostModel):
+    """``(B,)`` (or a scalar without ``lengths``): each sequence's time decoded token by token,
+    one target call per emitted token."""
+    per_token = cost.target_time(1) + cost.call_overhead
+    if recording.lengths is None:
+        return recording.horizon * per_token
+    return recording.lengths.astype(recording.target_prob.dtype) * per_token
 
 
 def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) -> Estimate:
@@ -200,7 +209,10 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
     Args:
       decoder: a token-wise decoder whose output is the target's (module docstring); its
         ``lookahead`` is the one estimated (``None``: draft to the horizon).
-      recording: a ``Recording`` (its weights, if any, weight the mean).
+      recording: a ``Recording`` (its weights, if any, weight the mean; with ``lengths``,
+        each sequence's calls end at its last emitted token, and a call drafts what an engine
+        drafts there, ``min(K, T - n + 1)`` with ``T`` the recording's horizon: the engine does
+        not know the request is about to end).
       cost: a ``CostModel`` for ``expected_time`` and ``speedup``, or ``None``.
 
     Returns:
@@ -228,7 +240,7 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
     rejections, weighted, accepted_at = per_sequence(decoder, recording, cost)
     return summarise(rejections, weighted, accepted_at, recording.weights,
                      autoregressive_time=None if cost is None else
-                     recording.horizon * (cost.target_time(1) + cost.call_overhead))
+                     autoregressive_times(recording, cost))
 
 
 def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time=None):
@@ -261,7 +273,7 @@ def _summarise(rejections, weighted, accepted_at, weights, autoregressive_time):
     time = time_se = speedup = speedup_se = None
     if autoregressive_time is not None:
         time, time_se = mean(weighted[:, 2])
-        speedup, speedup_se = ratio_se(jnp.full_like(calls, autoregressive_time),
+        speedup, speedup_se = ratio_se(jnp.broadcast_to(autoregressive_time, calls.shape),
                                        weighted[:, 2], weights)
     return Estimate(
         expected_rejections=rej, expected_rejections_se=rej_se,

@@ -21,6 +21,7 @@ sequences it is 3 MB (the rows would be 65 GB).
     draft_prob    float (B, T)       p_t(x_t), t = 1..T  (index t - 1)
     target_prob   float (B, T)       q_t(x_t)
     weights       float (B,)         optional
+    lengths       int   (B,)         optional: emitted tokens per sequence (ragged requests)
     draft_probs   float (B, T, V)    optional full rows (then draft_prob/target_prob may be
     target_probs  float (B, T, V)    left out: they are read off the rows)
     root_rejection/<label>, rejection/<label>   float (B, T)   optional rates of a decoder,
@@ -174,6 +175,9 @@ class Recording(NamedTuple):
       rates: ``DecoderRates`` of the decoders asked for at record time.
       draft_probs: ``(B, T, V)`` full draft rows when kept, else ``None``.
       target_probs: ``(B, T, V)`` full target rows when kept, else ``None``.
+      lengths: ``(B,)`` int32, the emitted tokens of each sequence (ragged requests: entries
+        past ``lengths[b]`` are padding, set to token 0 and probability 1 and never read), or
+        ``None``: every sequence has ``T``.
     """
 
     tokens: jax.Array  # shape=(B, T + 1), dtype=int32
@@ -183,6 +187,7 @@ class Recording(NamedTuple):
     rates: tuple = ()
     draft_probs: jax.Array | None = None  # shape=(B, T, V)
     target_probs: jax.Array | None = None  # shape=(B, T, V)
+    lengths: jax.Array | None = None  # shape=(B,), dtype=int32
 
     @property
     def num_sequences(self) -> int:
@@ -203,8 +208,9 @@ class Recording(NamedTuple):
         return None
 
     @classmethod
-    def from_arrays(cls, tokens, draft_probs, target_probs, *, weights=None, logits=False,
-                    processing=None, decoders=(), keep_rows=None) -> "Recording":
+    def from_arrays(cls, tokens, draft_probs, target_probs, *, weights=None, lengths=None,
+                    eos=None, logits=False, processing=None, decoders=(),
+                    keep_rows=None) -> "Recording":
         """A recording from arrays, e.g. an engine's dump of target rollouts.
 
         Args:
@@ -215,6 +221,11 @@ class Recording(NamedTuple):
           weights: ``(B,)`` non-negative weights (not all zero), or ``None``: the estimates are
             weighted means (with every sequence enumerated and weighted by its target
             probability they are exact).
+          lengths: ``(B,)`` ints in ``[1, T]``, or ``None``: sequence ``b`` emitted
+            ``lengths[b]`` tokens and ended (an end-of-sequence token, the engine's limit);
+            the entries past it (tokens, rows) are padding, never read (NaN is fine).
+          eos: an end-of-sequence id instead of ``lengths``: a sequence ends at its first
+            ``eos`` among ``x_1..x_T`` (included), else at ``T``.
           logits: ``True`` when the arrays are logits: they are turned into the laws an engine
             samples from by ``specjax.process_logits`` with the keywords ``processing`` (a dict:
             ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``order``; default softmax).
@@ -246,10 +257,6 @@ class Recording(NamedTuple):
         if processing is not None and not logits:
             raise ValueError("processing (process_logits keywords) applies to logits: pass "
                              "logits=True with it")
-        if logits:
-            settings = dict(processing or {})
-            draft_probs = process_logits(jnp.asarray(draft_probs), **settings)
-            target_probs = process_logits(jnp.asarray(target_probs), **settings)
         p, q = jnp.asarray(draft_probs), jnp.asarray(target_probs)
         for name, x in (("draft_probs", p), ("target_probs", q)):
             if x.ndim != 3:
@@ -259,6 +266,14 @@ class Recording(NamedTuple):
                              f"got {p.shape} and {q.shape}")
         num, horizon, num_states = q.shape
         check_sizes("draft_probs and target_probs", num, horizon)
+        tokens, lengths, live = check_lengths(tokens, lengths, eos, num, horizon)
+        if live is not None:  # padding: logits 0 (uniform rows), probabilities uniform
+            fill = 0.0 if logits else 1.0 / num_states
+            p, q = (jnp.where(live[..., None], x, jnp.asarray(fill, x.dtype)) for x in (p, q))
+        if logits:
+            settings = dict(processing or {})
+            p = process_logits(p, **settings)
+            q = process_logits(q, **settings)
         tokens = check_tokens(tokens, num, horizon, num_states)
         weights = check_weights(weights, num)
         _checks.check_probabilities("draft_probs", p)
@@ -275,18 +290,26 @@ class Recording(NamedTuple):
         parts = [_statistics(p[i:i + chunk], q[i:i + chunk], tokens[i:i + chunk, 1:],
                              decoders=decoders, keep_rows=False)
                  for i in range(0, num, chunk)]
-        return assemble(tokens, weights, decoders, parts,
-                        rows=(p, q) if keep_rows else None)
+        return assemble(tokens, weights, decoders, parts, rows=(p, q) if keep_rows else None,
+                        lengths=lengths)
 
     @classmethod
-    def from_statistics(cls, tokens, draft_prob, target_prob, *, weights=None) -> "Recording":
+    def from_statistics(cls, tokens, draft_prob, target_prob, *, weights=None, lengths=None,
+                        eos=None) -> "Recording":
         """A recording from the emitted tokens' probabilities alone, ``p_t(x_t)`` and
         ``q_t(x_t)`` (``(B, T)``, index ``t - 1``): all SD needs, for any vocabulary size.
+        ``weights``, ``lengths`` and ``eos`` as ``from_arrays``'s.
 
         Raises:
-          ValueError: shapes that do not match, values outside ``[0, 1]``, bad weights.
+          ValueError: shapes that do not match, values outside ``[0, 1]``, bad weights or
+            lengths, a recorded token of target probability 0.
         """
         draft_prob, target_prob = jnp.asarray(draft_prob), jnp.asarray(target_prob)
+        if draft_prob.ndim == 2 and draft_prob.shape == target_prob.shape:
+            tokens, lengths, live = check_lengths(tokens, lengths, eos, *target_prob.shape)
+            if live is not None:  # padding: probability 1 (never read)
+                draft_prob, target_prob = (jnp.where(live, x, jnp.ones((), x.dtype))
+                                           for x in (draft_prob, target_prob))
         for name, x in (("draft_prob", draft_prob), ("target_prob", target_prob)):
             if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
                 raise ValueError(f"{name} must be a float array of shape (B, T), got "
@@ -304,7 +327,8 @@ class Recording(NamedTuple):
         weights = check_weights(weights, num)
         check_recorded_tokens("target_prob", target_prob, weights)
         dtype = jnp.result_type(draft_prob.dtype, target_prob.dtype)
-        return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype), weights)
+        return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype), weights,
+                   lengths=lengths)
 
     def save(self, path) -> str:
         """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring,
@@ -347,6 +371,37 @@ class Recording(NamedTuple):
         from specjax.pairs import recording_files  # noqa: PLC0415
 
         return recording_files.load(cls, path, decoders=decoders, keep_rows=keep_rows)
+
+
+def check_lengths(tokens, lengths, eos, num: int, horizon: int):
+    """``(tokens, lengths, live)``: ``lengths`` ``(B,)`` int32 (read off ``eos`` when given) and
+    ``live`` ``(B, T)`` bool (``t < lengths[b]``), with the tokens' padding set to 0; or the
+    tokens as given and ``(None, None)`` when neither is given."""
+    if lengths is None and eos is None:
+        return tokens, None, None
+    if lengths is not None and eos is not None:
+        raise ValueError("lengths and eos: give one of them (eos reads the lengths off the "
+                         "tokens)")
+    tokens = np.array(tokens)  # a copy: its padding is overwritten
+    if not np.issubdtype(tokens.dtype, np.integer) or tokens.shape != (num, horizon + 1):
+        raise ValueError(f"tokens must be integers of shape (B, T + 1) = ({num}, "
+                         f"{horizon + 1}), got {tokens.shape} {tokens.dtype}")
+    if eos is not None:
+        _checks.check_static_non_negative_int("eos", eos)
+        lengths = stop_lengths(tokens, (eos,))
+    else:
+        if isinstance(lengths, jax.core.Tracer):
+            raise ValueError("lengths must be concrete (it sets which entries are read)")
+        lengths = np.asarray(lengths)
+        if lengths.shape != (num,) or not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(f"lengths must be ints of shape (B,) = ({num},), got "
+                             f"{lengths.shape} {lengths.dtype}")
+        if (lengths < 1).any() or (lengths > horizon).any():
+            raise ValueError(f"lengths must lie in [1, T] = [1, {horizon}] (emitted tokens per "
+                             f"sequence), got {int(lengths.min())} .. {int(lengths.max())}")
+    live = np.arange(horizon)[None] < lengths[:, None]
+    tokens[:, 1:] = np.where(live, tokens[:, 1:], 0)
+    return tokens, jnp.asarray(lengths, jnp.int32), live
 
 
 def check_sizes(names: str, num: int, horizon: int) -> None:
@@ -430,10 +485,15 @@ def rows_chunk(horizon: int, num_states: int, dtype, num: int, decoders) -> int:
     return int(max(1, min(num, CHUNK_BYTES // max(per_sequence, 1))))
 
 
-def assemble(tokens, weights, decoders, parts, rows=None) -> Recording:
-    """A ``Recording`` from the chunks' ``_statistics`` (checking each decoder's laws)."""
+def assemble(tokens, weights, decoders, parts, rows=None, lengths=None) -> Recording:
+    """A ``Recording`` from the chunks' ``_statistics`` (checking each decoder's laws); with
+    ``lengths``, the statistics' padding set to probability 1."""
     draft_prob = jnp.concatenate([part[0] for part in parts])
     target_prob = jnp.concatenate([part[1] for part in parts])
+    if lengths is not None:
+        live = jnp.arange(draft_prob.shape[1])[None] < lengths[:, None]
+        draft_prob, target_prob = (jnp.where(live, x, jnp.ones((), x.dtype))
+                                   for x in (draft_prob, target_prob))
     check_recorded_tokens("target_probs", target_prob, weights)
     rates = []
     for i, decoder in enumerate(decoders):
@@ -447,7 +507,7 @@ def assemble(tokens, weights, decoders, parts, rows=None) -> Recording:
                                   jnp.concatenate([part[2][i][0] for part in parts]),
                                   jnp.concatenate([part[2][i][1] for part in parts])))
     p, q = (None, None) if rows is None else rows
-    return Recording(tokens, draft_prob, target_prob, weights, tuple(rates), p, q)
+    return Recording(tokens, draft_prob, target_prob, weights, tuple(rates), p, q, lengths)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +537,7 @@ def _score_chunk(draft, target, tokens, *, decoders, keep_rows):
 
 def record(key, draft, target, num_sequences: int, *, horizon: int | None = None,
            decoders=(), keep_rows: bool = False, chunk_size: int | None = None,
-           sharding=None, progress: bool = False) -> Recording:
+           sharding=None, progress: bool = False, stop_tokens=None) -> Recording:
     """Records ``num_sequences`` target rollouts of JAX models, with the draft's and the
     target's probabilities of every emitted token (and the rates of ``decoders``).
 
@@ -502,6 +562,8 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
         several processes) the recording's arrays are global: each process holds its own
         sequences (``specjax.sampling.sharding``).
       progress: show a progress bar over the chunks.
+      stop_tokens: ``None``, or end-of-sequence ids (as ``decode``'s): each rollout ends at
+        its first one, and the recording is ragged (``lengths``).
 
     Returns:
       ``Recording``.
@@ -529,8 +591,9 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     target = with_static_leaves(as_probability_model(target))
     draft = target if same else with_static_leaves(as_probability_model(draft))
     model_kind(draft, target)
+    _checks.check_bool("keep_rows", keep_rows)
     run = replicate(plan(key, Autoregressive(), None, target, num_sequences, horizon=horizon,
-                         sharding=sharding))
+                         sharding=sharding, stop_tokens=stop_tokens))
     horizon, num_states = run.horizon, target.num_states
     dtype = jnp.result_type(float)
     shards = _sharding.num_shards(run.sharding)
@@ -544,6 +607,12 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     tokens = jnp.concatenate([
         run_chunk(key, run, np.uint32(start), min(roll, num_sequences - start))[0].tokens
         for start in range(0, num_sequences, roll)])
+    lengths = None
+    if run.stop_tokens:  # ragged: each rollout ends at its first stop token
+        tokens, lengths, _ = check_lengths(
+            tokens, jnp.asarray(stop_lengths(np.asarray(tokens), run.stop_tokens)), None,
+            num_sequences, horizon)
+        tokens = jnp.asarray(tokens, jnp.int32)
     if keep_rows:
         _memory.check_fits(2 * num_sequences * horizon * num_states * jnp.dtype(dtype).itemsize,
                            argument="keep_rows=True", what="the full rows",
@@ -566,4 +635,11 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
     rows = None
     if keep_rows:
         rows = tuple(jnp.concatenate([part[3][i] for part in parts]) for i in range(2))
-    return assemble(tokens, None, decoders, parts, rows=rows)
+    return assemble(tokens, None, decoders, parts, rows=rows, lengths=lengths)
+
+
+def stop_lengths(tokens: np.ndarray, stop_tokens) -> np.ndarray:
+    """``(B,)``: the position of each sequence's first stop token among ``x_1..x_T`` (``T``
+    where there is none)."""
+    hit = np.isin(tokens[:, 1:], np.asarray(stop_tokens))
+    return np.where(hit.any(axis=1), np.argmax(hit, axis=1) + 1, tokens.shape[1] - 1)

@@ -113,6 +113,8 @@ def save(recording, path) -> str:
               "target_prob": np.asarray(recording.target_prob)}
     if recording.weights is not None:
         arrays["weights"] = np.asarray(recording.weights)
+    if recording.lengths is not None:
+        arrays["lengths"] = np.asarray(recording.lengths)
     if recording.draft_probs is not None:
         arrays["draft_probs"] = np.asarray(recording.draft_probs)
         arrays["target_probs"] = np.asarray(recording.target_probs)
@@ -185,18 +187,18 @@ def load(cls, path, *, decoders=(), keep_rows=None):
     if "tokens" not in arrays:
         raise ValueError(f"path: {path!r} has no 'tokens' array (see the .npz layout in "
                          "specjax.pairs.recording)")
-    weights = arrays.get("weights")
+    weights, lengths = arrays.get("weights"), arrays.get("lengths")
     try:
         if "draft_probs" in arrays and "target_probs" in arrays:
             keep = True if keep_rows is None else keep_rows
             return cls.from_arrays(arrays["tokens"], arrays["draft_probs"],
-                                   arrays["target_probs"], weights=weights, decoders=decoders,
-                                   keep_rows=keep)
+                                   arrays["target_probs"], weights=weights, lengths=lengths,
+                                   decoders=decoders, keep_rows=keep)
         if "draft_prob" not in arrays or "target_prob" not in arrays:
             raise ValueError(f"path: {path!r} needs 'draft_prob' and 'target_prob' (B, T) or "
                              f"the rows 'draft_probs' and 'target_probs' (B, T, V)")
         rec = cls.from_statistics(arrays["tokens"], arrays["draft_prob"],
-                                  arrays["target_prob"], weights=weights)
+                                  arrays["target_prob"], weights=weights, lengths=lengths)
     except ValueError as error:
         message = str(error)
         if message.startswith("path: "):
