@@ -64,7 +64,8 @@ PATCHED_AVAILABLE = 2 * 10**9
 CASE_TIMEOUT = 120.0  # generous: a 2-core machine running the suite on both cores is slow
 
 #: Modules (beside this one) whose ``add_cases(add, specjax)`` add the cases of issue 52.
-RECENT_CASE_MODULES = ("reliability_recent_pairs", "reliability_recent_cli")
+RECENT_CASE_MODULES = ("reliability_recent_pairs", "reliability_recent_cli",
+                       "reliability_recent_models")
 
 V, T, C = 4, 3, 4000  # tokens, horizon, chains of every sampler case
 

@@ -92,7 +92,7 @@ def test_battery_covers_every_public_entry_point():
                  "LookaheadChoice", "Objective", "ParetoFront", "SequoiaChoice", "TokenwiseDecoder", "TreeBudgetChoice", "TuneResult",
                  "VerificationLaw", "array_field", "decoder_dataclass", "Autoregressive",
                  "marginals", "DraftsLaw", "EngineComparison", "Verified", "ProcessedModel",
-                 "PromptedModel", "TreeLaw", "VerifiedTree"}
+                 "PromptedModel", "TreeLaw", "VerifiedTree", "Estimate"}
     missing = sorted(set(specjax.__all__) - entries - data_only)
     assert not missing, missing
 

@@ -73,6 +73,10 @@ class EngineComparison(NamedTuple):
       num_runs: runs per request ``R``.
       num_tests: ``K + 3`` (each at level ``alpha / num_tests``).
       alpha: the false-alarm rate of ``flagged`` (about, asymptotically).
+      tested: whether the verdict rests on a test. False when ``min_variance`` pooled every
+        category of every test away although the law is random (too few runs for it) and no
+        output is impossible: then ``flagged`` is False without any evidence (every p-value is
+        1 with zero degrees of freedom) and ``summary()`` says NOT TESTED, not ok.
     """
 
     flagged: bool
@@ -89,11 +93,13 @@ class EngineComparison(NamedTuple):
     num_runs: int
     num_tests: int
     alpha: float
+    tested: bool = True
 
     def summary(self) -> str:
         """A human-readable verdict."""
         level = self.alpha / self.num_tests
-        lines = [f"engine comparison: {'FLAGGED' if self.flagged else 'ok'} "
+        verdict = "FLAGGED" if self.flagged else "ok" if self.tested else UNTESTED
+        lines = [f"engine comparison: {verdict} "
                  f"(false-alarm rate {self.alpha:g}: {self.num_tests} tests at {level:.3g} each)",
                  f"  impossible outputs: {self.impossible}"
                  + "".join(f"\n    run {r}, request {b}: {list(t)}"
@@ -108,6 +114,37 @@ class EngineComparison(NamedTuple):
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def check_min_variance(min_variance) -> float:
+    """``min_variance`` as a float, or ``ValueError`` naming it unless it is a positive finite
+    number (an infinite one pools every category away: a test without power)."""
+    if isinstance(min_variance, bool) or not isinstance(min_variance, numbers.Real) \
+            or not 0 < float(min_variance) < math.inf:
+        raise ValueError(f"min_variance must be a positive finite number, got "
+                         f"{min_variance!r}")
+    return float(min_variance)
+
+
+#: A law whose every ``P (1 - P)`` is below this is deterministic (up to float32 rounding): its
+#: outcomes are fully tested by the impossible ones, with no category of variance to pool.
+_DETERMINISTIC = 1e-6
+
+#: What the summaries say of a result that could not test (``tested`` False).
+UNTESTED = ("NOT TESTED: min_variance pooled every category of every test away (zero degrees "
+            "of freedom, no power): give more samples or a smaller min_variance")
+
+
+def is_tested(dofs, laws) -> bool:
+    """Whether a verdict rests on a test: some test has positive degrees of freedom, or the law
+    is deterministic (its impossible outcomes are the whole test). ``dofs``: the tests' degrees
+    of freedom; ``laws``: arrays ``(B, C)`` of their category laws. False when ``min_variance``
+    pooled every category of a random law away (too few samples for it): a verdict without any
+    test, which must not read as a pass."""
+    if any(d > 0 for d in dofs):
+        return True
+    laws = [np.asarray(law, np.float64) for law in laws if np.size(law)]
+    return not laws or max(float((law * (1 - law)).max()) for law in laws) <= _DETERMINISTIC
 
 
 def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,
@@ -127,7 +164,9 @@ def generalised_chi2_test(laws: np.ndarray, observed: np.ndarray, runs: int,
     kept by the *variance* of their count, ``runs sum_b P_b (1 - P_b)`` (an expectation can be
     large while the count is nearly deterministic: requests that surely emit it); the others are
     pooled, and a pool of too small a variance is folded into the kept category of smallest
-    variance (dropping it would leave its rare events in the statistic through the sum)."""
+    variance (dropping it would leave its rare events in the statistic through the sum). When no
+    category is kept the result is ``(0.0, 0, 1.0)``: zero degrees of freedom, nothing tested
+    (``is_tested`` tells a verdict made of such tests alone)."""
     variance = runs * (laws * (1 - laws)).sum(0)
     keep = np.flatnonzero(variance >= min_variance)
     if keep.size > _MAX_CATEGORIES:
@@ -192,15 +231,18 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         the accepted drafts, the recovered or bonus token, then ``-1`` padding.
       alpha: the false-alarm rate of the verdict, in ``(0, 1)``.
       min_variance: categories whose count has a smaller variance under the exact law are
-        pooled (chi-square validity; see the module docstring).
+        pooled (chi-square validity; see the module docstring); a positive finite number.
+        When it leaves no category to test in any test (too few runs for it, or too large a
+        value) and no output is impossible, the result says so (``tested`` False, a summary
+        of NOT TESTED), not a pass.
 
     Returns:
       ``EngineComparison`` (``print(result)`` for a verdict).
 
     Raises:
       ValueError: bad inputs (as ``verify_drafts``), outputs of the wrong shape or dtype (no run,
-        unsigned ids), ``alpha`` outside ``(0, 1)``, a non-positive ``min_variance``; before any
-        work.
+        unsigned ids), ``alpha`` outside ``(0, 1)``, a ``min_variance`` that is not a positive
+        finite number (an infinite one would pool every category away); before any work.
 
     Example:
       >>> import jax, jax.numpy as jnp, specjax
@@ -217,9 +259,7 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     alpha = check_alpha(alpha)
-    if isinstance(min_variance, bool) or not isinstance(min_variance, numbers.Real) \
-            or not float(min_variance) > 0:
-        raise ValueError(f"min_variance must be a positive number, got {min_variance!r}")
+    min_variance = check_min_variance(min_variance)
     num_requests, lookahead = inputs.tokens.shape
     num_tokens = inputs.target_probs.shape[-1]
     out = np.asarray(tokens)
@@ -254,20 +294,27 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         return np.bincount(index[ok], minlength=size)
 
     tests_per_position = []
+    dofs, tested = [], []
+
+    def test(laws, counts):
+        _, dof, pvalue = generalised_chi2_test(laws, counts, runs, min_variance)
+        dofs.append(dof)
+        tested.append(laws)
+        return pvalue
+
     cells = n * num_tokens + y
     flat = outcome.reshape(num_requests, -1)
-    outcome_p = _generalised_chi2(flat, observed(cells, flat.shape[1]), runs, min_variance)
+    outcome_p = test(flat, observed(cells, flat.shape[1]))
     length_law = outcome.sum(-1)  # (B, K + 1): P(n + 1 tokens)
     length_counts = observed(n, lookahead + 1)
-    length_p = _generalised_chi2(length_law, length_counts, runs, min_variance)
+    length_p = test(length_law, length_counts)
     for j in range(lookahead + 1):
         # categories: absent (n < j), draft kept (n > j), last token y here (V of them)
         laws = np.concatenate([length_law[:, :j].sum(1, keepdims=True),
                                length_law[:, j + 1:].sum(1, keepdims=True), outcome[:, j]],
                               axis=1)
         index = np.where(n < j, 0, np.where(n > j, 1, 2 + y))
-        tests_per_position.append(_generalised_chi2(laws, observed(index, num_tokens + 2), runs,
-                                                    min_variance))
+        tests_per_position.append(test(laws, observed(index, num_tokens + 2)))
     mean_law = (length_law * np.arange(1, lookahead + 2)).sum(1)
     var_law = (length_law * np.arange(1, lookahead + 2) ** 2).sum(1) - mean_law ** 2
     total = runs * num_requests
@@ -282,4 +329,5 @@ def compare_outputs(decoder, draft_tokens, draft_probs, target_probs, tokens, *,
         mean_length=float((n + 1)[ok].mean()) if ok.any() else math.nan,
         mean_length_expected=float(mean_law.mean()),
         mean_length_se=float(math.sqrt(max(var_law.sum() * runs, 0.0)) / total),
-        num_runs=runs, num_tests=num_tests, alpha=alpha)
+        num_runs=runs, num_tests=num_tests, alpha=alpha,
+        tested=bool(impossible.any()) or is_tested(dofs, tested))

@@ -51,7 +51,9 @@ import numpy as np
 
 from specjax import _checks
 from specjax.auditing.audit import check_alpha
-from specjax.auditing.compare import _generalised_chi2
+from specjax.auditing.compare import check_min_variance
+from specjax.auditing.compare import generalised_chi2_test
+from specjax.auditing.compare import is_tested
 from specjax.models import processing
 from specjax.models.autoregressive import check_table_size
 from specjax.models.finite_state import FiniteStateModel
@@ -103,6 +105,10 @@ class SequenceFit(NamedTuple):
       impossible: sequences observed whose probability is zero.
       num_sequences: sequences tested.
       alpha: the false-alarm rate (asymptotic).
+      tested: whether the verdict rests on a test. False when ``min_variance`` pooled every
+        sequence away although the law is random (too few samples for it) and no sequence is
+        impossible: then ``flagged`` is False without any evidence (``pvalue`` 1 with zero
+        degrees of freedom).
     """
 
     flagged: bool
@@ -110,6 +116,7 @@ class SequenceFit(NamedTuple):
     impossible: int
     num_sequences: int
     alpha: float
+    tested: bool = True
 
 
 def _check_sizes(num_states: int, horizon: int) -> None:
@@ -162,11 +169,17 @@ def sequence_fit(tokens, law: SequenceLaw, *, alpha: float = 1e-3,
     a law ``P`` against ``Q`` is that of a noncentral chi-square with noncentrality ``N
     chi2(P || Q)`` (``SequenceLaw.chi_square_divergence``; at least ``4 N TV^2``).
 
+    ``min_variance`` (a positive finite number): sequences whose count has a smaller variance
+    are pooled, as ``compare_outputs`` pools categories; when it pools every sequence away (too
+    few samples for it) the result's ``tested`` is False: no verdict, not a pass.
+
     Raises:
       ValueError: ``tokens`` not ``(N, T + 1)`` ids of the law's ``V`` and ``T``, ``alpha``
-        outside ``(0, 1)``; before any work.
+        outside ``(0, 1)``, ``min_variance`` not a positive finite number (an infinite one
+        would pool every sequence away); before any work.
     """
     alpha = check_alpha(alpha)
+    min_variance = check_min_variance(min_variance)
     out = np.asarray(tokens)
     length = law.sequences.shape[1]
     num_states = int(law.sequences.max()) + 1
@@ -178,9 +191,9 @@ def sequence_fit(tokens, law: SequenceLaw, *, alpha: float = 1e-3,
     counts = np.bincount(_codes(out, num_states), minlength=law.probs.size)
     impossible = int(counts[law.probs <= 0].sum())
     laws = np.clip(law.probs, 0, None)[None] / law.probs.sum()
-    pvalue = _generalised_chi2(laws, counts, out.shape[0], min_variance)
+    _, dof, pvalue = generalised_chi2_test(laws, counts, out.shape[0], min_variance)
     return SequenceFit(bool(impossible > 0 or pvalue < alpha), float(pvalue), impossible,
-                       int(out.shape[0]), alpha)
+                       int(out.shape[0]), alpha, impossible > 0 or is_tested([dof], [laws]))
 
 
 class _Engine(NamedTuple):

@@ -56,7 +56,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.auditing.audit import check_alpha
+from specjax.auditing.compare import UNTESTED
+from specjax.auditing.compare import check_min_variance
 from specjax.auditing.compare import generalised_chi2_test
+from specjax.auditing.compare import is_tested
 from specjax.auditing.given import check_num_drafts
 from specjax.auditing.given import check_token_ids
 from specjax.auditing.given import check_valid_rows
@@ -83,6 +86,10 @@ class ProvenanceCheck(NamedTuple):
       num_rows: ``(K,)``; the drafts tested at each position (requests with ``num_drafts > j``).
       num_tests: ``len(bins) * (K + 1)`` (each at level ``alpha / num_tests``).
       alpha: the false-alarm rate of ``flagged`` (about, asymptotically).
+      tested: whether the verdict rests on a test. False when ``min_variance`` pooled every
+        category of every test away although the declared rows are random (too few drafts for
+        it) and no draft is impossible: then ``flagged`` is False without any evidence (every
+        ``dof`` is 0) and ``summary()`` says NOT TESTED, not ok.
     """
 
     flagged: bool
@@ -95,11 +102,13 @@ class ProvenanceCheck(NamedTuple):
     num_rows: np.ndarray
     num_tests: int
     alpha: float
+    tested: bool = True
 
     def summary(self) -> str:
         """A human-readable verdict."""
         level = self.alpha / self.num_tests
-        lines = [f"provenance check: {'FLAGGED' if self.flagged else 'ok'} "
+        verdict = "FLAGGED" if self.flagged else "ok" if self.tested else UNTESTED
+        lines = [f"provenance check: {verdict} "
                  f"(false-alarm rate {self.alpha:g}: {self.num_tests} tests at {level:.3g} each)",
                  f"  drafts of declared probability zero: {self.impossible}"
                  + "".join(f"\n    request {b}, position {j}: token {v}"
@@ -146,9 +155,7 @@ def _check(draft_tokens, draft_probs, num_drafts, bins, num_bins, min_variance):
         raise ValueError(f"bins must be one or more distinct names of {BINNINGS}, got {bins!r}")
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral) or num_bins < 2:
         raise ValueError(f"num_bins must be an integer >= 2, got {num_bins!r}")
-    if isinstance(min_variance, bool) or not isinstance(min_variance, numbers.Real) \
-            or not float(min_variance) > 0:
-        raise ValueError(f"min_variance must be a positive number, got {min_variance!r}")
+    check_min_variance(min_variance)
     check_valid_rows([("draft_probs", rows, valid)], batched)
     return np.where(valid, tokens, 0), rows, valid, bins
 
@@ -184,7 +191,10 @@ def check_provenance(draft_tokens, draft_probs, *, num_drafts=None, alpha: float
       num_bins: the ``"probability"`` binning's number of log2 bins (the last holds the declared
         probabilities below ``2^-(num_bins - 1)``).
       min_variance: categories whose count has a smaller variance under the declared law are
-        pooled (chi-square validity, as for ``compare_outputs``).
+        pooled (chi-square validity, as for ``compare_outputs``); a positive finite number.
+        When it leaves no category to test in any test (too few drafts for it, or too large a
+        value) and no draft is impossible, the result says so (``tested`` False, a summary of
+        NOT TESTED), not a pass.
 
     Returns:
       ``ProvenanceCheck`` (``print(result)`` for a verdict).
@@ -192,7 +202,7 @@ def check_provenance(draft_tokens, draft_probs, *, num_drafts=None, alpha: float
     Raises:
       ValueError: ids that are not integers or fall outside ``[0, V)``, rows that are not
         probability rows, shapes that do not match, a bad ``num_drafts``, ``bins``, ``num_bins``,
-        ``alpha`` or ``min_variance``; before any work.
+        ``alpha`` or ``min_variance`` (a positive finite number); before any work.
 
     Example:
       >>> import jax, jax.numpy as jnp, specjax
@@ -210,6 +220,7 @@ def check_provenance(draft_tokens, draft_probs, *, num_drafts=None, alpha: float
     alpha = check_alpha(alpha)
     tokens, rows, valid, bins = _check(draft_tokens, draft_probs, num_drafts, bins, num_bins,
                                        min_variance)
+    min_variance = float(min_variance)
     lookahead = rows.shape[1]
     drawn = np.take_along_axis(rows, tokens[..., None], -1)[..., 0]  # padding never read
     impossible = valid & (drawn <= 0)
@@ -240,9 +251,11 @@ def check_provenance(draft_tokens, draft_probs, *, num_drafts=None, alpha: float
         else:  # K = 1: the pooled test is position 0's (K = 0: nothing to test)
             statistics[i, -1], dof[i, -1], pvalues[i, -1] = \
                 statistics[i, 0], dof[i, 0], pvalues[i, 0]
+    tested = bool(impossible.any()) or is_tested(
+        dof.ravel().tolist(), [np.concatenate(laws) for laws, _ in pooled if laws])
     num_tests = len(bins) * (lookahead + 1)
     flagged = bool(impossible.any() or (pvalues < alpha / num_tests).any())
     return ProvenanceCheck(flagged=flagged, impossible=int(impossible.sum()),
                            impossible_examples=examples, bins=bins, statistics=statistics,
                            dof=dof, pvalues=pvalues, num_rows=valid.sum(0), num_tests=num_tests,
-                           alpha=alpha)
+                           alpha=alpha, tested=tested)

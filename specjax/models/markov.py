@@ -400,9 +400,33 @@ def _fast_rows(key, alpha, start, num_rows: int, kind: str, num_states: int, dty
         log_g = log_g.at[where].set(jnp.where(new_ok, new, log_g[at]), mode="drop")
         return log_g, ok.at[where].set(new_ok, mode="drop"), tries.at[where].add(1, mode="drop")
 
+    def more(state):
+        log_g, ok, tries, rounds = state
+        return ~jnp.all(ok) & (rounds < _MAX_ROUNDS)
+
+    def again_counted(state):
+        return (*again(state[:3]), state[3] + 1)
+
     tries = jnp.ones((size,), jnp.int32)  # the rounds an entry has had: its next round's key
-    log_g, _, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[1]), again, (log_g, ok, tries))
+    log_g, ok, _, _ = jax.lax.while_loop(more, again_counted,
+                                         (log_g, ok, tries, jnp.zeros((), jnp.int32)))
+    log_g = jnp.where(ok, log_g, jnp.nan)  # never, in range: a bound, not a hang
     return jax.nn.softmax(log_g.reshape(num_rows, num_states), axis=-1)
+
+
+#: Rounds of redraws of the fast draw's refused entries at most (each entry is accepted with
+#: probability above 0.95 per round, so a draw in range never comes near): an entry still refused
+#: after them gives its row NaN instead of a loop without end.
+_MAX_ROUNDS = 1000
+
+
+def concentration_range(dtype) -> tuple[float, float]:
+    """``(low, high)``: the concentrations ``random_markov_chain`` draws in ``dtype``: up to
+    the largest finite number (above it the dtype holds infinity), from ``-log(tiny) / max``
+    (below it a gamma variate's ``log(u) / alpha`` overflows: rows of NaN; at the bound the
+    rows are one-hot to the dtype's precision). ``[2.6e-37, 3.4e38]`` in float32."""
+    info = jnp.finfo(dtype)
+    return float(-np.log(float(info.tiny)) / float(info.max)), float(info.max)
 
 
 def _draw_fast(key, concentration, num_states: int, horizon: int, dtype) -> jax.Array:
@@ -480,15 +504,22 @@ def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0, *
       num_states: ``V``.
       horizon: ``T``.
       concentration: Dirichlet concentration; small values give peaked rows with near-zeros.
+        A number in ``specjax.models.markov.concentration_range(dtype)`` (``[2.6e-37, 3.4e38]``
+        in float32: what the dtype holds and draws without NaN; ``1e39`` is infinite in
+        float32). Traced (under a caller's ``jax.jit``), it cannot be checked: a value outside
+        the range (NaN, ``-1``, infinite, too small) gives a ``trans`` of NaN (documented, never
+        a hang; validate ``chain.trans`` or the value before the call).
       method: ``"auto"``, ``"jax"`` or ``"fast"`` (above).
 
     Returns:
       A ``MarkovChain`` with ``init`` uniform and ``trans`` of shape ``(T, V, V)``.
 
     Raises:
-      ValueError: a bad argument, ``T V >= 2**31`` rows, or a table whose estimated memory
-        (``markov_chain_bytes``) exceeds what the machine has available (naming ``num_states``
-        and ``horizon``, the size and what is available); before any work.
+      ValueError: a bad argument (a concrete ``concentration`` outside
+        ``concentration_range(dtype)`` among them, naming it and the range), ``T V >= 2**31``
+        rows, or a table whose estimated memory (``markov_chain_bytes``) exceeds what the
+        machine has available (naming ``num_states`` and ``horizon``, the size and what is
+        available); before any work.
 
     Example:
       >>> import jax, specjax
@@ -499,9 +530,22 @@ def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0, *
     _checks.check_key(key)
     _checks.check_positive_int("num_states", num_states)
     _checks.check_positive_int("horizon", horizon)
-    if _checks.is_concrete(concentration) and not 0 < float(concentration) < float("inf"):
-        raise ValueError(f"concentration must be positive and finite, got {concentration!r}")
     dtype = jnp.result_type(float)
+    low, high = concentration_range(dtype)
+    if _checks.is_concrete(concentration):
+        value = np.asarray(concentration) if not isinstance(concentration, (str, bytes)) \
+            else None
+        if value is None or value.shape != () or value.dtype == bool \
+                or not np.issubdtype(value.dtype, np.number) \
+                or not low <= float(value) <= high:
+            raise ValueError(f"concentration must be positive and finite, a number in "
+                             f"[{low:.3g}, {high:.3g}] (what {jnp.dtype(dtype).name} holds and "
+                             f"draws without NaN), got {concentration!r}")
+        valid = None
+    else:  # traced: a guard, not a check (module docstring of the draw below)
+        concentration = jnp.asarray(concentration, dtype)
+        valid = (concentration >= low) & (concentration <= high)  # False for NaN
+        concentration = jnp.where(valid, concentration, 1)
     entries = horizon * num_states * num_states
     method = _resolve_method(method, entries)
     if horizon * num_states >= 2**31:
@@ -523,6 +567,8 @@ def random_markov_chain(key, num_states: int, horizon: int, concentration=1.0, *
             trans = _draw_in_blocks(key, alpha, horizon)
         else:
             trans = jax.random.dirichlet(key, alpha, shape=(horizon, num_states), dtype=dtype)
+    if valid is not None:
+        trans = jnp.where(valid, trans, jnp.nan)
     init = jnp.full((num_states,), 1.0 / num_states, dtype)
     return MarkovChain(init, trans)
 

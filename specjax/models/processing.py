@@ -133,7 +133,10 @@ class Processor(NamedTuple):
 
 def check_model(name, model) -> FiniteStateModel:
     if isinstance(model, MarkovChain):
-        return FiniteStateModel.from_markov_chain(model)
+        # Lifted eagerly: under a caller's jax.jit the lift's next_state (built from NumPy)
+        # would otherwise be traced, and the product state space needs its values.
+        with jax.ensure_compile_time_eval():
+            return FiniteStateModel.from_markov_chain(model)
     if not isinstance(model, FiniteStateModel):
         raise ValueError(f"{name} must be a FiniteStateModel or a MarkovChain (lift an n-gram "
                          f"with as_finite_state), got {type(model).__name__}")
@@ -154,6 +157,9 @@ def check_penalties(penalties, num_states: int) -> Penalties:
         raise ValueError(f"penalties must be a specjax.models.Penalties, got "
                          f"{type(penalties).__name__}")
     cap = penalties.cap
+    if not _checks.is_concrete(cap):
+        raise ValueError("penalties.cap is static (it sets the state space): pass a Python int, "
+                         "not a traced value; only the penalty strengths may be traced")
     if isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1:
         raise ValueError(f"penalties.cap must be an int >= 1, got {cap!r}")
     for name in ("repetition", "frequency", "presence"):

@@ -35,7 +35,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from specjax import _checks
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.speculative import Speculative
 from specjax.pairs.estimate import check_cost
@@ -101,7 +103,13 @@ def token_probs(rows, tokens, *, logits: bool = False) -> jax.Array:
     return probs_at(rows, targets)
 
 
-def _draft_rows(apply, params, recording):
+def _draft_rows(apply, params, recording, logits: bool):
+    """``apply(params, tokens)``'s ``(B, T, V)`` rows, checked: the shape; ``V`` above every
+    recorded token (when the tokens are concrete); with ``logits=False``, probability rows
+    (finite, non-negative, summing to one within ``row_sum_tolerance``) when their values are
+    known (concrete, or under ``jax.grad`` alone), and under ``jit`` (values unknown) the rows
+    that are not laws made NaN, so that the objective and its gradient are NaN rather than a
+    number an optimiser could exploit (rows summing to 2 score fewer rejections than any law)."""
     rows = jnp.asarray(apply(params, recording.tokens))
     shape = recording.target_prob.shape
     if rows.ndim != 3 or rows.shape[:2] != shape:
@@ -110,6 +118,35 @@ def _draft_rows(apply, params, recording):
     if recording.target_probs is not None and rows.shape != recording.target_probs.shape:
         raise ValueError(f"apply(params, tokens) must return rows of the target's shape "
                          f"{recording.target_probs.shape}, got {rows.shape}")
+    if not jnp.issubdtype(rows.dtype, jnp.floating):
+        raise ValueError(f"apply(params, tokens) must return floating-point rows, got dtype "
+                         f"{rows.dtype}")
+    tokens = recording.tokens
+    if _checks.is_concrete(tokens) and shape[0] * shape[1]:
+        high = int(np.max(np.asarray(tokens)[:, 1:]))
+        if high >= rows.shape[-1]:
+            raise ValueError(f"apply(params, tokens) must return rows over the recording's "
+                             f"vocabulary: V = {rows.shape[-1]} from its shape {rows.shape}, "
+                             f"but the recording holds token {high}")
+    if logits:
+        return rows
+    tolerance = _checks.row_sum_tolerance(rows.dtype)
+    sums = jnp.sum(rows.astype(jnp.promote_types(rows.dtype, jnp.float32)), axis=-1)
+    negative = jnp.any(rows < 0, axis=-1)
+    infinite = ~jnp.all(jnp.isfinite(rows), axis=-1)
+    laws = ~negative & ~infinite & (jnp.abs(sums - 1) <= tolerance)
+    if not _checks.is_concrete(laws):
+        return rows * jnp.where(laws, 1, jnp.nan).astype(rows.dtype)[..., None]  # NaN grads
+    laws = np.asarray(laws)  # concrete under jax.grad alone: a comparison has no tangent
+    if not laws.all():
+        at = tuple(int(i) for i in np.argwhere(~laws)[0])
+        what = ("holds NaN or infinite entries" if bool(infinite[at]) else
+                "holds a negative entry" if bool(negative[at]) else
+                f"sums to {float(sums[at]):.8g}" if _checks.is_concrete(sums) else
+                "does not sum to one")
+        raise ValueError(f"apply(params, tokens) must return probability rows with logits=False "
+                         f"(non-negative, each summing to one within {tolerance:g}), but its "
+                         f"row {at} {what}; pass logits=True if apply returns logits")
     return rows
 
 
@@ -144,7 +181,14 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
       cost: a ``specjax.CostModel`` for ``expected_time`` (a call at ``n`` drafts
         ``min(K, T - n + 1)`` levels and scores the decoder's ``call_work``, as
         ``specjax.theory.decoding_time``).
-      logits: whether ``apply`` returns logits.
+      logits: whether ``apply`` returns logits: ``True`` or ``False`` (nothing else). With
+        ``False`` the rows must be laws (finite, non-negative, summing to one within the dtype's
+        tolerance, ``specjax._checks.row_sum_tolerance``): refused when their values are known
+        (concrete, or under ``jax.grad`` alone); under ``jax.jit`` (their values unknown) a row
+        that is not a law is made NaN, so the value and the gradients are NaN, never a number
+        an optimiser could exploit (rows summing to 2 would score fewer rejections than any
+        law). Likewise ``V`` must exceed every recorded token: refused when the tokens are
+        concrete, NaN under a trace.
 
     Returns:
       ``loss(params, recording) -> DistillLoss`` for a ``specjax.Recording`` of target rollouts
@@ -157,9 +201,10 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     Raises:
       ValueError: naming the argument: a decoder that cannot be estimated from target rollouts
         (lossy, call-level, bound to the whole models; see ``specjax.estimate``) or has no draft,
-        ``apply`` not callable, an unknown ``measure``, ``"time"`` without a ``CostModel``; at
-        call time, not a ``Recording``, no target rows for a multi-draft root, draft rows of the
-        wrong shape.
+        ``apply`` not callable, an unknown ``measure``, ``"time"`` without a ``CostModel``,
+        ``logits`` not a bool; at call time, not a ``Recording``, no target rows for a
+        multi-draft root, draft rows of the wrong shape or too few tokens ``V`` for the
+        recording, or (``logits=False``, rows whose values are known) rows that are not laws.
 
     Example:
       >>> import jax, jax.numpy as jnp, specjax
@@ -188,7 +233,7 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     def loss(params, recording) -> DistillLoss:
         _check_recording(recording, rows=not from_token,
                          why=f"the root law of {decoder!r}")
-        rows = _draft_rows(apply, params, recording)
+        rows = _draft_rows(apply, params, recording, logits)
         mine = recording._replace(  # this draft's columns; no rates of the recorded draft
             rates=(), draft_prob=token_probs(rows, recording.tokens, logits=logits),
             draft_probs=None if from_token else (
@@ -218,7 +263,8 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
       apply: the draft, as for ``decoding_objective``.
       divergence: ``"kl"`` or ``"tv"``.
       logits: whether ``apply`` returns logits (KL then uses ``log_softmax``: finite where the
-        draft's probability underflows).
+        draft's probability underflows); with ``False`` the rows must be laws, checked as for
+        ``decoding_objective``.
 
     Returns:
       ``loss(params, recording) -> ()`` for a ``specjax.Recording`` that holds the target's full
@@ -244,7 +290,7 @@ def divergence_objective(apply: Callable, divergence: str = "kl", *,
     def loss(params, recording) -> jax.Array:
         _check_recording(recording, rows=True, why=f"the {divergence} divergence")
         q = recording.target_probs
-        rows = _draft_rows(apply, params, recording)
+        rows = _draft_rows(apply, params, recording, logits)
         if divergence == "tv":
             p = jax.nn.softmax(rows, axis=-1) if logits else rows
             per_position = 0.5 * jnp.sum(jnp.abs(q - p.astype(q.dtype)), axis=-1)
