@@ -36,12 +36,14 @@ from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
 from specjax.pairs.recording import decoder_rates
 from specjax.pairs.recording import lossless_tolerance
+from specjax.pairs.serving import serving_estimate
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import LookaheadChoice
 from specjax.theory.cost import call_depths
 from specjax.theory.cost import call_works
 from specjax.theory.cost import sweep_lookahead
 from specjax.theory.metrics import EngineMetrics
+from specjax.theory.serving import ServingCost
 
 
 class Estimate(NamedTuple):
@@ -63,6 +65,9 @@ class Estimate(NamedTuple):
       metrics: ``specjax.theory.EngineMetrics`` of the estimates (vLLM's names, as
         ``engine_metrics`` gives them exactly).
       num_sequences: ``B``.
+      tokens_per_time, tokens_per_time_se: with a ``ServingCost`` and ``batch_size``, the
+        goodput of ``batch_size`` slots in lockstep (``specjax.serving_rate``'s
+        ``tokens_per_time``; ``speedup`` is then over autoregressive serving), else ``None``.
     """
 
     expected_rejections: jax.Array
@@ -83,6 +88,8 @@ class Estimate(NamedTuple):
     accepted_length_se: jax.Array
     metrics: EngineMetrics
     num_sequences: int
+    tokens_per_time: jax.Array | None = None
+    tokens_per_time_se: jax.Array | None = None
 
 
 def rates(decoder, recording: Recording):
@@ -177,8 +184,8 @@ def check_recording(recording) -> None:
 def check_cost(cost) -> None:
     """``ValueError`` naming ``cost`` unless it is ``None`` or a ``CostModel``."""
     if cost is not None and not isinstance(cost, CostModel):
-        raise ValueError(f"cost must be None or a specjax.CostModel, got "
-                         f"{type(cost).__name__} {cost!r}"[:300])
+        raise ValueError(f"cost must be None, a specjax.CostModel or a specjax.ServingCost (with "
+                         f"batch_size), got {type(cost).__name__} {cost!r}"[:300])
 
 
 def per_sequence(decoder, recording: Recording, cost: CostModel | None):
@@ -203,7 +210,7 @@ def autoregressive_times(recording: Recording, cost: CostModel):
     return recording.lengths.astype(recording.target_prob.dtype) * per_token
 
 
-def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) -> Estimate:
+def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Estimate:
     """Estimates a lossless decoder's expected rejections, calls and time from target rollouts.
 
     Args:
@@ -213,7 +220,11 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
         each sequence's calls end at its last emitted token, and a call drafts what an engine
         drafts there, ``min(K, T - n + 1)`` with ``T`` the recording's horizon: the engine does
         not know the request is about to end).
-      cost: a ``CostModel`` for ``expected_time`` and ``speedup``, or ``None``.
+      cost: a ``CostModel`` for ``expected_time`` and ``speedup``; or a ``ServingCost``
+        (with ``batch_size``) for ``tokens_per_time``, the goodput of ``batch_size`` slots in
+        lockstep as ``specjax.serving_rate`` gives it on models, and ``speedup`` over
+        autoregressive serving (``specjax.pairs.serving``); or ``None``.
+      batch_size: ``B``, the slots, a positive int (with a ``ServingCost`` only).
 
     Returns:
       ``Estimate``: each value the (weighted) mean of the exact conditional expectations over
@@ -236,11 +247,27 @@ def estimate(decoder, recording: Recording, *, cost: CostModel | None = None) ->
     """
     check_estimable(decoder)
     check_recording(recording)
-    check_cost(cost)
+    serving = isinstance(cost, ServingCost)
+    if serving:
+        _checks.check_static_int("batch_size", batch_size)
+    elif batch_size is not None:
+        raise ValueError(f"batch_size applies to a ServingCost (the goodput of a batch); "
+                         f"got cost={cost!r} with batch_size={batch_size!r}"[:300])
+    else:
+        check_cost(cost)
+    if serving:
+        root, inside = rates(decoder, recording)
+        served = serving_estimate(decoder, recording, cost, batch_size, root, inside)
+        cost = None
     rejections, weighted, accepted_at = per_sequence(decoder, recording, cost)
-    return summarise(rejections, weighted, accepted_at, recording.weights,
-                     autoregressive_time=None if cost is None else
-                     autoregressive_times(recording, cost))
+    result = summarise(rejections, weighted, accepted_at, recording.weights,
+                       autoregressive_time=None if cost is None else
+                       autoregressive_times(recording, cost))
+    if serving:
+        rate, rate_se, speedup, speedup_se = served
+        result = result._replace(tokens_per_time=rate, tokens_per_time_se=rate_se,
+                                 speedup=speedup, speedup_se=speedup_se)
+    return result
 
 
 def summarise(rejections, weighted, accepted_at, weights, *, autoregressive_time=None):

@@ -1,0 +1,72 @@
+"""Serving from a recording: ``serving_rate``'s exact goodput of ``B`` slots in lockstep, with each
+slot's law of work estimated from target rollouts (``estimate(..., cost=ServingCost, batch_size=B)``).
+
+``specjax.serving_rate`` needs one slot's law of work per step: the expected number of calls per
+request starting at each position ``n`` (each doing the decoder's ``call_work(min(K, T - n +
+1))``), the expected calls ``E[C]`` and the tokens ``T`` of a request. The phase filter gives,
+for each recorded sequence, the exact conditional probability that a call starts at ``n``; their
+(weighted) mean is unbiased for the first, and its sum for ``E[C]``; the mean length for the
+tokens (ragged requests: each sequence's own ``lengths[b]``; a call drafts what an engine drafts
+there, ``min(K, T - n + 1)``). The goodput is then ``goodput``'s smooth function of these means,
+so its standard error is the delta method's: the gradient of the goodput with respect to the
+means (``jax.grad`` through the convolutions) dotted with each sequence's deviation. With every
+sequence enumerated and weighted by its target probability the estimate equals ``serving_rate``
+on the models.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _checks
+from specjax.pairs.calls import _filter
+from specjax.theory.cost import call_works
+from specjax.theory.serving import ServingCost
+from specjax.theory.serving import SlotWork
+from specjax.theory.serving import _check_tables
+from specjax.theory.serving import goodput
+
+__all__ = ["serving_estimate"]
+
+
+def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, root, inside):
+    """``(tokens_per_time, se, speedup, speedup_se)`` of ``batch_size`` slots running
+    ``decoder`` under ``cost``, from a recording's rates ``root``, ``inside`` ``(B, T)``
+    (module docstring)."""
+    _checks.check_static_int("batch_size", batch_size)
+    horizon = recording.horizon
+    lookahead = decoder.resolve_lookahead(horizon)
+    passes, scored = call_works(decoder, horizon, lookahead)
+    _check_tables(cost, batch_size, passes, scored)  # a short table or a huge batch: before work
+    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+    # One column per position: P(a call starts at n | x), n = 1..T.
+    _, starts, _ = _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
+                           call_weights=jnp.eye(horizon, dtype=dtype),
+                           lengths=recording.lengths)
+    tokens = (jnp.full(starts.shape[:1], horizon, dtype) if recording.lengths is None else
+              recording.lengths.astype(dtype))
+    per_sequence = jnp.concatenate([starts, tokens[:, None]], axis=1)  # (B, T + 1)
+    weights = (jnp.ones(starts.shape[:1], dtype) if recording.weights is None else
+               recording.weights.astype(dtype))
+
+    def rate(means):
+        work = SlotWork(tokens=means[-1], calls=jnp.sum(means[:-1]), mass=means[:-1],
+                        passes=passes, scored=scored)
+        result = goodput(work, cost, batch_size=batch_size)
+        return result.tokens_per_time, result.autoregressive_tokens_per_time
+
+    means = jnp.sum(weights[:, None] * per_sequence, axis=0) / jnp.sum(weights)
+    (value, baseline), grad = jax.value_and_grad(rate, has_aux=True)(means)
+    influence = (per_sequence - means[None]) @ grad  # (B,): the linearised goodput
+    se = _weighted_se(influence, weights)
+    return value, se, value / baseline, se / baseline
+
+
+def _weighted_se(centred, weights):
+    """The standard error of a weighted mean of values whose weighted mean is 0 (``centred``),
+    as ``weighted_mean_se``'s: ``sqrt(B / (B - 1) sum (w v)^2) / sum w``; NaN for one value."""
+    count = centred.shape[0]
+    if count < 2:
+        return jnp.full((), jnp.nan, centred.dtype)
+    return jnp.sqrt(count / (count - 1) * jnp.sum((weights * centred) ** 2)) / jnp.sum(weights)
