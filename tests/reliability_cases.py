@@ -65,7 +65,7 @@ CASE_TIMEOUT = 120.0  # generous: a 2-core machine running the suite on both cor
 
 #: Modules (beside this one) whose ``add_cases(add, specjax)`` add the cases of issue 52.
 RECENT_CASE_MODULES = ("reliability_recent_pairs", "reliability_recent_cli",
-                       "reliability_recent_models")
+                       "reliability_recent_models", "reliability_recent_more")
 
 V, T, C = 4, 3, 4000  # tokens, horizon, chains of every sampler case
 

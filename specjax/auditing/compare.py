@@ -106,7 +106,9 @@ class EngineComparison(NamedTuple):
                            for r, b, t in self.impossible_examples),
                  f"  outcome (n, y) p-value: {self.outcome_pvalue:.3g}",
                  f"  length p-value: {self.length_pvalue:.3g}; mean "
-                 f"{self.mean_length:.4f} against {self.mean_length_expected:.4f} "
+                 + (f"{self.mean_length:.4f}" if math.isfinite(self.mean_length) else
+                    "n/a (no possible output)")
+                 + f" against {self.mean_length_expected:.4f} "
                  f"± {self.mean_length_se:.4f}",
                  "  per position p-values: "
                  + ", ".join(f"{v:.3g}" for v in np.atleast_1d(self.position_pvalues))]
@@ -144,7 +146,8 @@ def is_tested(dofs, laws) -> bool:
     if any(d > 0 for d in dofs):
         return True
     laws = [np.asarray(law, np.float64) for law in laws if np.size(law)]
-    return not laws or max(float((law * (1 - law)).max()) for law in laws) <= _DETERMINISTIC
+    # No law at all (nothing was drawn: every request drafted nothing) is nothing tested.
+    return bool(laws) and max(float((law * (1 - law)).max()) for law in laws) <= _DETERMINISTIC
 
 
 def _generalised_chi2(laws: np.ndarray, observed: np.ndarray, runs: int,

@@ -180,6 +180,9 @@ def sequence_fit(tokens, law: SequenceLaw, *, alpha: float = 1e-3,
     """
     alpha = check_alpha(alpha)
     min_variance = check_min_variance(min_variance)
+    if not isinstance(law, SequenceLaw):
+        raise ValueError(f"law must be a SequenceLaw (specjax.auditing.sequence_law), got "
+                         f"{type(law).__name__}")
     out = np.asarray(tokens)
     length = law.sequences.shape[1]
     num_states = int(law.sequences.max()) + 1

@@ -108,6 +108,7 @@ from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
 
 MAX_PATHS = 2**22  # largest sum over nodes of V^(depth + 2) the exact law enumerates
+MAX_EXACT_NODES = 256  # most nodes (within the horizon) whose exact law is compiled
 CHILDREN = ("iid", "without_replacement")
 
 
@@ -190,12 +191,31 @@ class TraversalVerification(TreeSpec, CallDecoder):
                                 "draft law to verify against)")
 
     def check_exact(self, num_states: int, horizon: int) -> None:
-        """The exact law's arrays (``law_size``) must stay within ``MAX_PATHS`` elements."""
-        size = self.law_size(num_states, min(horizon, self.lookahead))
+        """The exact law's arrays (``law_size``) must stay within ``MAX_PATHS`` elements, and
+        the nodes it walks (the tree cut at the horizon) within ``MAX_EXACT_NODES``."""
+        levels = min(horizon, self.lookahead)
+        nodes = self.nodes_within(levels)
+        if nodes > MAX_EXACT_NODES:
+            raise ValueError(f"branching: the exact law walks the tree's {nodes} nodes within "
+                             f"{levels} levels, beyond the bound {MAX_EXACT_NODES}: its program "
+                             f"is unrolled node by node, and compiling it grows fast with them "
+                             f"(85 nodes took 20-30 s on a 2-core CPU, 585 over 5 minutes); use "
+                             f"a smaller tree, or specjax.decode to simulate it")
+        size = self.law_size(num_states, levels)
         if size > MAX_PATHS:
             raise ValueError(f"branching: the exact law of this tree enumerates {size} path "
                              f"elements on V = {num_states} tokens, beyond the bound {MAX_PATHS} "
                              "(2**22); use a smaller or shallower tree")
+
+    def nodes_within(self, levels: int) -> int:
+        """The tree's nodes at depth at most ``levels`` (the root included)."""
+        shape = self.shape
+
+        def count(node, d):
+            kids = shape.children[node] if d < levels else ()
+            return 1 + sum(count(c, d + 1) for c in kids)
+
+        return count(0, 0)
 
     def law_size(self, num_states: int, levels: int) -> int:
         """Elements of the exact law's arrays for the tree cut at depth ``levels``: a node

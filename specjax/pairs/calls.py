@@ -71,6 +71,9 @@ def rejection_rate(draft_prob, target_prob) -> jax.Array:
       ``max(0, q - p) / q``; 0 where ``q = 0`` (a token the target never emits), with finite
       values and gradients there and at ``p = q``.
 
+    Raises:
+      ValueError: shapes that differ, or (when concrete) values outside ``[0, 1]`` or NaN.
+
     Example:
       >>> import specjax.pairs
       >>> rates = specjax.pairs.rejection_rate([0.2, 0.5, 0.0], [0.5, 0.5, 0.0])
@@ -79,6 +82,16 @@ def rejection_rate(draft_prob, target_prob) -> jax.Array:
     """
     p = jnp.asarray(draft_prob)
     q = jnp.asarray(target_prob)
+    if p.shape != q.shape:
+        raise ValueError(f"draft_prob and target_prob must have the same shape, got {p.shape} "
+                         f"and {q.shape}")
+    for name, x in (("draft_prob", p), ("target_prob", q)):
+        if _checks.is_concrete(x):  # NumPy: inside a caller's trace a jitted check is traced
+            values = np.asarray(x)
+            outside = ~((values >= 0) & (values <= 1))
+            if outside.any():
+                raise ValueError(f"{name} must hold probabilities in [0, 1], got "
+                                 f"{values[outside].ravel()[0]!r}")
     dtype = jnp.result_type(p.dtype, q.dtype, jnp.float32)
     p, q = p.astype(dtype), q.astype(dtype)
     return safe_ratio(jnp.maximum(q - p, 0), q, 0)
@@ -225,5 +238,10 @@ def expected_call_time(rejection, lookahead, call_times, *, root_rejection=None)
     times = jnp.asarray(call_times)
     if times.shape != (horizon,):
         raise ValueError(f"call_times must have shape (T,) = ({horizon},), got {times.shape}")
+    if _checks.is_concrete(times):
+        values = np.asarray(times, np.float64)
+        if not np.isfinite(values).all() or (values < 0).any():
+            raise ValueError(f"call_times must hold finite non-negative times, got "
+                             f"{values.tolist()}"[:300])
     _, weighted, _ = _filter(rejection, root, lookahead=k, call_weights=times[:, None])
     return weighted[:, 0]

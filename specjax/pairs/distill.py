@@ -128,7 +128,16 @@ def _draft_rows(apply, params, recording, logits: bool):
             raise ValueError(f"apply(params, tokens) must return rows over the recording's "
                              f"vocabulary: V = {rows.shape[-1]} from its shape {rows.shape}, "
                              f"but the recording holds token {high}")
-    if logits:
+    if logits:  # NaN or +inf logits give NaN rows: refused when known, NaN under jit
+        bad = jnp.any(jnp.isnan(rows) | (rows == jnp.inf), axis=-1)
+        if not _checks.is_concrete(bad):
+            return rows
+        bad = np.asarray(bad)
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"apply(params, tokens) must return logits that are finite or "
+                             f"-inf (a token never drafted), but its row {at} holds NaN or "
+                             f"+inf")
         return rows
     tolerance = _checks.row_sum_tolerance(rows.dtype)
     sums = jnp.sum(rows.astype(jnp.promote_types(rows.dtype, jnp.float32)), axis=-1)

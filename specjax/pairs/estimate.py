@@ -342,4 +342,5 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
     return sweep_lookahead(decoder, max_lookahead, check_estimable,
-                           lambda d: estimate(d, recording, cost=cost).expected_time)
+                           lambda d: estimate(d, recording, cost=cost).expected_time,
+                           horizon=recording.horizon)

@@ -328,7 +328,7 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
       draft, target: the models.
       cost: a ``CostModel``.
       max_lookahead: the largest ``K`` tried, a positive int; ``K = 0`` is autoregressive
-        decoding.
+        decoding; past the horizon ``T`` nothing changes, so the sweep stops at ``T``.
       decoder: the decoder whose ``lookahead`` field is varied (default
         ``specjax.Speculative()``; any decoder with a ``lookahead`` field, e.g.
         ``specjax.BatchSpeculative(4)``).
@@ -346,17 +346,21 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
       3
     """
     _check_cost(cost)
+    num_positions = plan_run(Autoregressive(), None, target, engine="exact", horizon=horizon)[4]
     return sweep_lookahead(
         decoder, max_lookahead, check_decoder,
         lambda d: expected_time(d, None if isinstance(d, Autoregressive) else draft, target, cost,
-                                horizon=horizon))
+                                horizon=horizon), horizon=num_positions)
 
 
-def sweep_lookahead(decoder, max_lookahead: int, check, time_of) -> LookaheadChoice:
+def sweep_lookahead(decoder, max_lookahead: int, check, time_of, *,
+                    horizon: int | None = None) -> LookaheadChoice:
     """The ``K = 0..max_lookahead`` of least ``time_of(decoder with lookahead K)`` (``K = 0``:
     ``Autoregressive()``), ties to the smaller ``K``; ``decoder`` (default ``Speculative()``)
     is checked with ``check`` first. Shared by ``best_lookahead`` here (exact times) and
-    ``specjax.pairs.best_lookahead`` (times estimated from a recording)."""
+    ``specjax.pairs.best_lookahead`` (times estimated from a recording). With ``horizon`` ``T``,
+    the sweep stops at ``min(max_lookahead, T)``: a ``K`` past ``T`` drafts as ``K = T`` does
+    (its time is ``T``'s), so ``times`` has ``min(max_lookahead, T) + 1`` entries."""
     from specjax.decoders.speculative import Speculative  # noqa: PLC0415
 
     _checks.check_static_int("max_lookahead", max_lookahead)
@@ -368,7 +372,8 @@ def sweep_lookahead(decoder, max_lookahead: int, check, time_of) -> LookaheadCho
         raise ValueError(f"decoder must have a lookahead field to vary, got "
                          f"{type(decoder).__name__}")
     times = [float(time_of(Autoregressive()))]
-    for k in range(1, max_lookahead + 1):
+    last = max_lookahead if horizon is None else min(max_lookahead, horizon)
+    for k in range(1, last + 1):
         times.append(float(time_of(dataclasses.replace(decoder, lookahead=k))))
     times = np.asarray(times)
     best = int(np.argmin(times))

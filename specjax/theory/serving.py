@@ -74,6 +74,7 @@ from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
 from specjax.decoders.planning import plan_run
 from specjax.decoders.speculative import Speculative
+from specjax.models.markov import MarkovChain
 from specjax.numerics import HIGHEST
 from specjax.numerics import safe_ratio
 from specjax.theory.cost import call_works
@@ -459,6 +460,9 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
     """
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
+    if not isinstance(work, SlotWork):
+        raise ValueError(f"work must be a SlotWork (specjax.theory.serving.slot_work), got "
+                         f"{type(work).__name__} {work!r}"[:300])
     draft_table, target_table = _check_tables(cost, batch_size, work.passes, work.scored)
     dtype = work.mass.dtype
     works, which = np.unique(np.stack([work.passes, work.scored], axis=1), axis=0,
@@ -550,6 +554,7 @@ def step_time(lookaheads, cost: ServingCost) -> float:
     """The time of one SD step whose slots draft ``lookaheads`` (``(B,)`` ints): ``K_b`` passes
     and ``K_b + 1`` tokens scored per slot, pass ``j`` over the slots with ``K_b >= j``."""
     k = _check_lookaheads(lookaheads)
+    _check_serving_cost(cost)
     batch = k.shape[0]
     draft = cost.draft_times(batch)
     counts = [(k >= j).sum() for j in range(1, int(k.max(initial=0)) + 1)]
@@ -723,6 +728,11 @@ def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSp
     """
     _checks.check_static_int("max_lookahead", max_lookahead)
     _check_price(price)
+    for name, model in (("draft", draft), ("target", target)):
+        if not isinstance(model, MarkovChain):
+            raise ValueError(f"{name} must be a specjax.MarkovChain (the threshold table reads "
+                             f"its rows by position), got {type(model).__name__}")
+    _checks.check_same_shape(draft, target)
     p, q = draft.trans, target.trans
     horizon = q.shape[0]
     depth = min(max_lookahead, horizon)
