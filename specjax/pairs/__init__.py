@@ -3,10 +3,12 @@
 * ``calls``: the filter over the phase of a call given the output (``call_structure``), the
   kernel every estimate (and a distillation objective) is built on;
 * ``recording``: ``Recording`` (from arrays, statistics or a ``.npz`` file) and ``record``;
-* ``estimate``: ``estimate`` and ``best_lookahead`` from a recording;
+* ``estimate``: ``estimate`` from a recording; ``lookahead``: ``best_lookahead``, every ``K`` in
+  one program, with standard errors;
 * ``profiles``: engines' per-position acceptance vectors;
 * ``distill``: objectives to distill a draft for what decoding costs (``decoding_objective``)
-  and the forward-KL and total-variation baselines (``divergence_objective``).
+  and the forward-KL and total-variation baselines (``divergence_objective``);
+* ``serving``: ``estimate``'s goodput of a batch from a recording (``cost=ServingCost``).
 
 ``specjax.Recording``, ``specjax.record`` and ``specjax.estimate`` are also served from the top
 level. See the guide "Real model pairs".
@@ -20,8 +22,9 @@ from specjax.pairs.distill import DistillLoss
 from specjax.pairs.distill import decoding_objective
 from specjax.pairs.distill import divergence_objective
 from specjax.pairs.estimate import Estimate
-from specjax.pairs.estimate import best_lookahead
 from specjax.pairs.estimate import estimate
+from specjax.pairs.lookahead import LookaheadEstimate
+from specjax.pairs.lookahead import best_lookahead
 from specjax.pairs.profiles import ProfileChoice
 from specjax.pairs.profiles import acceptance_profile
 from specjax.pairs.profiles import profile_accepted_length
@@ -37,6 +40,7 @@ __all__ = [
     "DecoderRates",
     "DistillLoss",
     "Estimate",
+    "LookaheadEstimate",
     "ProfileChoice",
     "Recording",
     "acceptance_profile",

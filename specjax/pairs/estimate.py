@@ -38,10 +38,8 @@ from specjax.pairs.recording import decoder_rates
 from specjax.pairs.recording import lossless_tolerance
 from specjax.pairs.serving import serving_estimate
 from specjax.theory.cost import CostModel
-from specjax.theory.cost import LookaheadChoice
 from specjax.theory.cost import call_depths
 from specjax.theory.cost import call_works
-from specjax.theory.cost import sweep_lookahead
 from specjax.theory.metrics import EngineMetrics
 from specjax.theory.serving import ServingCost
 
@@ -311,36 +309,3 @@ def _summarise(rejections, weighted, accepted_at, weights, autoregressive_time):
         acceptance_per_position=per_position, acceptance_per_position_se=per_position_se,
         accepted_length=length, accepted_length_se=length_se, metrics=metrics,
         num_sequences=None)
-
-
-def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
-                   decoder=None) -> LookaheadChoice:
-    """The fixed lookahead of least estimated time, as ``specjax.theory.best_lookahead`` from a
-    recording: every ``K = 0..max_lookahead`` (``K = 0``: autoregressive decoding).
-
-    Args:
-      recording: a ``Recording``.
-      cost: a ``CostModel``.
-      max_lookahead: the largest ``K`` tried, a positive int.
-      decoder: the decoder whose ``lookahead`` is varied (default ``Speculative()``).
-
-    Returns:
-      ``specjax.theory.LookaheadChoice(lookahead, expected_time, times)``; ties go to the
-      smaller ``K``. The times are estimates from the same sequences, so their differences are
-      estimated far more precisely than each time alone.
-
-    Example:
-      >>> import jax, specjax
-      >>> draft, target = specjax.paper_instance()
-      >>> rec = specjax.record(jax.random.key(0), draft, target, 500)
-      >>> choice = specjax.pairs.best_lookahead(rec, specjax.CostModel(0.1, 1.0),
-      ...                                       max_lookahead=4)
-      >>> choice.lookahead
-      3
-    """
-    check_recording(recording)
-    if not isinstance(cost, CostModel):
-        raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
-    return sweep_lookahead(decoder, max_lookahead, check_estimable,
-                           lambda d: estimate(d, recording, cost=cost).expected_time,
-                           horizon=recording.horizon)

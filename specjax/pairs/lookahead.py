@@ -1,0 +1,183 @@
+"""The best fixed lookahead from a recording, with standard errors: every ``K`` in one program.
+
+The phase filter (``specjax.pairs.calls``) is written for a static ``K``: its phase vector has
+``K + 1`` entries. Here the phase vector has ``K_max + 1`` entries and ``K`` is a traced number:
+phases ``j < K`` draft, phase ``K`` is the bonus token that opens the next call, and the phases
+above ``K`` stay empty. ``jax.vmap`` over ``K = 1..K_max`` then gives every lookahead's exact
+conditional expected time of every recorded sequence in one compiled program (one per
+``K_max`` and recording shape, where ``estimate`` at each ``K`` compiled one per ``K``).
+
+Each ``K``'s time is a (weighted) mean over the same sequences, so the difference between two
+lookaheads is a mean of per-sequence differences: its standard error (``difference_se``) is
+that of the paired differences, far below either time's own (the sequences' variation cancels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax.decoders.speculative import Speculative
+from specjax.pairs.estimate import autoregressive_times
+from specjax.pairs.estimate import call_columns
+from specjax.pairs.estimate import check_recording
+from specjax.pairs.estimate import rates
+from specjax.pairs.recording import Recording
+from specjax.pairs.recording import check_estimable
+from specjax.theory.cost import CostModel
+
+__all__ = ["LookaheadEstimate", "best_lookahead"]
+
+
+class LookaheadEstimate(NamedTuple):
+    """The fixed lookahead of least estimated time (``best_lookahead``).
+
+    Attributes:
+      lookahead: the ``K`` of least estimated time (``0``: autoregressive decoding).
+      expected_time: its estimated expected time.
+      times: ``(K_max + 1,)``, the estimated time of every ``K = 0..K_max``.
+      times_se: ``(K_max + 1,)``, their standard errors.
+      runner_up: the ``K`` of the second least time (``-1`` when only one was tried).
+      difference: ``times[runner_up] - times[lookahead]`` (``>= 0``).
+      difference_se: its standard error, from the paired per-sequence differences.
+    """
+
+    lookahead: int
+    expected_time: float
+    times: np.ndarray
+    times_se: np.ndarray
+    runner_up: int
+    difference: float
+    difference_se: float
+
+
+def filter_at(rejection, root_rejection, k, call_weights, lengths, *, max_lookahead: int):
+    """``weighted`` ``(B, W)`` of the phase filter at a traced lookahead ``k``
+    (``1 <= k <= max_lookahead``; module docstring), with ``call_weights`` ``(T, W)``."""
+    batch, horizon = rejection.shape
+    kmax = max_lookahead
+    dtype = rejection.dtype
+    phases = jnp.arange(kmax)
+    drafting = (phases < k)[None]  # (1, K_max)
+    bonus = (jnp.arange(kmax + 1) == k)[None]  # (1, K_max + 1)
+    if lengths is None:
+        live = jnp.ones((horizon, batch), dtype)
+    else:
+        live = (jnp.arange(horizon)[:, None] < lengths[None]).astype(dtype)
+    rejection = jnp.where(live.T > 0, rejection, 0)
+    root_rejection = jnp.where(live.T > 0, root_rejection, 0)
+
+    def step(carry, inputs):
+        alpha, weighted = carry
+        r, root_r, weight, on = inputs
+        rate = jnp.where(phases[None] == 0, root_r[:, None], r[:, None])
+        drafted = jnp.where(drafting, alpha[:, :kmax], 0)
+        rej = drafted * rate * on[:, None]
+        acc = (drafted - rej) * on[:, None]
+        start = jnp.sum(rej, axis=-1) + jnp.sum(jnp.where(bonus, alpha, 0), axis=-1) * on
+        weighted = weighted + (alpha[:, :1] * on[:, None]) * weight[None]
+        return (jnp.concatenate([start[:, None], acc], axis=-1), weighted), None
+
+    alpha0 = jnp.zeros((batch, kmax + 1), dtype).at[:, 0].set(1)
+    carry = (alpha0, jnp.zeros((batch, call_weights.shape[-1]), dtype))
+    (_, weighted), _ = jax.lax.scan(step, carry,
+                                    (rejection.T, root_rejection.T, call_weights, live))
+    return weighted
+
+
+@functools.partial(jax.jit, static_argnames=("max_lookahead",))
+def _times(rejection, root_rejection, times, lengths, *, max_lookahead: int):
+    """``(K_max, B)``: every ``K = 1..K_max``'s expected time of each sequence (one program);
+    ``times`` ``(K_max, T)``: a call's time at each position for each ``K``."""
+    dtype = jnp.result_type(rejection.dtype, root_rejection.dtype, times.dtype)
+    rejection, root_rejection = rejection.astype(dtype), root_rejection.astype(dtype)
+    ks = jnp.arange(1, max_lookahead + 1)
+    run = functools.partial(filter_at, max_lookahead=max_lookahead)
+    return jax.vmap(lambda k, t: run(rejection, root_rejection, k, t[:, None], lengths)[:, 0])(
+        ks, times)
+
+
+def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
+                   decoder=None) -> LookaheadEstimate:
+    """The fixed lookahead of least estimated time, as ``specjax.theory.best_lookahead`` from a
+    recording, with standard errors: every ``K = 0..min(max_lookahead, T)`` (``K = 0``:
+    autoregressive decoding; past the horizon ``T`` nothing changes) in one compiled program.
+
+    Args:
+      recording: a ``Recording`` (ragged ones too).
+      cost: a ``CostModel``.
+      max_lookahead: the largest ``K`` tried, a positive int.
+      decoder: the token-wise decoder whose ``lookahead`` is varied (default
+        ``Speculative()``).
+
+    Returns:
+      ``LookaheadEstimate``: the choice, every ``K``'s time with its standard error, and the
+      runner-up with the paired difference and its standard error. Ties go to the smaller
+      ``K``. Each time equals ``estimate(decoder with lookahead K, recording,
+      cost=cost).expected_time``.
+
+    Raises:
+      ValueError: a bad ``recording``, ``cost`` or ``max_lookahead``; a decoder ``estimate``
+        refuses or without a ``lookahead`` to vary.
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> rec = specjax.record(jax.random.key(0), draft, target, 500)
+      >>> choice = specjax.pairs.best_lookahead(rec, specjax.CostModel(0.1, 1.0),
+      ...                                       max_lookahead=4)
+      >>> choice.lookahead, choice.runner_up
+      (3, 2)
+      >>> bool(choice.difference > 2 * choice.difference_se)  # paired: K = 3 beats K = 2
+      True
+    """
+    check_recording(recording)
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
+    _checks.check_static_int("max_lookahead", max_lookahead)
+    decoder = Speculative() if decoder is None else decoder
+    check_estimable(decoder)
+    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
+        raise ValueError(f"decoder must have a lookahead field to vary, got "
+                         f"{type(decoder).__name__}")
+    horizon = recording.horizon
+    kmax = min(max_lookahead, horizon)
+    root, inside = rates(decoder, recording)
+    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+    columns = np.stack([call_columns(dataclasses.replace(decoder, lookahead=k), horizon, k,
+                                     cost)[:, 2] for k in range(1, kmax + 1)])  # (K_max, T)
+    # Only the sweep is compiled (NumPy arrays go in as they are; the rest is NumPy): a new
+    # K_max or recording shape compiles one program.
+    per_k = np.asarray(_times(inside, root, columns.astype(dtype), recording.lengths,
+                              max_lookahead=kmax), np.float64)  # (K_max, B)
+    baseline = np.broadcast_to(np.asarray(autoregressive_times(recording, cost), np.float64),
+                               per_k.shape[1:])
+    per_sequence = np.concatenate([baseline[None], per_k])  # (K_max + 1, B)
+    weights = (np.ones(per_k.shape[1]) if recording.weights is None else
+               np.asarray(recording.weights, np.float64))
+    means, ses = _mean_se(per_sequence, weights)
+    order = np.argsort(means, kind="stable")  # ties: the smaller K first
+    best = int(order[0])
+    if len(order) == 1:
+        return LookaheadEstimate(best, float(means[best]), means, ses, -1, 0.0, 0.0)
+    second = int(order[1])
+    difference, difference_se = _mean_se(per_sequence[second] - per_sequence[best], weights)
+    return LookaheadEstimate(best, float(means[best]), means, ses, second, float(difference),
+                             float(difference_se))
+
+
+def _mean_se(values, weights):
+    """``weighted_mean_se`` in NumPy float64, over the last axis of ``values``."""
+    total = weights.sum()
+    mean = (values * weights).sum(-1) / total
+    count = weights.shape[0]
+    if count < 2:
+        return mean, np.full_like(mean, np.nan)
+    spread = (weights * (values - mean[..., None])) ** 2
+    return mean, np.sqrt(count / (count - 1) * spread.sum(-1)) / total
