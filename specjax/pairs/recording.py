@@ -417,8 +417,13 @@ def check_recorded_tokens(name: str, target_prob, weights) -> None:
     """Refuse a target probability 0 of a recorded token (in a sequence of positive weight)."""
     if not _checks.is_concrete(target_prob):
         return
-    values = np.asarray(target_prob)
-    zero = values <= 0
+    if isinstance(target_prob, jax.Array) and not target_prob.is_fully_addressable:
+        # Under jax.distributed (record's global arrays, no weights): each process checks the
+        # sequences it holds.
+        zero = np.concatenate([np.asarray(shard.data).reshape(-1, target_prob.shape[1]) <= 0
+                               for shard in target_prob.addressable_shards])
+    else:
+        zero = np.asarray(target_prob) <= 0
     if weights is not None:
         zero &= np.asarray(weights)[:, None] > 0
     if zero.any():
@@ -608,6 +613,9 @@ def record(key, draft, target, num_sequences: int, *, horizon: int | None = None
         run_chunk(key, run, np.uint32(start), min(roll, num_sequences - start))[0].tokens
         for start in range(0, num_sequences, roll)])
     lengths = None
+    if run.stop_tokens and not tokens.is_fully_addressable:
+        raise ValueError("stop_tokens: a ragged recording under jax.distributed (a mesh over "
+                         "several processes) is not supported yet; record on one process")
     if run.stop_tokens:  # ragged: each rollout ends at its first stop token
         tokens, lengths, _ = check_lengths(
             tokens, jnp.asarray(stop_lengths(np.asarray(tokens), run.stop_tokens)), None,
