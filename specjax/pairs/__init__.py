@@ -8,6 +8,9 @@
 * ``profiles``: engines' per-position acceptance vectors;
 * ``distill``: objectives to distill a draft for what decoding costs (``decoding_objective``)
   and the forward-KL and total-variation baselines (``divergence_objective``);
+* ``formats``: engines' and benchmarks' files in and out (vLLM's counters and log line,
+  Model-Optimizer's ``speculation_profile.json``, SGLang's per-request fields, Spec-Bench's
+  answers; vLLM's and TensorRT-LLM's draft-length schedules);
 * ``serving``: ``estimate``'s goodput of a batch from a recording (``cost=ServingCost``).
 
 ``specjax.Recording``, ``specjax.record`` and ``specjax.estimate`` are also served from the top
@@ -23,6 +26,24 @@ from specjax.pairs.distill import decoding_objective
 from specjax.pairs.distill import divergence_objective
 from specjax.pairs.estimate import Estimate
 from specjax.pairs.estimate import estimate
+from specjax.pairs.formats import SglangRequests
+from specjax.pairs.formats import SpecBenchSteps
+from specjax.pairs.formats import SpeculationProfile
+from specjax.pairs.formats import VllmLogLine
+from specjax.pairs.formats import VllmLogTotals
+from specjax.pairs.formats import VllmMetrics
+from specjax.pairs.formats import conditional_from_marginal
+from specjax.pairs.formats import marginal_from_conditional
+from specjax.pairs.formats import profile_of
+from specjax.pairs.formats import read_sglang_requests
+from specjax.pairs.formats import read_spec_bench
+from specjax.pairs.formats import read_speculation_profile
+from specjax.pairs.formats import read_vllm_log
+from specjax.pairs.formats import read_vllm_metrics
+from specjax.pairs.formats import sum_vllm_log
+from specjax.pairs.formats import trtllm_draft_len_schedule
+from specjax.pairs.formats import vllm_dynamic_table
+from specjax.pairs.formats import write_speculation_profile
 from specjax.pairs.lookahead import LookaheadEstimate
 from specjax.pairs.lookahead import best_lookahead
 from specjax.pairs.profiles import ProfileChoice
@@ -43,17 +64,35 @@ __all__ = [
     "LookaheadEstimate",
     "ProfileChoice",
     "Recording",
+    "SglangRequests",
+    "SpecBenchSteps",
+    "SpeculationProfile",
+    "VllmLogLine",
+    "VllmLogTotals",
+    "VllmMetrics",
     "acceptance_profile",
     "best_lookahead",
     "call_structure",
+    "conditional_from_marginal",
     "decoding_objective",
     "divergence_objective",
     "estimate",
     "expected_call_time",
+    "marginal_from_conditional",
     "profile_accepted_length",
     "profile_lookahead",
+    "profile_of",
     "profile_tree",
     "read_profile",
+    "read_sglang_requests",
+    "read_spec_bench",
+    "read_speculation_profile",
+    "read_vllm_log",
+    "read_vllm_metrics",
     "record",
     "rejection_rate",
+    "sum_vllm_log",
+    "trtllm_draft_len_schedule",
+    "vllm_dynamic_table",
+    "write_speculation_profile",
 ]
