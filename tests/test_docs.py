@@ -7,7 +7,10 @@
   one, and the runs share the suite's compilation cache when it has one), which the xdist workers
   share out, with the suite's strictness: warnings are errors and ``jax_numpy_rank_promotion`` is
   ``"raise"``. A failure names the page and the block's line.
-* ``mkdocs build --strict`` builds the site (skipped when mkdocs or mkdocstrings is missing).
+* ``mkdocs build --strict`` builds the site (skipped when mkdocs or mkdocstrings is missing), once
+  for the module: its API pages show the docstrings' examples as code blocks, and its formulas are
+  marked for KaTeX, which the site serves itself.
+* The home page links every guide.
 * The README's set-up command is the one CI runs, and its relative links exist.
 """
 
@@ -170,6 +173,12 @@ def test_readme_setup_is_what_ci_runs():
     assert commands[1].endswith(ci), (commands[1], ci)
 
 
+def test_home_page_lists_every_guide():
+    linked = set(re.findall(r"\]\((guides/[^)#\s]+\.md)", (ROOT / "docs" / "index.md").read_text()))
+    guides = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs" / "guides").glob("*.md")}
+    assert guides <= linked, f"docs/index.md's table does not link {sorted(guides - linked)}"
+
+
 def test_readme_links_exist():
     text = (ROOT / "README.md").read_text()
     for target in re.findall(r"\]\(([^)#\s]+)\)", text):
@@ -177,7 +186,9 @@ def test_readme_links_exist():
             assert (ROOT / target).exists(), target
 
 
-def test_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for this module's tests by ``mkdocs build --strict``."""
     if not (ROOT / "mkdocs.yml").exists():
         pytest.skip("no mkdocs.yml here (not a git checkout)")
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
@@ -186,14 +197,55 @@ def test_site_builds_strictly(tmp_path):
         except ModuleNotFoundError:
             found = False
         if not found:
-            pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
-    site = tmp_path / "site"
+            pytest.skip(f"{module} is not installed (pip install -e '.[docs]')")
+    site = tmp_path_factory.mktemp("site")
     # No --quiet: it hides the warnings, and --strict then has nothing to fail on.
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return site
+
+
+def test_site_builds_strictly(site):
     decoders = (site / "api" / "decoders" / "index.html").read_text()
     assert "BatchSpeculative" in decoders and "laws" in decoders  # the docstrings were rendered
     assert (site / "guides" / "new-decoder" / "index.html").exists()
+
+
+# A docstring section's title in mkdocstrings' HTML, and the start of the next object or section.
+SECTION_TITLE = '<span class="doc-section-title">'
+NEXT_BLOCK = re.compile(r'<span class="doc-section-title">|<div class="doc doc-object')
+
+
+def test_site_renders_examples_as_code_and_marks_math(site):
+    """The docstrings' ``Example:`` sections are highlighted ``pycon`` blocks, prompts and outputs
+    included, not the nested blockquotes Markdown makes of ``>>>`` (docs/_ext/griffe_examples.py);
+    formulas are left to KaTeX (``pymdownx.arithmatex``), which the site serves itself."""
+    examples = {}
+    for page in sorted((site / "api").glob("*/index.html")):
+        html = page.read_text()
+        name = page.parent.name
+        assert "<blockquote>\n<blockquote>" not in html, name  # no ">>>" as nested quotes
+        assert '<details class="example"' not in html, name  # nor as an admonition
+        sections = html.split(SECTION_TITLE)[1:]
+        examples[name] = [s for s in sections if s.startswith("Example")]
+        for section in examples[name]:
+            body = NEXT_BLOCK.split(section, maxsplit=1)[0]
+            assert "<blockquote>" not in body, (name, body[:400])
+            assert '<div class="highlight">' in body, (name, body[:400])
+            assert '<span class="gp">&gt;&gt;&gt; </span>' in body, (name, body[:400])
+    assert examples["pairs"] and examples["theory"], {k: len(v) for k, v in examples.items()}
+    # Math: the TeX kept for the browser, and KaTeX (script, auto-render, styles, fonts) local.
+    for page in ("index.html", "guides/reproducing/index.html"):
+        html = (site / page).read_text()
+        assert '<span class="arithmatex">\\(' in html, page
+        for asset in ("javascripts/katex.js", "javascripts/katex/katex.min.js",
+                      "javascripts/katex/contrib/auto-render.min.js",
+                      "javascripts/katex/katex.min.css"):
+            assert re.search(rf'(src|href)="(\.\./)*{re.escape(asset)}"', html), (page, asset)
+        assert not re.search(r'<(script|link)[^>]*(src|href)="(https?:)?//', html), page
+    css = (site / "javascripts" / "katex" / "katex.min.css").read_text()
+    fonts = re.findall(r"url\((fonts/[^)]+\.woff2)\)", css)
+    assert fonts and all((site / "javascripts" / "katex" / f).exists() for f in fonts)
