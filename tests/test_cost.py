@@ -285,7 +285,7 @@ def test_entry_point_validation():
                               COSTS["flat"])
     with pytest.raises(ValueError, match="max_lookahead"):
         specjax.theory.best_lookahead(draft, target, COSTS["flat"], max_lookahead=0)
-    with pytest.raises(ValueError, match="lookahead field"):
+    with pytest.raises(ValueError, match="lookahead to vary"):
         specjax.theory.best_lookahead(draft, target, COSTS["flat"], max_lookahead=2,
                                decoder=specjax.TokenTree((2,)))
     with pytest.raises(ValueError, match="static setting"):

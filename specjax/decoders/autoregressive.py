@@ -16,6 +16,8 @@ class Autoregressive(TokenwiseDecoder):
       Algorithm 3 (Auto-Regressive Model Decoding).
     """
 
+    recording_reads = "nothing"
+
     uses_draft = False
 
     def laws(self, p, q):

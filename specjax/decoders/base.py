@@ -19,6 +19,11 @@ behaviour of a decoder without it. ``PROTOCOL`` lists the members of each base c
   exact values on ``FiniteStateModel``s; ``"protocol"``: Monte Carlo on any autoregressive model);
 * ``uses_draft`` (default ``True``): ``False`` for a decoder that never reads the draft
   (``Autoregressive``: the draft may be ``None``);
+* ``lossless`` (default ``True``): ``False`` for a rule whose output is not the target's (biased,
+  lenient, top-k and typical acceptance): estimates from target rollouts refuse it;
+* ``varies_lookahead`` (default ``False``; ``True`` for every token-wise decoder, block
+  verification and parallel drafters) and ``with_lookahead(K)``: the same decoder with another
+  ``lookahead`` (what ``best_lookahead`` sweeps and a recording's rates are keyed by);
 * ``validate()`` (default: nothing): refuse invalid numeric settings (values only when concrete),
   before any work;
 * ``check(num_states, num_rows)`` (default: nothing): refuse a setting too large for the models;
@@ -158,6 +163,21 @@ class Decoder:
     #: Whether the decoder reads the draft (``Autoregressive`` does not: its draft may be
     #: ``None``).
     uses_draft: ClassVar[bool] = True
+    #: Whether the output law is the target's (``False``: a lossy rule, refused by estimates
+    #: from target rollouts, whose law is not the decoder's output law).
+    lossless: ClassVar[bool] = True
+    #: Whether ``with_lookahead`` gives the decoder with another ``lookahead`` field.
+    varies_lookahead: ClassVar[bool] = False
+
+    def with_lookahead(self, lookahead) -> "Decoder":
+        """The same decoder with ``lookahead`` (``None``: draft to the horizon) when
+        ``varies_lookahead``; ``ValueError`` naming the decoder otherwise."""
+        if not self.varies_lookahead:
+            raise ValueError(f"decoder: {type(self).__name__} has no lookahead to vary (its "
+                             f"draft length is set by its own settings)")
+        if lookahead == self.lookahead:
+            return self
+        return dataclasses.replace(self, lookahead=lookahead)
 
     def validate(self) -> None:
         """Raise ``ValueError`` when a numeric setting is invalid (its values checked only when
@@ -185,6 +205,12 @@ class TokenwiseDecoder(Decoder):
     ``lookahead``."""
 
     model_kinds: ClassVar[tuple] = ("finite_state", "protocol")
+    varies_lookahead: ClassVar[bool] = True
+    #: What an estimate from a recording of target rollouts reads for this decoder:
+    #: ``"emitted"`` (the emitted tokens' probabilities ``p_t(x_t)``, ``q_t(x_t)`` alone: SD),
+    #: ``"rows"`` (its rates from the full rows along the path, kept or recorded: multi-draft
+    #: roots and any other rule) or ``"nothing"`` (autoregressive decoding).
+    recording_reads: ClassVar[str] = "rows"
     #: ``None`` (``K = T``) or ``K``; a decoder declares it as a dataclass field.
     lookahead = FieldDefault(None)
     #: The sequences drafted per call (a multi-draft decoder's ``num_drafts`` field).
@@ -400,9 +426,10 @@ class CallDecoder(Decoder):
 
 #: Every member of the protocol, by the base class that declares it with its default.
 PROTOCOL = {
-    Decoder: ("model_kinds", "uses_draft", "validate", "check", "probe", "label"),
-    TokenwiseDecoder: ("lookahead", "num_drafts", "same_root", "has_root_scale",
-                       "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
+    Decoder: ("model_kinds", "uses_draft", "lossless", "varies_lookahead", "with_lookahead",
+              "validate", "check", "probe", "label"),
+    TokenwiseDecoder: ("recording_reads", "lookahead", "num_drafts", "same_root",
+                       "has_root_scale", "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
                        "binds_models", "laws", "root_scale", "acceptance",
                        "residual_given_draft", "bind", "laws_at", "resolve_lookahead",
                        "call_work"),

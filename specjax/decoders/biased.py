@@ -38,6 +38,8 @@ class BiasedSpeculative(TokenwiseDecoder):
       Section 4, Theorems 4-5, Table 1 (Decoding-OPT against Decoding-UNO).
     """
 
+    lossless = False
+
     epsilon: Any = array_field()
     _: dataclasses.KW_ONLY
     residual: str = "optimal"

@@ -119,6 +119,8 @@ class BlockVerification(CallDecoder):
       (arXiv 2403.10444).
     """
 
+    varies_lookahead = True
+
     lookahead: int
 
     def __post_init__(self):

@@ -35,6 +35,8 @@ class LenientSpeculative(TokenwiseDecoder):
       Leviathan et al. (2023), lenience; Zhou et al. (2024), DistillSpec, lenient acceptance.
     """
 
+    lossless = False
+
     lenience: Any = array_field()
     _: dataclasses.KW_ONLY
     residual: str = "standard"

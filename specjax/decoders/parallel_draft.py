@@ -122,6 +122,8 @@ class ParallelDraft(CallDecoder):
       (arXiv 2504.18583); Leviathan et al. 2023.
     """
 
+    varies_lookahead = True
+
     lookahead: int
     _: dataclasses.KW_ONLY
     heads: Any = array_field(default=None)

@@ -31,6 +31,8 @@ class Speculative(TokenwiseDecoder):
       Algorithm 1 and Theorem 1; Leviathan et al. 2023 for the bonus token.
     """
 
+    recording_reads = "emitted"
+
     lookahead: int | None = None
     has_root_scale = True
 

@@ -30,6 +30,8 @@ class TopKAcceptance(TokenwiseDecoder):
       lookahead: ``None`` (``K = T``) or ``K``.
     """
 
+    lossless = False
+
     k: int
     _: dataclasses.KW_ONLY
     residual: str = "standard"

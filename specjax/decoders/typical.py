@@ -46,6 +46,8 @@ class TypicalAcceptance(TokenwiseDecoder):
       (``_evaluate_accepted_tokens``; the recovered token in ``test_get_recovered_token_ids``).
     """
 
+    lossless = False
+
     threshold: Any = array_field(default=0.09)
     alpha: Any = array_field(default=0.3)
     _: dataclasses.KW_ONLY

@@ -38,8 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.decoders.autoregressive import Autoregressive
-from specjax.decoders.speculative import Speculative
 from specjax.pairs.estimate import check_cost
 from specjax.pairs.estimate import check_recording
 from specjax.pairs.estimate import per_sequence
@@ -228,7 +226,7 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
       >>> grad = jax.grad(lambda params: loss(params, rec).value)(jnp.zeros(2))
     """
     check_estimable(decoder)
-    if isinstance(decoder, Autoregressive):
+    if decoder.recording_reads == "nothing":
         raise ValueError("decoder: Autoregressive() has no draft to distil")
     _check_apply(apply)
     if measure not in MEASURES:
@@ -237,7 +235,7 @@ def decoding_objective(decoder, apply: Callable, measure: str = "rejections", *,
     if measure == "time" and cost is None:
         raise ValueError("measure='time' needs cost=specjax.CostModel(...)")
     logits = _check_logits(logits)
-    from_token = isinstance(decoder, Speculative)  # SD's rate needs p_theta(x_t) alone
+    from_token = decoder.recording_reads == "emitted"  # SD: p_theta(x_t) alone
 
     def loss(params, recording) -> DistillLoss:
         _check_recording(recording, rows=not from_token,

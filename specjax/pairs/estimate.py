@@ -27,8 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.decoders.autoregressive import Autoregressive
-from specjax.decoders.speculative import Speculative
 from specjax.numerics import safe_ratio
 from specjax.pairs.calls import _filter
 from specjax.pairs.calls import rejection_rate
@@ -94,10 +92,10 @@ def rates(decoder, recording: Recording):
     """``(root_rejection, rejection)`` ``(B, T)`` of ``decoder`` along the recording: SD's from
     the emitted tokens' probabilities, any other decoder's from its recorded rates or from the
     kept rows (checking that its laws are lossless there)."""
-    if isinstance(decoder, Speculative):
+    if decoder.recording_reads == "emitted":  # SD: the emitted tokens' probabilities
         r = rejection_rate(recording.draft_prob, recording.target_prob)
         return r, r
-    if isinstance(decoder, Autoregressive):
+    if decoder.recording_reads == "nothing":
         zeros = jnp.zeros_like(recording.target_prob)
         return zeros, zeros
     entry = recording.rates_of(decoder)

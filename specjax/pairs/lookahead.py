@@ -14,7 +14,6 @@ that of the paired differences, far below either time's own (the sequences' vari
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -143,14 +142,13 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
     _checks.check_static_int("max_lookahead", max_lookahead)
     decoder = Speculative() if decoder is None else decoder
     check_estimable(decoder)
-    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
-        raise ValueError(f"decoder must have a lookahead field to vary, got "
-                         f"{type(decoder).__name__}")
+    if not decoder.varies_lookahead:
+        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
     horizon = recording.horizon
     kmax = min(max_lookahead, horizon)
     root, inside = rates(decoder, recording)
     dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
-    columns = np.stack([call_columns(dataclasses.replace(decoder, lookahead=k), horizon, k,
+    columns = np.stack([call_columns(decoder.with_lookahead(k), horizon, k,
                                      cost)[:, 2] for k in range(1, kmax + 1)])  # (K_max, T)
     # Only the sweep is compiled (NumPy arrays go in as they are; the rest is NumPy): a new
     # K_max or recording shape compiles one program.

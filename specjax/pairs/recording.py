@@ -47,7 +47,6 @@ for a small vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -94,13 +93,7 @@ class DecoderRates(NamedTuple):
 
 def rate_key(decoder):
     """``decoder`` with ``lookahead=None``: the key its rates are stored under."""
-    if any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
-        return dataclasses.replace(decoder, lookahead=None)
-    return decoder
-
-
-#: Decoders whose output is not the target's, refused by name (``check_lossless``).
-LOSSY = ("BiasedSpeculative", "LenientSpeculative", "TopKAcceptance", "TypicalAcceptance")
+    return decoder.with_lookahead(None) if decoder.varies_lookahead else decoder
 
 
 def check_estimable(decoder) -> None:
@@ -115,7 +108,7 @@ def check_estimable(decoder) -> None:
             f"(other drafted tokens, deeper tree levels), which a recording of target rollouts "
             f"does not hold; estimate token-wise decoders (Speculative, BatchSpeculative, "
             f"OptimalMultiDraft, KSequential, ...) or use specjax.decode on the models")
-    if name in LOSSY:
+    if not decoder.lossless:
         raise ValueError(
             f"decoder: {name} is a lossy rule (its output is not the target's), so target "
             f"rollouts do not have its output law and cannot estimate its cost; use "
@@ -478,7 +471,7 @@ def check_decoders(decoders) -> tuple:
     keys = []
     for decoder in decoders:
         key = rate_key(decoder)
-        if key not in keys and not isinstance(decoder, Autoregressive):
+        if key not in keys and decoder.recording_reads != "nothing":
             keys.append(key)
     return tuple(keys)
 

@@ -24,7 +24,7 @@ from specjax.pairs.calls import _filter
 from specjax.theory.cost import call_works
 from specjax.theory.serving import ServingCost
 from specjax.theory.serving import SlotWork
-from specjax.theory.serving import _check_tables
+from specjax.theory.serving import check_tables
 from specjax.theory.serving import goodput
 
 __all__ = ["serving_estimate"]
@@ -38,7 +38,7 @@ def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, roo
     horizon = recording.horizon
     lookahead = decoder.resolve_lookahead(horizon)
     passes, scored = call_works(decoder, horizon, lookahead)
-    _check_tables(cost, batch_size, passes, scored)  # a short table or a huge batch: before work
+    check_tables(cost, batch_size, passes, scored)  # a short table or a huge batch: before work
     dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
     # One column per position: P(a call starts at n | x), n = 1..T.
     _, starts, _ = _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,

@@ -349,7 +349,7 @@ def best_lookahead(draft, target, cost: CostModel, *, max_lookahead: int, decode
     num_positions = plan_run(Autoregressive(), None, target, engine="exact", horizon=horizon)[4]
     return sweep_lookahead(
         decoder, max_lookahead, check_decoder,
-        lambda d: expected_time(d, None if isinstance(d, Autoregressive) else draft, target, cost,
+        lambda d: expected_time(d, draft if d.uses_draft else None, target, cost,
                                 horizon=horizon), horizon=num_positions)
 
 
@@ -368,13 +368,12 @@ def sweep_lookahead(decoder, max_lookahead: int, check, time_of, *,
         raise ValueError(f"max_lookahead must be a positive int, got {max_lookahead}")
     decoder = Speculative() if decoder is None else decoder
     check(decoder)
-    if not any(f.name == "lookahead" for f in dataclasses.fields(decoder)):
-        raise ValueError(f"decoder must have a lookahead field to vary, got "
-                         f"{type(decoder).__name__}")
+    if not decoder.varies_lookahead:
+        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
     times = [float(time_of(Autoregressive()))]
     last = max_lookahead if horizon is None else min(max_lookahead, horizon)
     for k in range(1, last + 1):
-        times.append(float(time_of(dataclasses.replace(decoder, lookahead=k))))
+        times.append(float(time_of(decoder.with_lookahead(k))))
     times = np.asarray(times)
     best = int(np.argmin(times))
     return LookaheadChoice(lookahead=best, expected_time=float(times[best]), times=times)

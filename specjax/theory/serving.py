@@ -401,7 +401,7 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
     planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
-    _check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
+    check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
     work = (stationary_slot_work(decoder, draft, target) if stationary else
             slot_work(decoder, draft, target, horizon=horizon))
     return goodput(work, cost, batch_size=batch_size)
@@ -427,7 +427,7 @@ def convolution_work(length: int, power: int) -> int:
     return work
 
 
-def _check_tables(cost: ServingCost, batch_size: int, passes, scored):
+def check_tables(cost: ServingCost, batch_size: int, passes, scored):
     """The tables a batch of ``B`` needs, evaluated (a short table raises here), after checking
     that the step's law is not too costly to compute (``MAX_STEP_WORK``)."""
     most_scored, most_passes = int(np.max(scored)), int(np.max(passes))
@@ -463,7 +463,7 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
     if not isinstance(work, SlotWork):
         raise ValueError(f"work must be a SlotWork (specjax.theory.serving.slot_work), got "
                          f"{type(work).__name__} {work!r}"[:300])
-    draft_table, target_table = _check_tables(cost, batch_size, work.passes, work.scored)
+    draft_table, target_table = check_tables(cost, batch_size, work.passes, work.scored)
     dtype = work.mass.dtype
     works, which = np.unique(np.stack([work.passes, work.scored], axis=1), axis=0,
                              return_inverse=True)  # the distinct (passes, scored): static
@@ -690,7 +690,7 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
     sizes, many = _batch_sizes(batch_size)
     _checks.check_static_non_negative_int("max_lookahead", max_lookahead)  # 0: SD off only
     for k in range(max_lookahead + 1):  # tables too short raise before any work
-        _check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
+        check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
     rates = np.stack([_rates(slot_work(_fixed(k), None if k == 0 else draft, target), cost, sizes)
                       for k in range(max_lookahead + 1)], axis=1)  # (sizes, K + 1)
     choices = tuple(BatchPolicy(decoder=_fixed(int(np.argmax(r))), lookahead=int(np.argmax(r)),
