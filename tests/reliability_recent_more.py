@@ -161,8 +161,10 @@ def add_cases(add, S) -> None:  # noqa: PLR0915 - a flat list of cases
         error=("decoder", "recording"),
         check=lambda e: _close(e.expected_rejections,
                                exact32(S.BatchSpeculative(2, lookahead=2), "expected_rejections")))
-    for what, make in (("TokenTree((2, 1))", lambda: S.TokenTree((2, 1))),
-                       ("TraversalVerification((2,))", lambda: S.TraversalVerification((2,))),
+    add(kind, "estimate", "TokenTree((2, 1)) on enumerated rows (= exact)",
+        lambda: S.estimate(S.TokenTree((2, 1)), rec()),
+        check=lambda e: _close(e.expected_calls, exact32(S.TokenTree((2, 1)), "expected_calls")))
+    for what, make in (("TraversalVerification((2,))", lambda: S.TraversalVerification((2,))),
                        ("ParallelDraft(2)", lambda: S.decoders.ParallelDraft(2)),
                        ("HeuristicSchedule(1, max_lookahead=2)",
                         lambda: S.HeuristicSchedule(1, max_lookahead=2)),

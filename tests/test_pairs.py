@@ -259,7 +259,7 @@ def test_validation_errors():
     for decoder, what in ((specjax.BiasedSpeculative(0.1), "lossy"),
                           (specjax.TopKAcceptance(2), "lossy"),
                           (specjax.BlockVerification(2), "call-level"),
-                          (specjax.TokenTree((2, 1)), "call-level"),
+                          (specjax.TokenTree((2, 1)), "full rows along the path"),
                           (specjax.BatchSpeculative(2), "holds no rates"),
                           (specjax.OptimalMultiDraft(2, sequence_optimal=True), "whole models")):
         with pytest.raises(ValueError, match=what):

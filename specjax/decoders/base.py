@@ -24,6 +24,8 @@ behaviour of a decoder without it. ``PROTOCOL`` lists the members of each base c
 * ``varies_lookahead`` (default ``False``; ``True`` for every token-wise decoder, block
   verification and parallel drafters) and ``with_lookahead(K)``: the same decoder with another
   ``lookahead`` (what ``best_lookahead`` sweeps and a recording's rates are keyed by);
+* ``recording_reads``: what an estimate from target rollouts needs of the decoder (``"emitted"``,
+  ``"rows"``, ``"path_rows"``, ``"nothing"``, or ``"off_path"``: refused);
 * ``validate()`` (default: nothing): refuse invalid numeric settings (values only when concrete),
   before any work;
 * ``check(num_states, num_rows)`` (default: nothing): refuse a setting too large for the models;
@@ -168,6 +170,14 @@ class Decoder:
     lossless: ClassVar[bool] = True
     #: Whether ``with_lookahead`` gives the decoder with another ``lookahead`` field.
     varies_lookahead: ClassVar[bool] = False
+    #: What an estimate from a recording of target rollouts reads for this decoder:
+    #: ``"emitted"`` (the emitted tokens' probabilities ``p_t(x_t)``, ``q_t(x_t)`` alone: SD),
+    #: ``"rows"`` (a token-wise rule's rates from the full rows along the path, kept or
+    #: recorded: the default of token-wise decoders), ``"path_rows"`` (a call-level decoder
+    #: whose calls read only rows along the emitted path: static token trees), ``"nothing"``
+    #: (autoregressive decoding) or ``"off_path"`` (the default of call-level decoders: rows off
+    #: the path, such as a block's rejected drafts' contexts; refused by estimates).
+    recording_reads: ClassVar[str] = "off_path"
 
     def with_lookahead(self, lookahead) -> "Decoder":
         """The same decoder with ``lookahead`` (``None``: draft to the horizon) when
@@ -206,10 +216,6 @@ class TokenwiseDecoder(Decoder):
 
     model_kinds: ClassVar[tuple] = ("finite_state", "protocol")
     varies_lookahead: ClassVar[bool] = True
-    #: What an estimate from a recording of target rollouts reads for this decoder:
-    #: ``"emitted"`` (the emitted tokens' probabilities ``p_t(x_t)``, ``q_t(x_t)`` alone: SD),
-    #: ``"rows"`` (its rates from the full rows along the path, kept or recorded: multi-draft
-    #: roots and any other rule) or ``"nothing"`` (autoregressive decoding).
     recording_reads: ClassVar[str] = "rows"
     #: ``None`` (``K = T``) or ``K``; a decoder declares it as a dataclass field.
     lookahead = FieldDefault(None)
@@ -427,8 +433,8 @@ class CallDecoder(Decoder):
 #: Every member of the protocol, by the base class that declares it with its default.
 PROTOCOL = {
     Decoder: ("model_kinds", "uses_draft", "lossless", "varies_lookahead", "with_lookahead",
-              "validate", "check", "probe", "label"),
-    TokenwiseDecoder: ("recording_reads", "lookahead", "num_drafts", "same_root",
+              "recording_reads", "validate", "check", "probe", "label"),
+    TokenwiseDecoder: ("lookahead", "num_drafts", "same_root",
                        "has_root_scale", "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
                        "binds_models", "laws", "root_scale", "acceptance",
                        "residual_given_draft", "bind", "laws_at", "resolve_lookahead",

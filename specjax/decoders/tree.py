@@ -196,6 +196,9 @@ class TokenTree(TreeSpec, CallDecoder):
     children: str = "iid"
     parents: tuple | None = None
     label_name = "token tree"
+    #: A call reads only rows along the emitted path (the rejected siblings' subtrees are never
+    #: read): estimated from a recording that holds the rows (``specjax.pairs.trees``).
+    recording_reads = "path_rows"
 
     def __post_init__(self):
         check_tree_spec(self, allowed=CHILDREN, example="(4, 2)")

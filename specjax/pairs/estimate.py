@@ -12,8 +12,10 @@ Which decoders (``check_estimable``): every token-wise decoder whose output is t
 ``Speculative`` from the emitted tokens' probabilities alone; a multi-draft root
 (``BatchSpeculative``, ``OptimalMultiDraft``, ``KSequential``, ``GumbelList``,
 ``ImportanceWeighted``, ``SpecHub``) and any lossless ``RejectionRule`` from their rates, recorded
-with ``decoders=`` or computed from kept rows; ``Autoregressive`` trivially. Lossy rules and
-call-level decoders (blocks, trees, adaptive lengths) are refused by name.
+with ``decoders=`` or computed from kept rows; ``Autoregressive`` trivially; static token trees
+(``TokenTree``) from the kept rows along the path (``specjax.pairs.trees``). Lossy rules
+(``lossless = False``) and call-level decoders whose calls read rows off the path (blocks,
+dynamic trees, adaptive lengths: ``recording_reads = "off_path"``) are refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax.decoders.base import TokenwiseDecoder
 from specjax.numerics import safe_ratio
 from specjax.pairs.calls import _filter
 from specjax.pairs.calls import rejection_rate
@@ -35,6 +38,7 @@ from specjax.pairs.recording import check_estimable
 from specjax.pairs.recording import decoder_rates
 from specjax.pairs.recording import lossless_tolerance
 from specjax.pairs.serving import serving_estimate
+from specjax.pairs.trees import tree_per_sequence
 from specjax.theory.cost import CostModel
 from specjax.theory.cost import call_depths
 from specjax.theory.cost import call_works
@@ -157,7 +161,7 @@ def call_columns(decoder, horizon: int, lookahead: int, cost: CostModel | None) 
     (``cost.call_time`` of the decoder's ``call_work(min(K, T - n + 1))``, as
     ``specjax.theory.decoding_time``; 0 without a cost model)."""
     ones = np.ones(horizon)
-    if decoder.num_drafts == math.inf:
+    if isinstance(decoder, TokenwiseDecoder) and decoder.num_drafts == math.inf:
         if cost is not None:
             decoder.call_work(1)  # raises: no finite work
         drafted = np.where(call_depths(lookahead, horizon) > 0, np.inf, 0)
@@ -190,9 +194,19 @@ def per_sequence(decoder, recording: Recording, cost: CostModel | None):
     What ``estimate`` averages and a distillation objective differentiates."""
     horizon = recording.horizon
     lookahead = decoder.resolve_lookahead(horizon)
+    columns = call_columns(decoder, horizon, lookahead, cost)
+    return filtered(decoder, recording, columns)
+
+
+def filtered(decoder, recording: Recording, columns):
+    """The filter of ``decoder``'s calls along each recorded sequence with call weights
+    ``columns`` ``(T, W)``: the phase filter of a token-wise decoder (its rates), or the node
+    filter of a token tree (``specjax.pairs.trees``, from the rows)."""
+    if decoder.recording_reads == "path_rows":
+        return tree_per_sequence(decoder, recording, columns)
+    lookahead = decoder.resolve_lookahead(recording.horizon)
     root, inside = rates(decoder, recording)
     dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
-    columns = call_columns(decoder, horizon, lookahead, cost)
     return _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
                    call_weights=jnp.asarray(columns, dtype), lengths=recording.lengths)
 
@@ -252,8 +266,7 @@ def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Es
     else:
         check_cost(cost)
     if serving:
-        root, inside = rates(decoder, recording)
-        served = serving_estimate(decoder, recording, cost, batch_size, root, inside)
+        served = serving_estimate(decoder, recording, cost, batch_size, filtered)
         cost = None
     rejections, weighted, accepted_at = per_sequence(decoder, recording, cost)
     result = summarise(rejections, weighted, accepted_at, recording.weights,

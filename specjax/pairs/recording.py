@@ -97,22 +97,25 @@ def rate_key(decoder):
 
 
 def check_estimable(decoder) -> None:
-    """Raise ``ValueError`` unless ``decoder`` is a token-wise decoder whose output may be the
-    target's and whose laws depend on the rows of the recorded positions only."""
+    """Raise ``ValueError`` unless ``decoder`` is a lossless decoder whose calls read only rows
+    along the recorded path (``recording_reads``): a token-wise decoder whose laws depend on the
+    rows of the recorded positions only, or a static token tree."""
     check_decoder(decoder)
     name = type(decoder).__name__
-    if not isinstance(decoder, TokenwiseDecoder):
+    if decoder.recording_reads == "off_path":
         raise ValueError(
-            f"decoder: {name} is a call-level decoder (blocks, token trees, adaptive or "
-            f"scheduled draft lengths): its calls read the draft's rows off the recorded path "
-            f"(other drafted tokens, deeper tree levels), which a recording of target rollouts "
-            f"does not hold; estimate token-wise decoders (Speculative, BatchSpeculative, "
-            f"OptimalMultiDraft, KSequential, ...) or use specjax.decode on the models")
+            f"decoder: {name} is a call-level decoder whose calls read the draft's rows off the "
+            f"recorded path (blocks' rejected drafts, dynamic trees, adaptive or scheduled draft "
+            f"lengths), which a recording of target rollouts does not hold; estimate token-wise "
+            f"decoders (Speculative, BatchSpeculative, OptimalMultiDraft, KSequential, ...) or "
+            f"static token trees (TokenTree), or use specjax.decode on the models")
     if not decoder.lossless:
         raise ValueError(
             f"decoder: {name} is a lossy rule (its output is not the target's), so target "
             f"rollouts do not have its output law and cannot estimate its cost; use "
             f"specjax.decode or specjax.exact on the models")
+    if not isinstance(decoder, TokenwiseDecoder):
+        return
     if decoder.binds_models or "protocol" not in decoder.model_kinds:
         raise ValueError(
             f"decoder: {decoder!r} reads the whole models (a policy solved over the horizon), "
@@ -468,6 +471,10 @@ def check_decoders(decoders) -> tuple:
         raise ValueError(f"decoders must be a tuple of decoders, got {decoders!r}"[:300])
     for decoder in decoders:
         check_estimable(decoder)
+        if decoder.recording_reads == "path_rows":
+            raise ValueError(f"decoders: {decoder!r} has no per-position rates to record (a "
+                             f"tree's node changes what is read); keep the rows instead "
+                             f"(keep_rows=True) and estimate it from them")
     keys = []
     for decoder in decoders:
         key = rate_key(decoder)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
-from specjax.pairs.calls import _filter
 from specjax.theory.cost import call_works
 from specjax.theory.serving import ServingCost
 from specjax.theory.serving import SlotWork
@@ -30,20 +30,18 @@ from specjax.theory.serving import goodput
 __all__ = ["serving_estimate"]
 
 
-def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, root, inside):
+def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, filtered):
     """``(tokens_per_time, se, speedup, speedup_se)`` of ``batch_size`` slots running
-    ``decoder`` under ``cost``, from a recording's rates ``root``, ``inside`` ``(B, T)``
-    (module docstring)."""
+    ``decoder`` under ``cost``, from a recording; ``filtered(decoder, recording, columns)`` is
+    ``specjax.pairs.estimate.filtered`` (module docstring)."""
     _checks.check_static_int("batch_size", batch_size)
     horizon = recording.horizon
     lookahead = decoder.resolve_lookahead(horizon)
     passes, scored = call_works(decoder, horizon, lookahead)
     check_tables(cost, batch_size, passes, scored)  # a short table or a huge batch: before work
-    dtype = jnp.result_type(inside.dtype, recording.target_prob.dtype)
+    dtype = recording.target_prob.dtype
     # One column per position: P(a call starts at n | x), n = 1..T.
-    _, starts, _ = _filter(inside.astype(dtype), root.astype(dtype), lookahead=lookahead,
-                           call_weights=jnp.eye(horizon, dtype=dtype),
-                           lengths=recording.lengths)
+    _, starts, _ = filtered(decoder, recording, np.eye(horizon))
     tokens = (jnp.full(starts.shape[:1], horizon, dtype) if recording.lengths is None else
               recording.lengths.astype(dtype))
     per_sequence = jnp.concatenate([starts, tokens[:, None]], axis=1)  # (B, T + 1)
