@@ -46,6 +46,14 @@ from specjax.auditing.rules import speculative_rule
 from specjax.auditing.rules import speculative_rule_u
 from specjax.auditing.rules import wrong_residual
 from specjax.auditing.rules import wrong_residual_u
+from specjax.auditing.traces import EngineTrace
+from specjax.auditing.traces import TraceCheck
+from specjax.auditing.traces import TraceEstimate
+from specjax.auditing.traces import check_trace
+from specjax.auditing.traces import counterfactuals
+from specjax.auditing.traces import estimate_trace
+from specjax.auditing.traces import format_estimates
+from specjax.auditing.traces import trace_law
 
 __all__ = [
     "AuditReport",
@@ -63,6 +71,15 @@ __all__ = [
     "VerifiedTree",
     "verify_tree",
     "verify_tree_law",
+    # engines' per-call traces (specjax.auditing.traces)
+    "EngineTrace",
+    "TraceEstimate",
+    "TraceCheck",
+    "trace_law",
+    "estimate_trace",
+    "counterfactuals",
+    "check_trace",
+    "format_estimates",
     # penalties and grammar masks under SD (specjax.auditing.history)
     "SequenceFit",
     "SequenceLaw",
