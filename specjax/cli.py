@@ -6,9 +6,11 @@
   paper's beside ours (``specjax.experiments.reproduce``).
 * ``python -m specjax simulate``: mean rejections and target calls of SD, SD with lookahead 4 and
   batch SD with their Monte Carlo standard errors beside the exact values (Theorem 1, Theorem 3).
-* ``python -m specjax bench [--quick] [--out DIR]``: every benchmark's headline case, specjax
-  beside its NumPy reference on the same run, on whatever device JAX finds; ``bench.md`` and
-  ``bench.json`` in ``DIR`` (``specjax.experiments.bench``).
+* ``python -m specjax bench [--quick] [--repeats N] [--out DIR]``: every benchmark's headline
+  case, specjax beside its NumPy reference on the same run (``N`` timed calls of each, in turn),
+  on whatever device JAX finds; ``bench.md`` and ``bench.json`` in ``DIR``
+  (``specjax.experiments.bench``). ``python -m specjax bench compare A.json B.json``: two runs
+  case by case, the changes beyond their noise marked (``specjax.experiments.bench_compare``).
 
 Every output path is checked before any work: ``--out`` must be a writable folder, or one that
 can be created, with no folder where an output file goes; otherwise a usage error names ``--out``
@@ -47,6 +49,7 @@ MAX_CHAINS = MAX_COUNTER  # chains are numbered with 32 bits (specjax.decode's o
 TABLE_BYTES = 160
 CHAIN_BYTES = 16
 RUN_BYTES = 700
+MAX_BENCH_REPEATS = 1000  # bench --repeats: beyond, a default run would take a day
 
 
 def _instance_arguments(parser):
@@ -89,6 +92,21 @@ def _parsers():
                             "little")
     bench.add_argument("--cases", nargs="+", default=None, metavar="CASE",
                        help="run only these cases (default: all): " + ", ".join(_bench_cases()))
+    bench.add_argument("--repeats", type=int, default=None, metavar="N",
+                       help="timed calls of specjax and of its reference per row, taken in "
+                            f"turn, 1 .. {MAX_BENCH_REPEATS} (default: 5; 3 with --quick)")
+    compare = bench.add_subparsers(dest="bench_command", metavar="{compare}").add_parser(
+        "compare", help="two runs' bench.json, case by case: the changes beyond the noise",
+        description="Compares two runs of python -m specjax bench (their bench.json, schema "
+                    "version 2): per row the change of specjax's median time (B over A) with a "
+                    "bootstrap interval, marked slower or faster when it lies outside the union "
+                    "of both runs' min .. max spread around their medians, beyond --margin, and "
+                    "its interval excludes 1.")
+    compare.add_argument("a", metavar="A.json", help="the first run's bench.json")
+    compare.add_argument("b", metavar="B.json", help="the second run's bench.json")
+    compare.add_argument("--margin", type=float, default=0.10,
+                         help="the least change marked, as a fraction, 0 .. 10 (default 0.10)")
+    bench.compare = compare
     return parser, rep, sim, bench
 
 
@@ -112,11 +130,16 @@ def main(argv=None) -> None:
         args = rep.parse_args([])
         args.command = "reproduce"
     command = {"reproduce": rep, "simulate": sim, "bench": bench}[args.command]
+    if args.command == "bench" and args.bench_command == "compare":
+        command = bench.compare
     interrupts = catch_lost_interrupts() if _is_program() else []
     try:
         if args.command == "reproduce":
             check_reproduce_args(rep, args)
             run_reproduce(args)
+        elif args.command == "bench" and args.bench_command == "compare":
+            check_bench_compare_args(command, args)
+            run_bench_compare(args)
         elif args.command == "bench":
             check_bench_args(bench, args)
             run_bench(args)
@@ -305,6 +328,8 @@ def check_bench_args(bench, args) -> None:
     unknown = [c for c in args.cases or [] if c not in cases]
     if unknown:
         bench.error(f"--cases: unknown {', '.join(unknown)}; the cases are {', '.join(cases)}")
+    if args.repeats is not None and not 1 <= args.repeats <= MAX_BENCH_REPEATS:
+        bench.error(f"--repeats {args.repeats}: give 1 .. {MAX_BENCH_REPEATS} timed calls per row")
     from specjax.experiments import bench as _bench
     try:
         _bench.check_out_dir(args.out)
@@ -312,9 +337,31 @@ def check_bench_args(bench, args) -> None:
         bench.error(f"--out {err}")
 
 
+def check_bench_compare_args(compare, args) -> None:
+    """``bench compare``'s arguments, before any work: both files exist (what they hold is
+    checked as they are read: ``bench_compare.load`` raises a ``ValueError`` naming the path)."""
+    if not (math.isfinite(args.margin) and 0 <= args.margin <= 10):
+        compare.error(f"--margin {args.margin}: give a fraction, 0 .. 10 (0.10: 10%)")
+    for path in (args.a, args.b):
+        if not os.path.exists(path):
+            compare.error(f"{path!r}: no such file")
+        if os.path.isdir(path):
+            compare.error(f"{path!r} is a folder: give its bench.json")
+
+
+def run_bench_compare(args) -> None:
+    from specjax.experiments import bench_compare
+    a, b = bench_compare.load(args.a), bench_compare.load(args.b)
+    changes = bench_compare.compare(a, b, margin=args.margin)
+    print(bench_compare.markdown(a, b, changes, (args.a, args.b), margin=args.margin), end="")
+
+
 def run_bench(args) -> None:
+    import dataclasses
     from specjax.experiments import bench
     sizes = bench.Sizes.quick() if args.quick else bench.Sizes()
+    if args.repeats is not None:
+        sizes = dataclasses.replace(sizes, repeats=args.repeats, numpy_repeats=args.repeats)
     result = bench.run(sizes, cases=args.cases, mode="quick" if args.quick else "default")
     # The table first: if writing fails at the end (the disk filled during the run), the
     # finished run is still on standard output.
