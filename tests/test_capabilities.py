@@ -3,8 +3,8 @@
 
 A user's decoder, written as a subclass that only changes a declared capability, is treated by
 what it declares: each assertion below failed while the consumers went by name (a lossy
-subclass of ``Speculative`` was estimated as SD). A rule declared lossless is still checked on
-the recorded rows."""
+subclass of ``Speculative`` was estimated as SD). A rule declared lossless is still checked: a
+subclass that declares it is probed before any work (``specjax.decoders.probe``)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def test_estimates_read_the_declared_capabilities():
                                       max_lookahead=2, decoder=specjax.TokenTree((2, 1)))
 
 
-def test_a_rule_declared_lossless_is_estimated_and_its_laws_still_checked():
+def test_a_rule_declared_lossless_is_estimated_and_its_laws_still_probed():
     rec = _recording()
     sd = specjax.estimate(specjax.Speculative(lookahead=2), rec)
     exact_rule = specjax.estimate(DeclaredLossless(0.0, lookahead=2), rec)  # biased, eps = 0
     assert float(exact_rule.expected_calls) == pytest.approx(float(sd.expected_calls), abs=1e-6)
-    with pytest.raises(ValueError, match="not lossless on the recorded rows"):
-        specjax.estimate(DeclaredLossless(0.3, lookahead=2), rec)
+    with pytest.raises(ValueError, match="declared lossless .* misses the target's row"):
+        specjax.estimate(DeclaredLossless(0.3, lookahead=2), rec)  # probed: new laws

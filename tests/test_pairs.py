@@ -369,7 +369,7 @@ def test_acceptance_profiles(pair, x64):
 
 def test_other_multi_draft_roots_and_threshold_rules(pair, x64):
     """The Gumbel list coupling, SpecHub and SGLang's thresholds at 1 (lossless) equal exact;
-    thresholds below 1 (lossy) are refused from the rows."""
+    thresholds below 1 (lossy: ``lossless`` is False) are refused before any work."""
     draft, target, rows, _ = pair
     for decoder in (specjax.GumbelList(2, lookahead=2), specjax.SpecHub(lookahead=2),
                     specjax.ThresholdVerification(1.0, 1.0, lookahead=2)):
@@ -377,5 +377,5 @@ def test_other_multi_draft_roots_and_threshold_rules(pair, x64):
         est = specjax.estimate(decoder, rows, cost=COST)  # the summary of K = 2 compiled above
         assert abs(float(est.expected_rejections - exact.expected_rejections)) < 1e-10
         assert abs(float(est.expected_calls - exact.expected_calls)) < 1e-10
-    with pytest.raises(ValueError, match="not lossless"):
+    with pytest.raises(ValueError, match="is a lossy rule"):
         specjax.estimate(specjax.ThresholdVerification(0.5, 0.5, lookahead=2), rows)

@@ -77,6 +77,7 @@ from specjax.decoders.given_drafts import drafted_rows
 from specjax.decoders.given_drafts import residual_rows
 from specjax.decoders.given_drafts import verify_given
 from specjax.decoders.given_drafts import check_given_decoder
+from specjax.decoders.probe import probe_decoder
 from specjax.decoders.block import BlockVerification
 from specjax.numerics import safe_ratio
 
@@ -439,6 +440,7 @@ def verify_drafts(key, decoder, draft_tokens, draft_probs, target_probs, *, num_
     """
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    probe_decoder(decoder, inputs.target_probs.shape[-1], inputs.target_probs.dtype)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     num_requests, lookahead = inputs.tokens.shape
     u, v = uniforms_or_key(key, uniforms, num_requests, (lookahead, lookahead + 1),
@@ -470,5 +472,6 @@ def verify_drafts_law(decoder, draft_tokens, draft_probs, target_probs, *, num_d
     """
     check_given_decoder(decoder)
     inputs = check_inputs(draft_tokens, draft_probs, target_probs, num_drafts)
+    probe_decoder(decoder, inputs.target_probs.shape[-1], inputs.target_probs.dtype)
     stop, with_bonus = check_endings(stop_tokens, bonus, inputs.target_probs.shape[-1])
     return _law(decoder, inputs._replace(batched=None), stop, with_bonus, inputs.batched)

@@ -82,3 +82,13 @@ __all__ = [
     "batch_residual_mass",
     "marginal_heads",
 ]
+
+# specjax's own token-wise decoders: their laws are checked by the conformance suite against
+# independent implementations, so they are not probed at every call (TokenwiseDecoder.probes_laws);
+# RejectionRule's laws are a user's functions, and a user's subclass that defines its own laws is
+# probed again (TokenwiseDecoder.__init_subclass__).
+for _cls in (Autoregressive, Speculative, BatchSpeculative, BiasedSpeculative, GumbelList,
+             ImportanceWeighted, KSequential, OptimalMultiDraft, SpecHub, StrictVerification,
+             LenientSpeculative, ThresholdVerification, TopKAcceptance, TypicalAcceptance):
+    _cls.probes_laws = False
+del _cls

@@ -20,7 +20,8 @@ behaviour of a decoder without it. ``PROTOCOL`` lists the members of each base c
 * ``uses_draft`` (default ``True``): ``False`` for a decoder that never reads the draft
   (``Autoregressive``: the draft may be ``None``);
 * ``lossless`` (default ``True``): ``False`` for a rule whose output is not the target's (biased,
-  lenient, top-k and typical acceptance): estimates from target rollouts refuse it;
+  lenient, top-k and typical acceptance): estimates from target rollouts refuse it; ``None`` when
+  only the rows can tell (a ``RejectionRule``);
 * ``varies_lookahead`` (default ``False``; ``True`` for every token-wise decoder, block
   verification and parallel drafters) and ``with_lookahead(K)``: the same decoder with another
   ``lookahead`` (what ``best_lookahead`` sweeps and a recording's rates are keyed by);
@@ -113,6 +114,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder authors
@@ -166,8 +168,10 @@ class Decoder:
     #: ``None``).
     uses_draft: ClassVar[bool] = True
     #: Whether the output law is the target's (``False``: a lossy rule, refused by estimates
-    #: from target rollouts, whose law is not the decoder's output law).
-    lossless: ClassVar[bool] = True
+    #: from target rollouts, whose law is not the decoder's output law; ``None``: not known
+    #: before the rows are seen, as for a ``RejectionRule``'s functions, whose laws an estimate
+    #: checks on the recorded rows).
+    lossless: ClassVar[bool | None] = True
     #: Whether ``with_lookahead`` gives the decoder with another ``lookahead`` field.
     varies_lookahead: ClassVar[bool] = False
     #: What an estimate from a recording of target rollouts reads for this decoder:
@@ -236,11 +240,31 @@ class TokenwiseDecoder(Decoder):
     #: ``laws_at`` reads the position): such a decoder has no law of its rows alone.
     binds_models: ClassVar[bool] = False
 
+    #: Whether ``probe`` evaluates the laws on probe rows before any work: ``True`` for a
+    #: decoder whose laws are new (a class that defines ``laws``, ``acceptance`` or
+    #: ``lossless``, a ``RejectionRule``'s functions); ``False`` for specjax's own, which the
+    #: conformance suite checks against independent implementations.
+    probes_laws: ClassVar[bool] = True
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         _flag_defined_hooks(cls, {
             "acceptance": "has_acceptance",
             "residual_given_draft": "has_residual_given_draft"})
+        if "probes_laws" not in cls.__dict__ and any(
+                hook in cls.__dict__ for hook in ("laws", "acceptance", "root_scale", "lossless")):
+            cls.probes_laws = True  # new laws (a user's subclass of a library decoder too)
+
+    def probe(self, draft, target, kind: str) -> None:
+        """The laws evaluated on probe rows of the models' ``V`` before any work when
+        ``probes_laws`` (``specjax.decoders.probe.probe_laws``): one clear error for a decoder
+        whose laws are not laws (or not lossless when declared so), from every entry point."""
+        del draft, kind
+        if not self.probes_laws:
+            return
+        from specjax.decoders.probe import probe_laws  # noqa: PLC0415
+
+        probe_laws(self, target.num_states, _probe_dtype(target))
 
     def laws(self, p, q):
         """``(root, verify)`` ``VerificationLaw``s for draft rows ``p`` and target rows ``q``."""
@@ -285,6 +309,14 @@ class TokenwiseDecoder(Decoder):
             raise ValueError(f"{type(self).__name__} with num_drafts=math.inf drafts infinitely "
                              "many sequences per call: its calls have no finite cost")
         return depth, int(self.num_drafts) * depth + 1
+
+
+def _probe_dtype(model):
+    """The float dtype of a model's rows, read off its first floating leaf (float32 when none)."""
+    for leaf in jax.tree_util.tree_leaves(model):
+        if isinstance(leaf, (jax.Array, np.ndarray)) and jnp.issubdtype(leaf.dtype, jnp.floating):
+            return leaf.dtype
+    return jnp.float32
 
 
 class CallLaw(NamedTuple):
@@ -434,7 +466,7 @@ class CallDecoder(Decoder):
 PROTOCOL = {
     Decoder: ("model_kinds", "uses_draft", "lossless", "varies_lookahead", "with_lookahead",
               "recording_reads", "validate", "check", "probe", "label"),
-    TokenwiseDecoder: ("lookahead", "num_drafts", "same_root",
+    TokenwiseDecoder: ("probes_laws", "lookahead", "num_drafts", "same_root",
                        "has_root_scale", "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
                        "binds_models", "laws", "root_scale", "acceptance",
                        "residual_given_draft", "bind", "laws_at", "resolve_lookahead",

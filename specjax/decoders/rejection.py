@@ -46,6 +46,9 @@ class RejectionRule(TokenwiseDecoder):
       Algorithm 2 (Framework for Rejection-based Decoding); Theorem 2.
     """
 
+    #: A user's functions may be lossy (audits test biased rules): only the rows can tell.
+    lossless = None
+
     accept_prob: Callable
     residual: Callable
     _: dataclasses.KW_ONLY
@@ -111,6 +114,7 @@ class RejectionRule(TokenwiseDecoder):
                 f"probed (p, q) rows the rejection probability is {rejection[row]:.4g} but the "
                 f"residual is all zeros, so the rejected mass would vanish (the output would not "
                 f"sum to one)")
+        super().probe(draft, target, kind)  # its laws, as every token-wise decoder's
 
     @property
     def label(self) -> str:

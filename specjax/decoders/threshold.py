@@ -47,6 +47,14 @@ class ThresholdVerification(TokenwiseDecoder):
       the level has one draft).
     """
 
+    @property
+    def lossless(self) -> bool:
+        """Lossless with both thresholds 1 (``b = q``, SGLang's target-only rule at its
+        defaults); lossy below, and unknown (``False``) when a threshold is traced."""
+        values = (self.threshold_single, self.threshold_acc)
+        return all(_checks.is_concrete(v) for v in values) and all(
+            float(v) == 1.0 for v in values)
+
     threshold_single: Any = array_field(default=1.0)
     threshold_acc: Any = array_field(default=1.0)
     _: dataclasses.KW_ONLY

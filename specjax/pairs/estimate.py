@@ -30,6 +30,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.decoders.base import TokenwiseDecoder
+from specjax.decoders.probe import probe_decoder
 from specjax.numerics import safe_ratio
 from specjax.pairs.calls import _filter
 from specjax.pairs.calls import rejection_rate
@@ -257,6 +258,10 @@ def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Es
     """
     check_estimable(decoder)
     check_recording(recording)
+    # A new rule's laws on probe rows (the recording's V when it holds rows; a rule's laws do not
+    # depend on V): the same error as exact, decode and serving_rate give.
+    probe_decoder(decoder, 8 if recording.target_probs is None else
+                  recording.target_probs.shape[-1], recording.target_prob.dtype)
     serving = isinstance(cost, ServingCost)
     if serving:
         _checks.check_static_int("batch_size", batch_size)

@@ -59,7 +59,7 @@ from specjax import _memory
 from specjax._progress import Progress
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_decoder
+from specjax.decoders.planning import resolve_decoder
 from specjax.models.autoregressive import probs_block
 from specjax.models.logits import as_probability_model
 from specjax.models.logits import process_logits
@@ -100,7 +100,7 @@ def check_estimable(decoder) -> None:
     """Raise ``ValueError`` unless ``decoder`` is a lossless decoder whose calls read only rows
     along the recorded path (``recording_reads``): a token-wise decoder whose laws depend on the
     rows of the recorded positions only, or a static token tree."""
-    check_decoder(decoder)
+    resolve_decoder(decoder)  # the decoder's own settings, as every entry point checks them
     name = type(decoder).__name__
     if decoder.recording_reads == "off_path":
         raise ValueError(
@@ -109,7 +109,7 @@ def check_estimable(decoder) -> None:
             f"lengths), which a recording of target rollouts does not hold; estimate token-wise "
             f"decoders (Speculative, BatchSpeculative, OptimalMultiDraft, KSequential, ...) or "
             f"static token trees (TokenTree), or use specjax.decode on the models")
-    if not decoder.lossless:
+    if decoder.lossless is False:
         raise ValueError(
             f"decoder: {name} is a lossy rule (its output is not the target's), so target "
             f"rollouts do not have its output law and cannot estimate its cost; use "
