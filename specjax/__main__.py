@@ -8,5 +8,7 @@ except KeyboardInterrupt:  # Ctrl-C while JAX loads: nothing was written yet
     sys.stderr.write("python -m specjax: interrupted\n")
     sys.exit(130)
 
+__all__ = []
+
 if __name__ == "__main__":
     main()

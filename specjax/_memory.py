@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+__all__ = ["available_bytes", "check_fits", "format_bytes", "peak_resident_bytes"]
+
 #: Above this, a cgroup limit means "no limit" (cgroup v1 writes 2**63 rounded to a page).
 _NO_LIMIT = 1 << 60
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import warnings
 
+__all__ = ["COMPAT", "moved"]
+
 COMPAT = "specjax.compat"
 
 

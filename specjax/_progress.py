@@ -7,6 +7,8 @@ import sys
 
 from tqdm import tqdm
 
+__all__ = ["Progress", "check_interrupt", "request_interrupt"]
+
 # Set by ``python -m specjax``'s SIGINT handler (``specjax.cli.catch_lost_interrupts``, installed
 # only when specjax runs as the program), never by specjax as a library: a ``KeyboardInterrupt``
 # that the handler raised can be lost (raised inside a garbage-collection callback such as JAX's,

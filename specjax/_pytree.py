@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["array_field", "pytree_dataclass", "tree_where"]
+
 
 def tree_where(flag, new, old):
     """``new`` where ``flag``, else ``old``, leaf by leaf (two pytrees of one structure)."""

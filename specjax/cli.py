@@ -38,6 +38,8 @@ from specjax.decoders.planning import MAX_COUNTER
 from specjax.models import markov as _models
 from specjax.experiments.reproduce import mean_se
 
+__all__ = ["catch_lost_interrupts", "main", "memory_limit", "simulate"]
+
 SEED_LIMIT = 2**32  # seeds 0 .. 2**32 - 1: JAX without x64 keeps a seed's low 32 bits only
 MAX_CHAINS = MAX_COUNTER  # chains are numbered with 32 bits (specjax.decode's own bound)
 # The memory a run takes, from its peak resident memory on CPU against its sizes (measured:

@@ -10,6 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "HIGHEST",
+    "divide",
+    "indicator",
+    "matmul_highest",
+    "next_power_of_two",
+    "safe_ratio",
+    "tiny",
+]
+
 #: The precision of every product of probabilities (``precision=HIGHEST`` in ``dot``/``einsum``).
 HIGHEST = jax.lax.Precision.HIGHEST
 

@@ -38,6 +38,25 @@ from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.verification import acceptance_probability
 
+__all__ = [
+    "BROKEN_RULES",
+    "CORRECT_RULES",
+    "Rule",
+    "accept_all",
+    "accept_all_u",
+    "accepts_at_zero_uniform",
+    "accepts_at_zero_uniform_u",
+    "from_uniform",
+    "greedy_rule",
+    "greedy_rule_u",
+    "greedy_scored_with_softmax",
+    "greedy_scored_with_softmax_u",
+    "speculative_rule",
+    "speculative_rule_u",
+    "wrong_residual",
+    "wrong_residual_u",
+]
+
 # ---------------------------------------------------------------------------------------------
 # Building blocks.
 

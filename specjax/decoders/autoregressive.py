@@ -6,6 +6,8 @@ from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["Autoregressive"]
+
 
 @pytree_dataclass
 class Autoregressive(TokenwiseDecoder):

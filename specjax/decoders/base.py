@@ -121,6 +121,18 @@ from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder 
 from specjax._pytree import pytree_dataclass
 from specjax.numerics import HIGHEST
 
+__all__ = [
+    "CallDecoder",
+    "CallLaw",
+    "Decoder",
+    "FieldDefault",
+    "PROTOCOL",
+    "TokenwiseDecoder",
+    "check_decoder",
+    "check_lookahead",
+    "decoder_dataclass",
+]
+
 decoder_dataclass = pytree_dataclass
 
 

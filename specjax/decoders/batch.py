@@ -12,6 +12,8 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["BatchSpeculative"]
+
 
 @pytree_dataclass
 class BatchSpeculative(TokenwiseDecoder):

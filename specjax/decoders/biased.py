@@ -15,6 +15,8 @@ from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["BiasedSpeculative", "RESIDUALS"]
+
 
 #: The residuals biased SD accepts (``verification.RESIDUALS`` has ``"argmax"`` too).
 RESIDUALS = {name: verification.RESIDUALS[name] for name in ("optimal", "target", "standard")}

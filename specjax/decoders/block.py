@@ -53,6 +53,8 @@ from specjax.decoders.draws import draw
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
 
+__all__ = ["BlockVerification", "MAX_BLOCKS", "block_levels", "check_enumerable", "lift"]
+
 MAX_BLOCKS = 2**20  # largest number of draft blocks V**K the exact law enumerates
 
 

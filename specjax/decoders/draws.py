@@ -18,6 +18,20 @@ import jax.numpy as jnp
 
 from specjax.numerics import next_power_of_two
 
+__all__ = [
+    "INT32_MAX",
+    "RESOLUTION_BITS",
+    "bernoulli",
+    "categorical_thresholds",
+    "cdf_search",
+    "cumulative_masses",
+    "draw",
+    "int31",
+    "inverse_cdf",
+    "mass_or_target",
+    "search",
+]
+
 INT32_MAX = jnp.iinfo(jnp.int32).max
 RESOLUTION_BITS = 31  # uniforms are 31-bit integers; probabilities are resolved to 2**-31
 

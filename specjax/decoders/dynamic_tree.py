@@ -52,6 +52,8 @@ from specjax.decoders.draws import cdf_search
 from specjax.decoders.draws import cumulative_masses
 from specjax.decoders.draws import draw
 
+__all__ = ["Beams", "DynamicTree", "MAX_BUDGET", "RANKS", "beam_nodes", "build_tree"]
+
 RANKS = ("draft", "target")
 MAX_BUDGET = 2**12
 

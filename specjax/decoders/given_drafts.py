@@ -27,6 +27,19 @@ from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.planning import resolve_decoder
 
+__all__ = [
+    "Inputs",
+    "PAD",
+    "Verified",
+    "accept_test",
+    "block_rows",
+    "check_given_decoder",
+    "drafted_rows",
+    "end_outputs",
+    "residual_rows",
+    "verify_given",
+]
+
 
 #: The id that pads ``Verified.tokens`` after the last emitted token.
 PAD = -1

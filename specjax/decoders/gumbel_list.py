@@ -66,6 +66,14 @@ from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
 
+__all__ = [
+    "GumbelList",
+    "MAX_GUMBEL_LIST_ELEMENTS",
+    "check_gumbel_list_size",
+    "gumbel_list_elements",
+    "gumbel_list_root_law",
+]
+
 #: The most elements the root law builds: ``rows x V x (V + 1)^max(M - 1, 1)`` (every token's
 #: ordered products of the expansion; ``V^2`` per row at ``M = 1``).
 MAX_GUMBEL_LIST_ELEMENTS = 2**26

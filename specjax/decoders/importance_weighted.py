@@ -46,6 +46,14 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
 from specjax.numerics import divide
 
+__all__ = [
+    "ImportanceWeighted",
+    "MAX_IMPORTANCE_ELEMENTS",
+    "check_importance_size",
+    "importance_selection_law",
+    "importance_weighted_root_law",
+]
+
 #: Largest ``V^M x rows`` (the size of the biggest array of the enumeration of the selection
 #: law) that ``importance_selection_law`` builds: 256 MB in float32, as
 #: ``multi_draft.MAX_WITHOUT_REPLACEMENT_ELEMENTS``.

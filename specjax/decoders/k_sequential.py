@@ -39,6 +39,8 @@ from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
 
+__all__ = ["BISECTION_STEPS", "KSequential", "k_sequential_rho", "k_sequential_root_law"]
+
 #: Bisection steps for ``rho``: the bracket ``[1, M]`` shrinks by ``2^-steps`` (float32 stops
 #: improving after about 24 steps; the extra ones leave it unchanged).
 BISECTION_STEPS = {"float64": 60, "float32": 40}

@@ -16,6 +16,8 @@ from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.numerics import safe_ratio
 
+__all__ = ["LenientSpeculative"]
+
 
 @pytree_dataclass
 class LenientSpeculative(TokenwiseDecoder):

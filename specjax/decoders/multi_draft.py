@@ -29,6 +29,24 @@ from specjax.decoders.verification import safe_normalize
 from specjax.decoders.verification import scaled_residual
 from specjax.numerics import indicator
 
+__all__ = [
+    "MAX_DRAFTS",
+    "MAX_WITHOUT_REPLACEMENT_ELEMENTS",
+    "batch_improvement",
+    "batch_residual_mass",
+    "batch_root_law",
+    "batch_scale",
+    "batch_without_replacement_root_law",
+    "broadcast_rows",
+    "check_finite_num_drafts",
+    "check_num_drafts",
+    "check_without_replacement_size",
+    "scale_sweep",
+    "with_replacement_stage_laws",
+    "without_replacement_stage_laws",
+    "without_replacement_stages",
+]
+
 
 def check_num_drafts(num_drafts) -> None:
     """``num_drafts`` is a static positive int or ``math.inf``."""

@@ -15,6 +15,8 @@ from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["OptimalMultiDraft"]
+
 
 @pytree_dataclass
 class OptimalMultiDraft(TokenwiseDecoder):

@@ -62,6 +62,8 @@ from specjax.decoders.speculative import Speculative
 from specjax.numerics import HIGHEST
 from specjax.numerics import safe_ratio
 
+__all__ = ["ParallelDraft", "marginal_heads"]
+
 
 def marginal_heads(trans: jax.Array, lookahead: int) -> jax.Array:
     """The ``i``-step marginals of a Markov chain from every call start: ``(K, T, V, V)``,

@@ -20,6 +20,8 @@ from specjax.decoders.base import check_decoder
 from specjax.models.checks import check_horizon
 from specjax.models.checks import model_kind
 
+__all__ = ["ENGINES", "MAX_COUNTER", "Run", "check_supported", "plan_run", "resolve_decoder"]
+
 #: Chains (and a call-level decoder's uniforms) are numbered with 32-bit counters.
 MAX_COUNTER = 2**32
 

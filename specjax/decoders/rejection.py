@@ -19,6 +19,8 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.models.checks import probs_at
 from specjax.models.checks import update_at
 
+__all__ = ["MAX_PROBE_ROWS", "RejectionRule"]
+
 
 @pytree_dataclass
 class RejectionRule(TokenwiseDecoder):

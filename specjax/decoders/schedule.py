@@ -47,6 +47,8 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import speculative_law
 from specjax.numerics import matmul_highest
 
+__all__ = ["HeuristicSchedule"]
+
 
 @pytree_dataclass
 class HeuristicSchedule(CallDecoder):

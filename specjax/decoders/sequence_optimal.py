@@ -19,6 +19,13 @@ from specjax.decoders.optimal_acceptance import unpermute
 from specjax.decoders.verification import VerificationLaw
 from specjax.numerics import indicator
 
+__all__ = [
+    "MAX_SEQUENCE_OPTIMAL_ELEMENTS",
+    "check_sequence_optimal_size",
+    "sequence_optimal_weights",
+    "weighted_optimal_root_law",
+]
+
 
 # --- The sequence-optimal verifier: which tokens to match, by backward induction ----------------
 #

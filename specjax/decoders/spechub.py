@@ -77,6 +77,8 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import VerificationLaw
 from specjax.numerics import divide
 
+__all__ = ["SpecHub", "spechub_pair_masses", "spechub_root_law"]
+
 
 def spechub_pair_masses(p: jax.Array):
     """``(hub, Q_ia, Q_ai, edge)`` of SpecHub's pair law for draft rows ``p`` ``(..., V)``.

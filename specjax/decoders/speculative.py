@@ -9,6 +9,8 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["Speculative"]
+
 
 @pytree_dataclass
 class Speculative(TokenwiseDecoder):

@@ -11,6 +11,8 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["StrictVerification"]
+
 
 @pytree_dataclass
 class StrictVerification(TokenwiseDecoder):

@@ -18,6 +18,8 @@ from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 from specjax.numerics import safe_ratio
 
+__all__ = ["ThresholdVerification"]
+
 
 @pytree_dataclass
 class ThresholdVerification(TokenwiseDecoder):

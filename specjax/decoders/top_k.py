@@ -14,6 +14,8 @@ from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["TopKAcceptance"]
+
 
 @pytree_dataclass
 class TopKAcceptance(TokenwiseDecoder):

@@ -107,6 +107,15 @@ from specjax.decoders.tree_structure import tree_shape
 from specjax.decoders.verification import safe_normalize
 from specjax.numerics import safe_ratio
 
+__all__ = [
+    "CHILDREN",
+    "MAX_EXACT_NODES",
+    "MAX_PATHS",
+    "TraversalVerification",
+    "deletion_update",
+    "entry_weight",
+]
+
 MAX_PATHS = 2**22  # largest sum over nodes of V^(depth + 2) the exact law enumerates
 MAX_EXACT_NODES = 256  # most nodes (within the horizon) whose exact law is compiled
 CHILDREN = ("iid", "without_replacement")

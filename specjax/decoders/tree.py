@@ -94,6 +94,8 @@ from specjax.decoders.verification import safe_normalize
 from specjax.numerics import matmul_highest
 from specjax.numerics import safe_ratio
 
+__all__ = ["CHILDREN", "TokenTree", "first_hit", "sibling_tests", "stage_laws"]
+
 CHILDREN = ("iid", "without_replacement", "top_k")
 
 

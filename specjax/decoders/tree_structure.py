@@ -24,6 +24,19 @@ import numpy as np
 
 from specjax import _checks
 
+__all__ = [
+    "MAX_TREE_NODES",
+    "TreeShape",
+    "TreeSpec",
+    "branching_parents",
+    "check_branching",
+    "check_parents",
+    "check_tree_spec",
+    "spec_shape",
+    "tree_classes",
+    "tree_shape",
+]
+
 MAX_TREE_NODES = 2**14  # the largest tree (nodes, root included) a TokenTree accepts
 
 

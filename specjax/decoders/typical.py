@@ -15,6 +15,8 @@ from specjax.decoders.base import array_field
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
 
+__all__ = ["ENTROPY_OFFSET", "TypicalAcceptance"]
+
 #: The constant inside the entropy's logarithm, ``H(q) = -sum q log(q + 1e-5)``, as in Medusa's
 #: and vLLM's code (it keeps ``log 0`` away).
 ENTROPY_OFFSET = 1e-5

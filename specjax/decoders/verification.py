@@ -29,6 +29,25 @@ from specjax.numerics import divide
 from specjax.numerics import safe_ratio
 from specjax.numerics import tiny
 
+__all__ = [
+    "RESIDUALS",
+    "VerificationLaw",
+    "acceptance_probability",
+    "bonus_law",
+    "check_residual_name",
+    "named_residual_law",
+    "optimal_residual",
+    "rejection_probability",
+    "residual_distribution",
+    "safe_normalize",
+    "scaled_residual",
+    "speculative_law",
+    "speculative_residual",
+    "tv_distance",
+    "tv_loss_star",
+    "verification_law",
+]
+
 
 class VerificationLaw(NamedTuple):
     """Joint law of one verification step's outcome.

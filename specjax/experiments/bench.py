@@ -106,6 +106,8 @@ from specjax.experiments.bench_timing import time_against_numpy  # noqa: F401
 from specjax.experiments.bench_timing import timed  # noqa: F401
 from specjax.experiments.bench_timing import uniform_floor  # noqa: F401
 
+__all__ = ["OUTPUTS", "check_out_dir", "commit", "device_name", "run", "write"]
+
 OUTPUTS = ("bench.md", "bench.json")  # the files ``write`` puts in its folder, in this order
 
 

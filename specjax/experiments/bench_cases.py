@@ -24,6 +24,26 @@ from specjax.experiments.bench_timing import floor_samples
 from specjax.experiments.bench_timing import measure
 from specjax.experiments.bench_timing import verify_samples
 
+__all__ = [
+    "CASES",
+    "Check",
+    "RTOL",
+    "Row",
+    "Sizes",
+    "Z_LIMIT",
+    "adaptive",
+    "optimal_acceptance",
+    "pairs",
+    "samplers",
+    "sequoia_parents",
+    "serving",
+    "stop_tokens",
+    "theory",
+    "token_tree",
+    "verify",
+    "verify_tree",
+]
+
 
 # ----------------------------------------------------------------------------------- sizes
 @dataclasses.dataclass(frozen=True)

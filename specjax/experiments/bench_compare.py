@@ -30,6 +30,8 @@ from specjax.experiments.bench_report import fmt_time
 from specjax.experiments.bench_timing import BOOTSTRAP_LEVEL
 from specjax.experiments.bench_timing import bootstrap_ratio
 
+__all__ = ["Change", "NOISE_MARGIN", "change", "compare", "load", "markdown"]
+
 NOISE_MARGIN = 0.10  # the least change marked, whatever the spread
 
 

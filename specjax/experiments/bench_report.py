@@ -22,6 +22,24 @@ from specjax.experiments.bench_timing import BOOTSTRAP_LEVEL
 from specjax.experiments.bench_timing import bootstrap_ratio
 from specjax.experiments.bench_timing import summary
 
+__all__ = [
+    "LEGEND",
+    "RATIO",
+    "Result",
+    "SCHEMA_VERSION",
+    "SIZE_NAMES",
+    "command",
+    "cpu_model",
+    "environment",
+    "fmt_size",
+    "fmt_time",
+    "load_average",
+    "markdown",
+    "named_sizes",
+    "row_json",
+    "to_json",
+]
+
 SCHEMA_VERSION = 2  # bench.json's layout; ``bench compare`` reads this version only
 RATIO = "reference_time / specjax_time"  # every ratio's direction (medians of the wall times)
 

@@ -20,6 +20,22 @@ import numpy as np
 
 from specjax._progress import check_interrupt
 
+__all__ = [
+    "BOOTSTRAP_LEVEL",
+    "BOOTSTRAP_RESAMPLES",
+    "Samples",
+    "best_time",
+    "best_times",
+    "bootstrap_ratio",
+    "floor_samples",
+    "measure",
+    "summary",
+    "time_against_numpy",
+    "timed",
+    "uniform_floor",
+    "verify_samples",
+]
+
 BOOTSTRAP_RESAMPLES = 2000  # resamples of a bootstrap interval
 BOOTSTRAP_LEVEL = 0.95  # its coverage
 

@@ -33,6 +33,28 @@ from specjax.theory.values import exact_biased_speculative_decoding
 from specjax.theory.values import expected_rejections
 from specjax.theory.laws import sequence_kl
 
+__all__ = [
+    "APPENDIX_DRAFTS",
+    "FIGURE2_DRAFTS",
+    "PAPER",
+    "SWEEP_POINTS",
+    "bernoulli",
+    "convergence",
+    "far_drafts",
+    "improvement",
+    "improvement_cases",
+    "mean_se",
+    "one_token_chains",
+    "running_mean",
+    "scaling",
+    "scaling_steps",
+    "sweep_epsilons",
+    "table1",
+    "tradeoff",
+    "tv_deviation_bound",
+    "uniform_subset",
+]
+
 PAPER = {
     "expected_rejections_T50": 16.41,
     "acceleration_T50": 3.05,

@@ -8,6 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = [
+    "SIMULATED",
+    "THEORY",
+    "Z95",
+    "improvement",
+    "pareto",
+    "running_mean_panel",
+    "running_means",
+    "scaling",
+]
+
 Z95 = 1.96
 THEORY = "C1"
 SIMULATED = ["C0", "C4", "C2", "C3", "C5", "C6"]

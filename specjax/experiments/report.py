@@ -12,6 +12,19 @@ import numpy as np
 from specjax import _files
 from specjax._progress import check_interrupt
 
+__all__ = [
+    "FIGURES",
+    "TEMPORARY_SUFFIX",
+    "atomic_write",
+    "jsonable",
+    "summary_markdown",
+    "temporary_name",
+    "write_figures",
+    "write_text",
+    "write_texts",
+    "z_score",
+]
+
 
 # Written once, in specjax._files (also what Recording.save uses); kept here by name.
 TEMPORARY_SUFFIX = _files.TEMPORARY_SUFFIX

@@ -49,6 +49,20 @@ from specjax.experiments.paper import uniform_subset  # noqa: F401 - served from
 from specjax.experiments.report import FIGURES  # noqa: F401 - re-exported: the names of the figures
 from specjax.experiments.report import z_score
 
+__all__ = [
+    "SUMMARIES",
+    "Settings",
+    "Z_TOLERANCE",
+    "check_out_dir",
+    "checks",
+    "experiment_steps",
+    "make_out_dir",
+    "output_names",
+    "reproduce",
+    "reproduce_steps",
+    "run_experiments",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:

@@ -14,6 +14,8 @@ import itertools
 import numpy as np
 from scipy import stats
 
+__all__ = ["numpy_best_allocation", "numpy_goodput"]
+
 
 def numpy_goodput(mass, calls, tokens: float, passes, scored, draft_table, target_table,
                   batch_size: int) -> float:

@@ -17,6 +17,19 @@ from specjax.models.finite_state import FiniteStateModel
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_pair
 
+__all__ = [
+    "PROBE_DEPTH",
+    "PROBE_TOKENS",
+    "check_horizon",
+    "check_models",
+    "check_shared_states",
+    "model_dtype",
+    "model_kind",
+    "probe_rows",
+    "probs_at",
+    "update_at",
+]
+
 
 def _check_protocol_model(name: str, model) -> None:
     """Raise ``ValueError`` unless ``model`` follows the protocol: a JAX pytree whose

@@ -21,6 +21,8 @@ from specjax.models.finite_state import FiniteStateModel
 from specjax.models.logits import as_probability_model
 from specjax.models.markov import MarkovChain
 
+__all__ = ["PromptedModel", "with_prompt"]
+
 
 def _check_prompt(prompt, num_states: int) -> np.ndarray:
     if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(prompt)):

@@ -54,7 +54,7 @@ from specjax.pairs.profiles import profile_tree
 from specjax.pairs.profiles import read_profile
 from specjax.pairs.recording import DecoderRates
 from specjax.pairs.recording import Recording
-from specjax.pairs.recording import record
+from specjax.pairs.rollouts import record
 
 __all__ = [
     "CallStructure",

@@ -40,6 +40,17 @@ from specjax import _checks
 from specjax.numerics import safe_ratio
 from specjax.theory.cost import call_depths
 
+__all__ = [
+    "CallStructure",
+    "call_structure",
+    "check_rates",
+    "checked_rates",
+    "expected_call_time",
+    "phase_filter",
+    "rejection_rate",
+    "resolve_lookahead",
+]
+
 
 class CallStructure(NamedTuple):
     """Exact conditional expectations of a decoder's call structure given its output ``x``.

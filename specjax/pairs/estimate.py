@@ -46,6 +46,21 @@ from specjax.theory.cost import call_works
 from specjax.theory.metrics import EngineMetrics
 from specjax.theory.serving import ServingCost
 
+__all__ = [
+    "Estimate",
+    "autoregressive_times",
+    "call_columns",
+    "check_cost",
+    "check_recording",
+    "estimate",
+    "filtered",
+    "per_sequence",
+    "rates",
+    "ratio_se",
+    "summarise",
+    "weighted_mean_se",
+]
+
 
 class Estimate(NamedTuple):
     """A decoder's expected costs estimated from a recording, each with its standard error.

@@ -47,6 +47,15 @@ from specjax.theory.metrics import EngineMetrics
 from specjax.theory.tree_shapes import SequoiaChoice
 from specjax.theory.tree_shapes import sequoia_hardware_tree
 
+__all__ = [
+    "ProfileChoice",
+    "acceptance_profile",
+    "profile_accepted_length",
+    "profile_lookahead",
+    "profile_tree",
+    "read_profile",
+]
+
 
 class ProfileChoice(NamedTuple):
     """The best lookahead for an acceptance profile under a cost model (long-run, per call).

@@ -56,17 +56,20 @@ import numpy as np
 
 from specjax import _checks
 from specjax import _memory
-from specjax._progress import Progress
-from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.planning import resolve_decoder
-from specjax.models.autoregressive import probs_block
-from specjax.models.logits import as_probability_model
 from specjax.models.logits import process_logits
-from specjax.models.markov import MarkovChain
-from specjax.models.static_leaves import with_static_leaves
 from specjax.numerics import safe_ratio
-from specjax.sampling import sharding as _sharding
+from specjax.pairs.recording_checks import check_lengths
+from specjax.pairs.recording_checks import check_recorded_tokens
+from specjax.pairs.recording_checks import check_sizes
+from specjax.pairs.recording_checks import check_tokens
+from specjax.pairs.recording_checks import check_weights
+from specjax.pairs.recording_checks import stop_lengths
+
+__all__ = ["CHUNK_BYTES", "DecoderRates", "KEEP_ROWS_BYTES", "ROLLOUT_COPIES", "Recording",
+           "assemble", "check_decoders", "check_estimable", "decoder_rates",
+           "lossless_tolerance", "probs_at", "rate_key", "rows_chunk"]
 
 #: Working memory (bytes) one chunk's rows may take when scoring or reading rows.
 CHUNK_BYTES = 1 << 28
@@ -326,6 +329,82 @@ class Recording(NamedTuple):
         return cls(tokens, draft_prob.astype(dtype), target_prob.astype(dtype), weights,
                    lengths=lengths)
 
+    @classmethod
+    def concatenate(cls, recordings, *, weights=None) -> "Recording":
+        """One recording of the sequences of ``recordings`` (built in chunks), in order.
+
+        Rows are kept when every part kept them; a decoder's rates when every part holds them;
+        ragged lengths where any part has them (``T`` for the others).
+
+        Args:
+          recordings: a non-empty sequence of ``Recording``s of one horizon ``T``.
+          weights: ``(B,)`` weights of all the sequences. Required when a part has weights:
+            each part's were divided by its own largest (``from_arrays``), so their relative
+            scale across parts is lost.
+
+        Raises:
+          ValueError: no recordings, another type, horizons or vocabularies that differ,
+            weighted parts without ``weights``, bad ``weights``.
+        """
+        if isinstance(recordings, Recording) or not isinstance(recordings, (list, tuple)) \
+                or not recordings or not all(isinstance(r, Recording) for r in recordings):
+            raise ValueError("recordings must be a non-empty list or tuple of Recordings")
+        horizons = {r.horizon for r in recordings}
+        if len(horizons) > 1:
+            raise ValueError(f"recordings must share one horizon T, got {sorted(horizons)}")
+        if weights is None and any(r.weights is not None for r in recordings):
+            raise ValueError("weights: some recordings are weighted, and each part's weights "
+                             "were divided by its own largest; give the weights of all the "
+                             "sequences (weights=...)")
+        cat = jnp.concatenate
+        rows = all(r.draft_probs is not None for r in recordings)
+        if rows and len({r.target_probs.shape[-1] for r in recordings}) > 1:
+            raise ValueError("recordings must share one vocabulary V to keep their rows")
+        keys = [e.decoder for e in recordings[0].rates
+                if all(r.rates_of(e.decoder) is not None for r in recordings)]
+        rates = tuple(DecoderRates(key, cat([r.rates_of(key).root_rejection for r in recordings]),
+                                   cat([r.rates_of(key).rejection for r in recordings]))
+                      for key in keys)
+        lengths = None
+        if any(r.lengths is not None for r in recordings):
+            lengths = cat([jnp.full((r.num_sequences,), r.horizon, jnp.int32)
+                           if r.lengths is None else r.lengths for r in recordings])
+        num = sum(r.num_sequences for r in recordings)
+        return cls(cat([r.tokens for r in recordings]), cat([r.draft_prob for r in recordings]),
+                   cat([r.target_prob for r in recordings]), check_weights(weights, num), rates,
+                   cat([r.draft_probs for r in recordings]) if rows else None,
+                   cat([r.target_probs for r in recordings]) if rows else None, lengths)
+
+    @classmethod
+    def from_chunks(cls, chunks, **kwargs) -> "Recording":
+        """A recording built chunk by chunk: each chunk a dict of ``from_arrays``'s arguments
+        (``tokens``, ``draft_probs``, ``target_probs`` and optionally ``weights``, ``lengths``),
+        e.g. from a generator reading an engine's dump file by file. Only the statistics (and the
+        rates of ``decoders``) of each chunk are kept, so memory peaks near one chunk's rows.
+
+        Args:
+          chunks: an iterable of dicts.
+          **kwargs: ``from_arrays``'s other keywords (``eos``, ``logits``, ``processing``,
+            ``decoders``; ``keep_rows`` defaults to ``False`` here).
+        """
+        kwargs.setdefault("keep_rows", False)
+        parts, raw_weights = [], []
+        for i, chunk in enumerate(chunks):
+            if not isinstance(chunk, dict) or not {"tokens", "draft_probs",
+                                                   "target_probs"} <= set(chunk):
+                raise ValueError(f"chunks: chunk {i} must be a dict with tokens, draft_probs and "
+                                 f"target_probs (from_arrays's arguments)")
+            chunk = dict(chunk)
+            if chunk.get("weights") is not None:
+                raw_weights.append(np.asarray(chunk["weights"], np.float64))
+            parts.append(cls.from_arrays(**chunk, **kwargs))
+        if not parts:
+            raise ValueError("chunks: no chunk was given")
+        if raw_weights and len(raw_weights) != len(parts):
+            raise ValueError("chunks: give weights in every chunk or in none")
+        return cls.concatenate(parts, weights=np.concatenate(raw_weights) if raw_weights
+                               else None)
+
     def save(self, path) -> str:
         """Writes the recording to ``path`` in the ``.npz`` layout of the module docstring,
         atomically: a temporary file in the same folder renamed over ``path``, so a save that
@@ -367,102 +446,6 @@ class Recording(NamedTuple):
         from specjax.pairs import recording_files  # noqa: PLC0415
 
         return recording_files.load(cls, path, decoders=decoders, keep_rows=keep_rows)
-
-
-def check_lengths(tokens, lengths, eos, num: int, horizon: int):
-    """``(tokens, lengths, live)``: ``lengths`` ``(B,)`` int32 (read off ``eos`` when given) and
-    ``live`` ``(B, T)`` bool (``t < lengths[b]``), with the tokens' padding set to 0; or the
-    tokens as given and ``(None, None)`` when neither is given."""
-    if lengths is None and eos is None:
-        return tokens, None, None
-    if lengths is not None and eos is not None:
-        raise ValueError("lengths and eos: give one of them (eos reads the lengths off the "
-                         "tokens)")
-    tokens = np.array(tokens)  # a copy: its padding is overwritten
-    if not np.issubdtype(tokens.dtype, np.integer) or tokens.shape != (num, horizon + 1):
-        raise ValueError(f"tokens must be integers of shape (B, T + 1) = ({num}, "
-                         f"{horizon + 1}), got {tokens.shape} {tokens.dtype}")
-    if eos is not None:
-        _checks.check_static_non_negative_int("eos", eos)
-        lengths = stop_lengths(tokens, (eos,))
-    else:
-        if isinstance(lengths, jax.core.Tracer):
-            raise ValueError("lengths must be concrete (it sets which entries are read)")
-        lengths = np.asarray(lengths)
-        if lengths.shape != (num,) or not np.issubdtype(lengths.dtype, np.integer):
-            raise ValueError(f"lengths must be ints of shape (B,) = ({num},), got "
-                             f"{lengths.shape} {lengths.dtype}")
-        if (lengths < 1).any() or (lengths > horizon).any():
-            raise ValueError(f"lengths must lie in [1, T] = [1, {horizon}] (emitted tokens per "
-                             f"sequence), got {int(lengths.min())} .. {int(lengths.max())}")
-    live = np.arange(horizon)[None] < lengths[:, None]
-    tokens[:, 1:] = np.where(live, tokens[:, 1:], 0)
-    return tokens, jnp.asarray(lengths, jnp.int32), live
-
-
-def check_sizes(names: str, num: int, horizon: int) -> None:
-    """Refuse a recording without sequences or positions (its estimates would be NaN)."""
-    if num == 0:
-        raise ValueError(f"{names} hold no sequences (B = 0): a recording needs at least one")
-    if horizon == 0:
-        raise ValueError(f"{names} hold no positions (T = 0): a recording needs at least one "
-                         f"emitted token per sequence")
-
-
-def check_recorded_tokens(name: str, target_prob, weights) -> None:
-    """Refuse a target probability 0 of a recorded token (in a sequence of positive weight)."""
-    if not _checks.is_concrete(target_prob):
-        return
-    if isinstance(target_prob, jax.Array) and not target_prob.is_fully_addressable:
-        # Under jax.distributed (record's global arrays, no weights): each process checks the
-        # sequences it holds.
-        zero = np.concatenate([np.asarray(shard.data).reshape(-1, target_prob.shape[1]) <= 0
-                               for shard in target_prob.addressable_shards])
-    else:
-        zero = np.asarray(target_prob) <= 0
-    if weights is not None:
-        zero &= np.asarray(weights)[:, None] > 0
-    if zero.any():
-        b, t = (int(i) for i in np.argwhere(zero)[0])
-        raise ValueError(
-            f"{name}: the target gives the recorded token of sequence {b} at position t = "
-            f"{t + 1} probability 0 ({int(zero.sum())} such tokens in all), but target rollouts "
-            f"emit only tokens the target can emit: is the dump misaligned by one position (the "
-            f"row at index t - 1 must be the law of x_t given x_0..x_(t-1)), or the rows "
-            f"another model's?")
-
-
-def check_tokens(tokens, num: int, horizon: int, num_states: int | None):
-    tokens = np.asarray(tokens)
-    if not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
-    if tokens.shape != (num, horizon + 1):
-        raise ValueError(f"tokens must have shape (B, T + 1) = ({num}, {horizon + 1}) (x_0..x_T "
-                         f"of each sequence), got {tokens.shape}")
-    if (tokens < 0).any() or (num_states is not None and (tokens >= num_states).any()):
-        raise ValueError("tokens must lie in [0, V)"
-                         + ("" if num_states is None else f" = [0, {num_states})"))
-    if tokens.size and tokens.max() > np.iinfo(np.int32).max:
-        raise ValueError(f"tokens must be int32 ids, below 2**31, got {int(tokens.max())}")
-    return jnp.asarray(tokens, jnp.int32)
-
-
-def check_weights(weights, num: int):
-    if weights is None:
-        return None
-    w = np.asarray(weights)  # on the host: a float64 1e300 stays finite here
-    if w.shape != (num,) or not np.issubdtype(w.dtype, np.floating):
-        raise ValueError(f"weights must be a float array of shape (B,) = ({num},), got "
-                         f"{w.shape} {w.dtype}")
-    values = w.astype(np.float64)
-    if not np.isfinite(values).all() or (values < 0).any():
-        raise ValueError("weights must be finite and non-negative")
-    if values.max() <= 0:
-        raise ValueError("weights must not all be zero")
-    # Divided by the largest (module docstring): the estimates do not depend on the scale, and
-    # the float32 sums of weights of 1e37 or 1e-44 neither overflow nor underflow.
-    return _checks.device_array(values / values.max()).astype(
-        jax.dtypes.canonicalize_dtype(w.dtype))
 
 
 def check_decoders(decoders) -> tuple:
@@ -515,139 +498,3 @@ def assemble(tokens, weights, decoders, parts, rows=None, lengths=None) -> Recor
     return Recording(tokens, draft_prob, target_prob, weights, tuple(rates), p, q, lengths)
 
 
-# ---------------------------------------------------------------------------------------------
-# Recording JAX models.
-
-
-def _model_rows(model, tokens):
-    """``(c, T, V)``: the model's law of ``x_t`` given ``x_0..x_{t-1}`` along ``tokens``
-    ``(c, T + 1)``: a ``MarkovChain``'s transitions, or a protocol model's rows scored in one
-    batched evaluation per sequence (``probs_block``, or a scan of ``probs``)."""
-    if isinstance(model, MarkovChain):
-        positions = jnp.arange(tokens.shape[1] - 1)
-        return model.trans[positions[None], tokens[:, :-1]]
-
-    def one(sequence):
-        state = model.update(model.init_state(), sequence[0])
-        return probs_block(model, state, sequence[1:-1])
-
-    return jax.vmap(one)(tokens)
-
-
-@functools.partial(jax.jit, static_argnames=("decoders", "keep_rows"))
-def _score_chunk(draft, target, tokens, *, decoders, keep_rows):
-    p, q = _model_rows(draft, tokens), _model_rows(target, tokens)
-    return _statistics(p, q, tokens[:, 1:], decoders=decoders, keep_rows=keep_rows)
-
-
-def record(key, draft, target, num_sequences: int, *, horizon: int | None = None,
-           decoders=(), keep_rows: bool = False, chunk_size: int | None = None,
-           sharding=None, progress: bool = False, stop_tokens=None) -> Recording:
-    """Records ``num_sequences`` target rollouts of JAX models, with the draft's and the
-    target's probabilities of every emitted token (and the rates of ``decoders``).
-
-    The rollouts are ``specjax.decode(key, Autoregressive(), None, target, num_sequences)``'s
-    tokens (sharded as ``decode`` is), run in chunks of chains so that only one chunk's rows are
-    in memory at a time; both models then score each sequence in one batched evaluation
-    (``probs_block`` where the model has it, else a scan of ``probs``), in chunks of sequences,
-    keeping only the statistics (module docstring).
-
-    Args:
-      key: a JAX PRNG key.
-      draft, target: ``MarkovChain``s, ``FiniteStateModel``s or any models of the protocol
-        (models that give logits are turned into probabilities as ``decode`` does).
-      num_sequences: ``B``, a positive int.
-      horizon: ``T``; required for models other than ``MarkovChain``.
-      decoders: token-wise decoders whose rates to record (multi-draft roots, a
-        ``RejectionRule``): a tuple.
-      keep_rows: keep the full rows ``(B, T, V)`` (small models only).
-      chunk_size: sequences scored at once (default: rows of about 256 MiB).
-      sharding: as ``decode``'s (``specjax.chain_sharding()``); ``num_sequences`` and the chunk
-        size must be multiples of the number of shards. Under ``jax.distributed`` (a mesh over
-        several processes) the recording's arrays are global: each process holds its own
-        sequences (``specjax.sampling.sharding``).
-      progress: show a progress bar over the chunks.
-      stop_tokens: ``None``, or end-of-sequence ids (as ``decode``'s): each rollout ends at
-        its first one, and the recording is ragged (``lengths``).
-
-    Returns:
-      ``Recording``.
-
-    Raises:
-      ValueError: what ``decode`` raises for the target; a bad draft, ``decoders`` or
-        ``chunk_size``; a decoder that is not lossless on the rows met.
-
-    Example:
-      >>> import jax, specjax
-      >>> draft, target = specjax.paper_instance()
-      >>> rec = specjax.record(jax.random.key(0), draft, target, 64)
-      >>> rec.tokens.shape, rec.draft_prob.shape
-      ((64, 51), (64, 50))
-    """
-    from specjax.models.checks import model_kind  # noqa: PLC0415
-    from specjax.sampling.decoding import plan  # noqa: PLC0415
-    from specjax.sampling.decoding import replicate  # noqa: PLC0415
-    from specjax.sampling.decoding import run_chunk  # noqa: PLC0415
-
-    _checks.check_positive_int("num_sequences", num_sequences)
-    _checks.check_positive_int("chunk_size", chunk_size, allow_none=True)
-    decoders = check_decoders(decoders)
-    same = draft is target
-    target = with_static_leaves(as_probability_model(target))
-    draft = target if same else with_static_leaves(as_probability_model(draft))
-    model_kind(draft, target)
-    _checks.check_bool("keep_rows", keep_rows)
-    run = replicate(plan(key, Autoregressive(), None, target, num_sequences, horizon=horizon,
-                         sharding=sharding, stop_tokens=stop_tokens))
-    horizon, num_states = run.horizon, target.num_states
-    dtype = jnp.result_type(float)
-    shards = _sharding.num_shards(run.sharding)
-    # The rollouts, in chunks of chains: each chunk is chains start .. start + n - 1 of the one
-    # run decode(key, Autoregressive(), ...) would make (the same tokens), and only a chunk's
-    # rows are alive at a time (about ROLLOUT_COPIES of them per chain and step). The offset is
-    # an np.uint32, as decode passes it: a Python int (weakly typed int32) compiled a second
-    # program for the run decode compiles.
-    roll = max(1, CHUNK_BYTES // (num_states * jnp.dtype(dtype).itemsize * ROLLOUT_COPIES))
-    roll = min(num_sequences, max(shards, roll // shards * shards))
-    tokens = jnp.concatenate([
-        run_chunk(key, run, np.uint32(start), min(roll, num_sequences - start))[0].tokens
-        for start in range(0, num_sequences, roll)])
-    lengths = None
-    if run.stop_tokens and not tokens.is_fully_addressable:
-        raise ValueError("stop_tokens: a ragged recording under jax.distributed (a mesh over "
-                         "several processes) is not supported yet; record on one process")
-    if run.stop_tokens:  # ragged: each rollout ends at its first stop token
-        tokens, lengths, _ = check_lengths(
-            tokens, jnp.asarray(stop_lengths(np.asarray(tokens), run.stop_tokens)), None,
-            num_sequences, horizon)
-        tokens = jnp.asarray(tokens, jnp.int32)
-    if keep_rows:
-        _memory.check_fits(2 * num_sequences * horizon * num_states * jnp.dtype(dtype).itemsize,
-                           argument="keep_rows=True", what="the full rows",
-                           remedy="keep statistics (keep_rows=False)")
-    chunk = chunk_size or rows_chunk(horizon, num_states, dtype, num_sequences, decoders)
-    if shards > 1:
-        chunk = max(shards, chunk // shards * shards)
-        if num_sequences % shards or chunk % shards:
-            raise ValueError(f"chunk_size must be a multiple of the {shards} shards, got {chunk}")
-    parts = []
-    starts = range(0, num_sequences, chunk)
-    with Progress(len(starts), enabled=progress) as bar:
-        for start in starts:
-            block = tokens[start:start + chunk]
-            if shards > 1:
-                block = jax.device_put(block, _sharding.along_chains(run.sharding, 2))
-            parts.append(_score_chunk(draft, target, block, decoders=decoders,
-                                      keep_rows=keep_rows))
-            bar.step(f"{min(start + chunk, num_sequences):,} of {num_sequences:,} sequences")
-    rows = None
-    if keep_rows:
-        rows = tuple(jnp.concatenate([part[3][i] for part in parts]) for i in range(2))
-    return assemble(tokens, None, decoders, parts, rows=rows, lengths=lengths)
-
-
-def stop_lengths(tokens: np.ndarray, stop_tokens) -> np.ndarray:
-    """``(B,)``: the position of each sequence's first stop token among ``x_1..x_T`` (``T``
-    where there is none)."""
-    hit = np.isin(tokens[:, 1:], np.asarray(stop_tokens))
-    return np.where(hit.any(axis=1), np.argmax(hit, axis=1) + 1, tokens.shape[1] - 1)

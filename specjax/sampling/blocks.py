@@ -42,6 +42,8 @@ from specjax.sampling import sharding as _sharding
 from specjax.sampling.calls import call_trace
 from specjax.sampling.calls import write_call
 
+__all__ = ["call_words", "simulate_blocks", "uniforms_per_call", "unit_uniforms"]
+
 
 def uniforms_per_call(lookahead: int) -> int:
     """``3K + 1``: the uniforms one call of one chain uses."""

@@ -32,6 +32,8 @@ from specjax.sampling import engine
 from specjax.sampling import sharding as _sharding
 from specjax.sampling.engine import DecodingTrace
 
+__all__ = ["call_trace", "simulate_calls", "write_call"]
+
 
 def write_call(horizon: int, record, n, active, emitted, kept, last_rejected):
     """Writes one call's outcome into one chain's trace; also the engine of batched scoring.

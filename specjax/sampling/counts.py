@@ -34,6 +34,16 @@ from specjax.sampling import engine
 from specjax.sampling import tables as _tables
 from specjax._progress import Progress
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_CHUNK_SIZE_ACCELERATOR",
+    "DecodingStatistics",
+    "KEPT_BYTES_PER_CHAIN",
+    "TRACE_CHUNK_ELEMENTS",
+    "decoding_statistics",
+    "default_chunk_size",
+]
+
 #: Chains per chunk and per device when ``chunk_size`` is not given: on a CPU about 50 MB of
 #: working memory; on an accelerator a chunk must be large enough to hide the fixed cost of each
 #: position's kernels (see the README's "GPU/TPU readiness"), about 0.5 GB.

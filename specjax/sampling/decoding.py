@@ -43,6 +43,21 @@ from specjax.sampling import sharding as _sharding
 from specjax.sampling import tables as _tables
 from specjax.sampling.engine import DecodingTrace
 
+__all__ = [
+    "Plan",
+    "RunBytes",
+    "check_batched_scoring",
+    "check_fits",
+    "check_same_prompt",
+    "counters_per_chain",
+    "decode",
+    "plan",
+    "replicate",
+    "run_bytes",
+    "run_chunk",
+    "table_plan",
+]
+
 
 class Plan(NamedTuple):
     """A validated run (no key): the decoder with its settings resolved, the models and their

@@ -63,6 +63,25 @@ from specjax.sampling.tables import table_laws
 from specjax.sampling.tables import table_plan  # noqa: F401
 from specjax.sampling.tables import table_width  # noqa: F401
 
+__all__ = [
+    "ChunkCounts",
+    "DecodingTrace",
+    "advance",
+    "chain_bits",
+    "counts_bytes",
+    "first_tokens",
+    "kind_slot",
+    "outcome",
+    "phase_row",
+    "simulate",
+    "simulate_counts",
+    "simulate_markov",
+    "simulate_markov_counts",
+    "small_int_dtype",
+    "stop_trace",
+    "trace_bytes",
+]
+
 
 class DecodingTrace(NamedTuple):
     """What a decoding run produced, for ``C`` chains of horizon ``T``.

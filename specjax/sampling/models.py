@@ -27,6 +27,8 @@ from specjax.sampling import engine
 from specjax.sampling import sharding as _sharding
 from specjax.sampling.engine import DecodingTrace
 
+__all__ = ["raise_invalid", "simulate_models", "trace_dtype"]
+
 
 def _outcome_masses(decoder, p, q, lookahead: int, phase):
     """The ``2V`` masses (accepted | rejected) of one chain's position in phase ``j``."""

@@ -17,6 +17,15 @@ from specjax.decoders.speculative import Speculative
 from specjax.sampling.decoding import decode
 from specjax.sampling.engine import DecodingTrace
 
+__all__ = [
+    "autoregressive_decoding",
+    "batch_speculative_decoding",
+    "biased_speculative_decoding",
+    "block_verification_decoding",
+    "rejection_decoding",
+    "speculative_decoding",
+]
+
 
 def _with_decoder(build):
     """Records how ``decoding_statistics``' deprecated sampler-first form maps the sampler's

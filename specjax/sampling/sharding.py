@@ -34,6 +34,21 @@ from jax.sharding import PartitionSpec
 
 from specjax import _checks
 
+__all__ = [
+    "along_chains",
+    "chain_sharding",
+    "check_same_key",
+    "constrain",
+    "gather",
+    "local_device",
+    "local_share",
+    "num_processes",
+    "num_shards",
+    "put_replicated",
+    "replicated",
+    "resolve",
+]
+
 
 def chain_sharding(devices=None, axis_name: str = "chains") -> NamedSharding:
     """A sharding that splits chains evenly over ``devices`` (default: all of ``jax.devices()``).

@@ -29,6 +29,29 @@ from specjax.decoders.verification import VerificationLaw
 from specjax.decoders.verification import bonus_law
 from specjax.numerics import next_power_of_two
 
+__all__ = [
+    "ALL_KINDS",
+    "BLOCK_ELEMENTS",
+    "BONUS",
+    "GROUP_BELOW",
+    "GROUP_ROWS",
+    "Laws",
+    "PRECOMPUTED_TABLE_BYTES",
+    "ROOT",
+    "TablePlan",
+    "VERIFY",
+    "block_thresholds",
+    "decoder_table",
+    "kind_thresholds",
+    "law_table",
+    "markov_laws",
+    "row_kinds",
+    "table_bytes",
+    "table_laws",
+    "table_plan",
+    "table_width",
+]
+
 ROOT, VERIFY, BONUS = 0, 1, 2  # row kinds of the per-position law table
 ALL_KINDS = (ROOT, VERIFY, BONUS)
 

@@ -54,6 +54,8 @@ from specjax.decoders.verification import acceptance_probability
 from specjax.decoders.verification import speculative_residual
 from specjax.models.markov import MarkovChain
 
+__all__ = ["OptimalStopping", "call_costs", "check_chains", "optimal_stopping"]
+
 _BATCH_ELEMENTS = 2**22  # previous tokens solved at once: at most this many path entries
 
 

@@ -24,6 +24,13 @@ from specjax.models.markov import check_pair
 from specjax.theory.values import accepted_length
 from specjax.theory.values import exact
 
+__all__ = [
+    "exact_block_accepted_length",
+    "exact_block_expected_calls",
+    "exact_joint_accepted_length",
+    "exact_tokenwise_accepted_length",
+]
+
 
 def _check_block_args(draft, target, lookahead, position, prev_token) -> int:
     """Validates the exact functions' arguments; returns ``K'``, the drafts of the call."""

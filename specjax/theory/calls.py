@@ -28,6 +28,14 @@ from specjax.decoders.base import CallLaw
 from specjax.numerics import HIGHEST
 from specjax.theory.recursion import ExactDecoding
 
+__all__ = [
+    "accepted_length_calls",
+    "call_law_at",
+    "forward_calls",
+    "law_from_rows",
+    "next_state_table",
+]
+
 def call_law_at(decoder, start, draft, target, n, *, lookahead: int,
                 with_drafted: bool = False, state: int | None = None):
     """The law of a call at position ``n`` (1-based) whose previous token has the law ``start``,

@@ -51,6 +51,22 @@ from specjax.decoders.planning import plan_run
 from specjax.numerics import safe_ratio
 from specjax.theory.values import exact
 
+__all__ = [
+    "CostModel",
+    "DecodingTime",
+    "LookaheadChoice",
+    "TreeBudgetChoice",
+    "best_lookahead",
+    "best_tree_budget",
+    "call_depths",
+    "call_works",
+    "decoding_time",
+    "depth_works",
+    "drafted_law",
+    "expected_time",
+    "sweep_lookahead",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:

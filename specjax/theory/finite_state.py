@@ -21,6 +21,8 @@ from specjax.theory.recursion import ExactDecoding
 from specjax.theory.recursion import keep_live
 from specjax.theory.recursion import stopping
 
+__all__ = ["forward_finite_state"]
+
 
 @functools.partial(jax.jit, static_argnames=("horizon", "lookahead"))
 def forward_finite_state(decoder, draft, target, *, horizon, lookahead, stop=None):

@@ -21,6 +21,15 @@ from specjax.models.markov import check_chain
 from specjax.models.markov import check_pair
 from specjax.numerics import matmul_highest
 
+__all__ = [
+    "ParetoFront",
+    "biased_output_chain",
+    "marginals",
+    "output_chain",
+    "pareto_front",
+    "sequence_kl",
+]
+
 
 def marginals(model: MarkovChain) -> jax.Array:
     """The law of ``x_n`` for ``n = 0..T`` under ``model``: ``(T + 1, V)``."""

@@ -40,6 +40,8 @@ from specjax.theory.cost import call_works
 from specjax.theory.cost import depth_works
 from specjax.theory.values import exact
 
+__all__ = ["EngineMetrics", "engine_metrics"]
+
 
 class EngineMetrics(NamedTuple):
     """Engines' acceptance metrics as exact ratios of expectations (see the module docstring).

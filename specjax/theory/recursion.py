@@ -34,6 +34,16 @@ from specjax.decoders import verification as _verify
 from specjax.numerics import matmul_highest
 from specjax.numerics import safe_ratio
 
+__all__ = [
+    "ExactDecoding",
+    "accepted_by_depth",
+    "check_fits",
+    "forward",
+    "forward_bytes",
+    "keep_live",
+    "stopping",
+]
+
 class ExactDecoding(NamedTuple):
     """Exact per-position statistics of a decoder (expected values, no sampling).
 

@@ -56,6 +56,8 @@ from specjax.theory.calls import next_state_table
 from specjax.theory.cost import _check_cost
 from specjax.theory.cost import depth_works
 
+__all__ = ["OptimalRate", "StationaryRate", "optimal_rate", "stationary_rate"]
+
 class StationaryRate(NamedTuple):
     """The long-run behaviour of a call-level decoder on a stationary chain
     (``specjax.theory.stationary_rate``).

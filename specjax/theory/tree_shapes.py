@@ -53,6 +53,14 @@ import numpy as np
 from specjax import _checks
 from specjax import _memory
 
+__all__ = [
+    "PROGRAM_ENTRY_BYTES",
+    "SUM_TOLERANCE",
+    "SequoiaChoice",
+    "sequoia_hardware_tree",
+    "sequoia_tree",
+]
+
 #: Tolerance on ``sum(acceptance) <= 1``.
 SUM_TOLERANCE = 1e-6
 

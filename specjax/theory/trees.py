@@ -29,6 +29,8 @@ from specjax.decoders.tree import stage_laws
 from specjax.decoders.tree_structure import tree_shape
 from specjax.models.markov import check_pair
 
+__all__ = ["MAX_SEARCH_BUDGET", "best_token_tree", "ordered_trees", "positional_acceptance"]
+
 #: Largest budget ``best_token_tree`` searches (4,862 ordered trees of 10 nodes).
 MAX_SEARCH_BUDGET = 10
 

@@ -44,6 +44,18 @@ from specjax.theory import recursion
 from specjax.theory.finite_state import forward_finite_state
 from specjax.theory.recursion import ExactDecoding
 
+__all__ = [
+    "accepted_length",
+    "batch_expected_rejections",
+    "exact",
+    "exact_batch_speculative_decoding",
+    "exact_biased_speculative_decoding",
+    "exact_rejection_decoding",
+    "exact_speculative_decoding",
+    "expected_calls",
+    "expected_rejections",
+]
+
 
 @functools.partial(jax.jit, static_argnames=("lookahead", "stop_tokens"))
 def _forward(decoder, draft, target, *, lookahead, stop_tokens=()):

@@ -37,6 +37,16 @@ from specjax.numerics import HIGHEST
 from specjax.numerics import tiny
 from specjax.theory.laws import marginals
 
+__all__ = [
+    "ContextFreeDraft",
+    "DraftFamily",
+    "FAMILIES",
+    "FullDraft",
+    "LowRankDraft",
+    "StationaryDraft",
+    "draft_family",
+]
+
 
 def _dtype():
     return jnp.result_type(float)

@@ -27,6 +27,19 @@ from specjax.models.markov import MarkovChain
 from specjax.theory.values import exact
 from specjax.theory.laws import sequence_kl
 
+__all__ = [
+    "OBJECTIVES",
+    "Objective",
+    "QUANTITIES",
+    "batch_rejections",
+    "biased_tradeoff",
+    "kl_divergence",
+    "make_objective",
+    "objective",
+    "sd_rejections",
+    "target_calls",
+]
+
 QUANTITIES = ("rejections", "calls", "tradeoff", "kl")
 
 

@@ -39,6 +39,8 @@ from specjax.models.markov import MarkovChain
 from specjax.tuning.families import DraftFamily
 from specjax.tuning.objectives import kl_divergence
 
+__all__ = ["MAX_STEPS", "TuneResult", "kl_fit", "tune_draft"]
+
 # --- the tuner -------------------------------------------------------------------------------------
 
 
