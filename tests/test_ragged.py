@@ -145,3 +145,19 @@ def test_lengths_and_eos_are_checked():
         Recording.from_arrays(seqs, p_rows, q_rows, eos=-1)
     with pytest.raises(ValueError, match="draft_probs contains NaN"):
         Recording.from_arrays(np.maximum(seqs, 0), p_rows, q_rows)  # NaN padding, no lengths
+
+
+def test_log_probabilities_of_the_emitted_tokens(x64):
+    seqs, lengths, weights, p_rows, q_rows = _enumerated()
+    at = lambda rows: np.take_along_axis(  # noqa: E731
+        np.nan_to_num(rows), np.maximum(seqs[:, 1:], 0)[..., None], -1)[..., 0]
+    with np.errstate(divide="ignore"):
+        logs = Recording.from_statistics(seqs, np.log(at(p_rows)), np.log(at(q_rows)),
+                                         weights=weights, lengths=lengths, log=True)
+    plain = Recording.from_statistics(seqs, at(p_rows), at(q_rows), weights=weights,
+                                      lengths=lengths)
+    sd = specjax.Speculative(lookahead=2)
+    assert abs(float(specjax.estimate(sd, logs).expected_calls)
+               - float(specjax.estimate(sd, plain).expected_calls)) < 1e-12
+    with pytest.raises(ValueError, match="log must be True or False"):
+        Recording.from_statistics(seqs, at(p_rows), at(q_rows), log="yes")

@@ -32,17 +32,11 @@ sequences it is 3 MB (the rows would be 65 GB).
 adds ``.npz`` to a name without it; ``load`` reads ``path`` or ``path + ".npz"`` and checks what it
 reads as ``from_arrays`` checks its arguments (``specjax.pairs.recording_files``).
 
-**What every constructor checks.** At least one sequence and one position; tokens in ``[0, V)``
-(int32 ids); probabilities in ``[0, 1]``; a *positive* target probability of every recorded token
-of a sequence of positive weight (target rollouts emit only tokens the target can emit: a zero is
-the mark of a dump misaligned by a position, or of the wrong model's rows); weights finite,
-non-negative, not all zero, stored divided by their largest (the estimates are weighted means,
-which do not depend on the weights' scale; this keeps float32 sums from overflowing or
-underflowing).
+What every constructor checks (ids, probabilities, a positive target probability of every
+recorded token, weights, ragged lengths): ``specjax.pairs.recording_checks``.
 
-A PyTorch user writes ``np.savez(path, tokens=..., draft_prob=..., target_prob=...)`` from the
-gathered probabilities of the emitted tokens (``torch.gather`` on the softmaxes), or the full rows
-for a small vocabulary.
+A PyTorch user writes ``np.savez(path, tokens=..., draft_prob=..., target_prob=...)`` (the guide
+"HuggingFace, vLLM and SGLang dumps" has the recipes).
 """
 
 from __future__ import annotations
@@ -294,15 +288,21 @@ class Recording(NamedTuple):
 
     @classmethod
     def from_statistics(cls, tokens, draft_prob, target_prob, *, weights=None, lengths=None,
-                        eos=None) -> "Recording":
+                        eos=None, log=False) -> "Recording":
         """A recording from the emitted tokens' probabilities alone, ``p_t(x_t)`` and
-        ``q_t(x_t)`` (``(B, T)``, index ``t - 1``): all SD needs, for any vocabulary size.
-        ``weights``, ``lengths`` and ``eos`` as ``from_arrays``'s.
+        ``q_t(x_t)`` (``(B, T)``, index ``t - 1``): all SD needs, for any vocabulary size (an
+        engine's top-``k`` log-probabilities always hold the sampled token's: that is enough).
+        ``weights``, ``lengths`` and ``eos`` as ``from_arrays``'s; ``log=True``: the arrays are
+        natural log-probabilities (``-inf`` for probability 0).
 
         Raises:
           ValueError: shapes that do not match, values outside ``[0, 1]``, bad weights or
             lengths, a recorded token of target probability 0.
         """
+        _checks.check_bool("log", log)
+        if log:  # in float64 on the host, then the canonical dtype
+            draft_prob, target_prob = (_checks.host_array(np.exp(np.asarray(x, np.float64)))
+                                       for x in (draft_prob, target_prob))
         draft_prob, target_prob = jnp.asarray(draft_prob), jnp.asarray(target_prob)
         if draft_prob.ndim == 2 and draft_prob.shape == target_prob.shape:
             tokens, lengths, live = check_lengths(tokens, lengths, eos, *target_prob.shape)

@@ -1,5 +1,14 @@
 """The checks of what a recording is built from (``specjax.pairs.recording``): sizes, token ids,
-weights, ragged lengths and the recorded tokens' target probabilities."""
+weights, ragged lengths and the recorded tokens' target probabilities.
+
+**What every constructor checks.** At least one sequence and one position; tokens in ``[0, V)``
+(int32 ids); probabilities in ``[0, 1]``; a *positive* target probability of every recorded token
+of a sequence of positive weight (target rollouts emit only tokens the target can emit: a zero is
+the mark of a dump misaligned by a position, or of the wrong model's rows); weights finite,
+non-negative, not all zero, stored divided by their largest (the estimates are weighted means,
+which do not depend on the weights' scale; this keeps float32 sums from overflowing or
+underflowing).
+"""
 
 from __future__ import annotations
 
