@@ -90,3 +90,21 @@ def test_serving_estimate_validation():
                          batch_size=10**6)
     with pytest.raises(ValueError, match="cost must be None, a specjax.CostModel or"):
         specjax.estimate(sd, rec, cost=(0.1, 1.0))
+
+
+def test_batch_lookahead_from_an_enumerated_recording_equals_the_exact_one(x64):
+    (draft, target), seqs, weights, p_rows, q_rows = _enumerated()
+    rec = Recording.from_arrays(seqs, p_rows, q_rows, weights=weights)
+    got = specjax.pairs.batch_lookahead(rec, COST, batch_size=(1, 8), max_lookahead=6)
+    want = specjax.theory.batch_lookahead(draft, target, COST, batch_size=(1, 8),
+                                          max_lookahead=T)
+    for g, w in zip(got, want):
+        assert g.lookahead == w.lookahead
+        np.testing.assert_allclose(g.rates, w.fixed_rates, rtol=0, atol=1e-10)
+        assert g.difference == pytest.approx(g.rates[g.lookahead] - g.rates[g.runner_up])
+        assert np.isfinite(g.difference_se) and (g.rates_se[1:] > 0).all()
+    alone = specjax.pairs.batch_lookahead(rec, COST, batch_size=4, max_lookahead=0)
+    assert alone.lookahead == 0 and alone.runner_up == -1
+    with pytest.raises(ValueError, match="cost must be a specjax.ServingCost"):
+        specjax.pairs.batch_lookahead(rec, specjax.CostModel(0.1, 1.0), batch_size=4,
+                                      max_lookahead=2)

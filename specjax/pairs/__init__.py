@@ -44,7 +44,9 @@ from specjax.pairs.formats import sum_vllm_log
 from specjax.pairs.formats import trtllm_draft_len_schedule
 from specjax.pairs.formats import vllm_dynamic_table
 from specjax.pairs.formats import write_speculation_profile
+from specjax.pairs.lookahead import BatchLookahead
 from specjax.pairs.lookahead import LookaheadEstimate
+from specjax.pairs.lookahead import batch_lookahead
 from specjax.pairs.lookahead import best_lookahead
 from specjax.pairs.profiles import ProfileChoice
 from specjax.pairs.profiles import acceptance_profile
@@ -57,6 +59,7 @@ from specjax.pairs.recording import Recording
 from specjax.pairs.rollouts import record
 
 __all__ = [
+    "BatchLookahead",
     "CallStructure",
     "DecoderRates",
     "DistillLoss",
@@ -71,6 +74,7 @@ __all__ = [
     "VllmLogTotals",
     "VllmMetrics",
     "acceptance_profile",
+    "batch_lookahead",
     "best_lookahead",
     "call_structure",
     "conditional_from_marginal",

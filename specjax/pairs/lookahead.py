@@ -31,7 +31,7 @@ from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
 from specjax.theory.cost import CostModel
 
-__all__ = ["LookaheadEstimate", "best_lookahead"]
+__all__ = ["BatchLookahead", "LookaheadEstimate", "batch_lookahead", "best_lookahead"]
 
 
 class LookaheadEstimate(NamedTuple):
@@ -179,3 +179,105 @@ def _mean_se(values, weights):
         return mean, np.full_like(mean, np.nan)
     spread = (weights * (values - mean[..., None])) ** 2
     return mean, np.sqrt(count / (count - 1) * spread.sum(-1)) / total
+
+
+class BatchLookahead(NamedTuple):
+    """The SD lookahead of most estimated goodput for one batch size (``batch_lookahead``).
+
+    Attributes:
+      batch_size: ``B``, the slots.
+      lookahead: the ``K`` of most tokens per time (``0``: SD off).
+      tokens_per_time: its estimated goodput (``specjax.serving_rate``'s ``tokens_per_time``).
+      rates, rates_se: ``(K_max + 1,)``, every ``K``'s goodput and its standard error.
+      runner_up: the ``K`` of the second most goodput (``-1`` when only one was tried).
+      difference, difference_se: ``rates[lookahead] - rates[runner_up]`` (``>= 0``) and its
+        standard error from the paired per-sequence terms.
+    """
+
+    batch_size: int
+    lookahead: int
+    tokens_per_time: float
+    rates: np.ndarray
+    rates_se: np.ndarray
+    runner_up: int
+    difference: float
+    difference_se: float
+
+
+def batch_lookahead(recording: Recording, cost, *, batch_size, max_lookahead: int,
+                    decoder=None):
+    """One ``K`` for a batch of ``batch_size`` slots, as ``specjax.theory.batch_lookahead`` from
+    a recording: each ``K = 0..min(max_lookahead, T)``'s goodput (``estimate(...,
+    cost=ServingCost, batch_size=B)``) with its standard error, and the paired difference to the
+    runner-up (the same sequences decide every ``K``).
+
+    Args:
+      recording: a ``Recording``.
+      cost: a ``specjax.ServingCost``.
+      batch_size: ``B``, a positive int, or a sequence of them (each ``K``'s filter runs once
+        for all).
+      max_lookahead: the largest ``K`` tried, a non-negative int (``0``: SD off alone).
+      decoder: the token-wise decoder whose ``lookahead`` is varied (default
+        ``Speculative()``).
+
+    Returns:
+      ``BatchLookahead`` (a tuple of them for a sequence of batch sizes); ties go to the
+      smaller ``K``.
+
+    Example:
+      >>> import jax, specjax
+      >>> draft, target = specjax.paper_instance()
+      >>> rec = specjax.record(jax.random.key(0), draft, target, 500)
+      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=16, size=256))
+      >>> [c.lookahead for c in specjax.pairs.batch_lookahead(rec, cost, batch_size=(1, 32),
+      ...                                                     max_lookahead=4)]
+      [3, 0]
+    """
+    from specjax.decoders.autoregressive import Autoregressive  # noqa: PLC0415
+    from specjax.pairs.estimate import filtered  # noqa: PLC0415
+    from specjax.pairs.serving import goodput_influence  # noqa: PLC0415
+    from specjax.pairs.serving import slot_means  # noqa: PLC0415
+    from specjax.theory.serving import ServingCost  # noqa: PLC0415
+    from specjax.theory.serving import check_tables  # noqa: PLC0415
+    from specjax.theory.cost import call_works  # noqa: PLC0415
+
+    check_recording(recording)
+    if not isinstance(cost, ServingCost):
+        raise ValueError(f"cost must be a specjax.ServingCost, got {cost!r}"[:300])
+    many = not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
+    sizes = tuple(batch_size) if many else (batch_size,)
+    if not sizes:
+        raise ValueError("batch_size must be a positive int or a non-empty sequence of them")
+    for size in sizes:
+        _checks.check_static_int("batch_size", size)
+    _checks.check_static_non_negative_int("max_lookahead", max_lookahead)
+    decoder = Speculative() if decoder is None else decoder
+    check_estimable(decoder)
+    if not decoder.varies_lookahead:
+        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
+    horizon = recording.horizon
+    decoders = [Autoregressive()] + [decoder.with_lookahead(k)
+                                     for k in range(1, min(max_lookahead, horizon) + 1)]
+    for d in decoders:  # short tables or huge batches: before any work
+        check_tables(cost, max(sizes), *call_works(d, horizon, d.resolve_lookahead(horizon)))
+    means = [slot_means(d, recording, filtered) for d in decoders]
+    choices = []
+    for size in sizes:
+        values, influences = [], []
+        for per_sequence, weights, passes, scored in means:
+            value, _, influence = goodput_influence(per_sequence, weights, passes, scored, cost,
+                                                    int(size))
+            values.append(float(value))
+            influences.append(np.asarray(influence, np.float64))
+        weights = np.asarray(means[0][1], np.float64)
+        rates = np.asarray(values)
+        ses = np.asarray([_mean_se(x, weights)[1] + 0.0 for x in influences])
+        order = np.argsort(-rates, kind="stable")  # most goodput first, ties to the smaller K
+        best = int(order[0])
+        second = int(order[1]) if len(order) > 1 else -1
+        difference = float(rates[best] - rates[second]) if second >= 0 else 0.0
+        difference_se = (float(_mean_se(influences[best] - influences[second], weights)[1])
+                         if second >= 0 else 0.0)
+        choices.append(BatchLookahead(int(size), best, float(rates[best]), rates, ses, second,
+                                      difference, difference_se))
+    return tuple(choices) if many else choices[0]

@@ -27,18 +27,15 @@ from specjax.theory.serving import SlotWork
 from specjax.theory.serving import check_tables
 from specjax.theory.serving import goodput
 
-__all__ = ["serving_estimate"]
+__all__ = ["goodput_influence", "serving_estimate", "slot_means"]
 
 
-def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, filtered):
-    """``(tokens_per_time, se, speedup, speedup_se)`` of ``batch_size`` slots running
-    ``decoder`` under ``cost``, from a recording; ``filtered(decoder, recording, columns)`` is
-    ``specjax.pairs.estimate.filtered`` (module docstring)."""
-    _checks.check_static_int("batch_size", batch_size)
+def slot_means(decoder, recording, filtered):
+    """``(per_sequence (B, T + 1), weights (B,), passes, scored)``: each sequence's
+    ``P(a call starts at n | x)``, ``n = 1..T``, and its tokens; the calls' work by position."""
     horizon = recording.horizon
     lookahead = decoder.resolve_lookahead(horizon)
     passes, scored = call_works(decoder, horizon, lookahead)
-    check_tables(cost, batch_size, passes, scored)  # a short table or a huge batch: before work
     dtype = recording.target_prob.dtype
     # One column per position: P(a call starts at n | x), n = 1..T.
     _, starts, _ = filtered(decoder, recording, np.eye(horizon))
@@ -47,6 +44,12 @@ def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, fil
     per_sequence = jnp.concatenate([starts, tokens[:, None]], axis=1)  # (B, T + 1)
     weights = (jnp.ones(starts.shape[:1], dtype) if recording.weights is None else
                recording.weights.astype(dtype))
+    return per_sequence, weights, passes, scored
+
+
+def goodput_influence(per_sequence, weights, passes, scored, cost, batch_size: int):
+    """``(tokens_per_time, autoregressive tokens_per_time, influence (B,))``: the goodput of the
+    means and each sequence's linearised contribution (its standard error's terms)."""
 
     def rate(means):
         work = SlotWork(tokens=means[-1], calls=jnp.sum(means[:-1]), mass=means[:-1],
@@ -56,7 +59,20 @@ def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, fil
 
     means = jnp.sum(weights[:, None] * per_sequence, axis=0) / jnp.sum(weights)
     (value, baseline), grad = jax.value_and_grad(rate, has_aux=True)(means)
-    influence = (per_sequence - means[None]) @ grad  # (B,): the linearised goodput
+    return value, baseline, (per_sequence - means[None]) @ grad
+
+
+def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, filtered):
+    """``(tokens_per_time, se, speedup, speedup_se)`` of ``batch_size`` slots running
+    ``decoder`` under ``cost``, from a recording; ``filtered(decoder, recording, columns)`` is
+    ``specjax.pairs.estimate.filtered`` (module docstring)."""
+    _checks.check_static_int("batch_size", batch_size)
+    horizon = recording.horizon
+    check_tables(cost, batch_size, *call_works(decoder, horizon,
+                                               decoder.resolve_lookahead(horizon)))  # first
+    per_sequence, weights, passes, scored = slot_means(decoder, recording, filtered)
+    value, baseline, influence = goodput_influence(per_sequence, weights, passes, scored, cost,
+                                                   batch_size)
     se = _weighted_se(influence, weights)
     return value, se, value / baseline, se / baseline
 
