@@ -91,6 +91,8 @@ for name, decoder in CASES.items():
         sharded = specjax.decode(key, decoder, draft, target, C, sharding=sharding)
         pieces = {s.data.shape for s in sharded.tokens.addressable_shards}
         assert pieces == {(C // shards, target.horizon + 1)}, (name, layout, pieces)
+        emitted = {s.data.shape for s in sharded.num_emitted.addressable_shards}
+        assert emitted == {(C // shards,)}, (name, layout, emitted)  # split, not replicated
         if name in REPRODUCIBLE:
             same(plain, sharded, f"{name}, {layout}")
         else:  # the same chains but for a few whose uniform falls within an ulp of a threshold

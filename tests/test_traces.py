@@ -183,8 +183,9 @@ ALPHA = 1e-3  # the check's false-alarm rate
 def test_check_flags_a_wrong_rule(calls):
     _, x, p, q, trace = calls
     assert not check_trace(specjax.Speculative(), trace, alpha=ALPHA).flagged
-    squared = specjax.RejectionRule(lambda p, q: jnp.minimum(1.0, q / p) ** 2,
-                                    lambda p, q, b: jnp.maximum(q - b * p, 0))
+    squared = specjax.RejectionRule(  # finite at p = 0 (the probe refuses NaN there)
+        lambda p, q: jnp.minimum(1.0, q / jnp.where(p > 0, p, 1.0)) ** 2,
+        lambda p, q, b: jnp.maximum(q - b * p, 0))
     wrong = trace._replace(accepted=_engine(squared, x, p, q, 2))
     result = check_trace(specjax.Speculative(), wrong, alpha=ALPHA)
     assert result.flagged and result.tested and result.impossible == 0

@@ -152,7 +152,7 @@ def _simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon
     ones = _sharding.constrain(jnp.ones((num_chains,), jnp.int32), sharding)
     carry = (jnp.int32(0), record, ones, draft_states, target_states, jnp.int32(0))
     _, record, _, _, _, invalid = jax.lax.while_loop(running, call, carry)
-    return (*call_trace(record), invalid)
+    return (*call_trace(record, sharding), invalid)
 
 
 def simulate_blocks(key, decoder, draft, target, offset, *, num_chains, horizon, lookahead,

@@ -114,7 +114,7 @@ def simulate_calls(key, decoder, draft, target, offset, *, num_chains,
     carry = (_sharding.constrain(tokens, sharding), flags, flags, flags, ones, x0,
              ones * jnp.int32(decoder.initial_call_state))
     (tokens, rejected, bonus, new_call, *_), _ = jax.lax.scan(step, carry, jnp.arange(horizon))
-    return call_trace((tokens, rejected, bonus, new_call))
+    return call_trace((tokens, rejected, bonus, new_call), sharding)
 
 
 def _simulate_walks(key, decoder, draft, target, offset, num_chains: int, sharding):
@@ -141,10 +141,10 @@ def _simulate_walks(key, decoder, draft, target, offset, num_chains: int, shardi
                                                            jnp.arange(horizon))
     tokens = jnp.concatenate([x0[:, None], tokens.T.astype(jnp.int32)], axis=1)
     return call_trace(tuple(_sharding.constrain(a, sharding)
-                            for a in (tokens, rejected.T, bonus.T, new_call.T)))
+                            for a in (tokens, rejected.T, bonus.T, new_call.T)), sharding)
 
 
-def call_trace(record):
+def call_trace(record, sharding=None):
     """``(DecodingTrace, verified)`` of the records ``write_call`` filled: a position was
     verified unless it holds a bonus token."""
     tokens, rejected, bonus, new_call = record
@@ -154,5 +154,7 @@ def call_trace(record):
         num_rejections=jnp.sum(rejected, axis=-1, dtype=jnp.int32),
         num_calls=jnp.sum(new_call, axis=-1, dtype=jnp.int32),
         new_call=new_call,
-        num_emitted=jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32),
+        # Split by chain as the other fields are (a constant alone would be replicated).
+        num_emitted=_sharding.constrain(
+            jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32), sharding),
     ), ~bonus

@@ -319,7 +319,8 @@ def simulate(key, init: jax.Array, thresholds, num_chains: int, lookahead: int, 
         num_rejections=num_rejections,
         num_calls=num_calls,
         new_call=_sharding.constrain(new_call.T, sharding),
-        num_emitted=jnp.full_like(num_calls, tokens.shape[1] - 1),
+        # Split by chain as the other fields are (a constant would be replicated).
+        num_emitted=_sharding.constrain(jnp.full_like(num_calls, tokens.shape[1] - 1), sharding),
     )
     return (trace, _sharding.constrain(verified.T, sharding)) if with_verified else trace
 

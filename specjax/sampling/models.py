@@ -151,5 +151,6 @@ def _simulate_models(key, decoder, draft, target, offset, *, num_chains, horizon
                          rejected=_sharding.constrain(rejected.T, sharding),
                          num_rejections=num_rejections, num_calls=num_calls,
                          new_call=_sharding.constrain(new_call.T, sharding),
-                         num_emitted=jnp.full_like(num_calls, horizon)), verified.T, \
+                         num_emitted=_sharding.constrain(jnp.full_like(num_calls, horizon),
+                                                         sharding)), verified.T, \
         (jnp.max(carry[5] & 1) | jnp.max(carry[5] & 2))  # XLA:CPU has no sharded reduce_or

@@ -6,15 +6,7 @@ slots' pass by pass, then one target forward over the tokens of every slot), and
 has emitted its ``T`` tokens is replaced by a fresh one at the next step (continuous batching).
 Every request is decoded on its own chain, independently of the others.
 
-Step time (``ServingCost``). Pass ``j`` of the draft runs over the ``N_j`` slots whose call makes
-at least ``j`` draft passes and takes ``draft_time[N_j]``; the target forward scores the ``S``
-tokens of all slots and takes ``target_time[S]``; a step adds ``overhead``::
-
-    step time = sum_{j >= 1, N_j > 0} draft_time[N_j] + target_time[S] + overhead.
-
-A slot's pass counts once whatever it drafts in it (one level of a tree, ``M`` sequences of batch
-SD): the tables are per slot-pass and per token scored. ``roofline`` builds a table from a
-memory-bound time and a knee; it is a model, not a measurement.
+Step time (``ServingCost``, ``roofline``): see ``specjax.theory.serving_cost``.
 
 Exact goodput (``serving_rate``): a renewal-reward argument. Slot ``b`` alone is a renewal
 process whose cycles are its requests: a request takes ``C`` steps (its calls) and emits ``T``
@@ -36,28 +28,12 @@ number of calls a request takes is not a.s. constant; when it is (``p = q``, or 
 on a fixed ``T``), slots started together stay in phase, and a step-time table that is not linear
 in ``S`` sees that phase; a linear one does not.
 
-Allocation (``allocate_drafts``): given every slot's survival ``s_b(j)`` (the probability that
-its first ``j`` drafts are all accepted, non-increasing in ``j``), the draft lengths ``K_b`` of
-most expected tokens per unit of this step's time, SD off (every ``K_b = 0``) included. With a
-draft pass time affine in the slots it runs over, ``draft_time[n] = a + c n`` for ``n >= 1``, the
-step time depends on the allocation only through ``m = max K_b`` and ``D = sum K_b``
-(``a m + c D + target_time[B + D] + overhead``), and for a fixed ``(m, D)`` the most tokens,
-``B + sum_b sum_{j <= K_b} s_b(j)``, is a separable concave allocation: the ``D`` largest
-marginal survivals ``s_b(j)`` with ``j <= m`` (greedy by marginal survival; non-increasing rows
-make the chosen set a prefix of each row). Enumerating ``(m, D)`` and keeping the best ratio is
-exact: the best allocation's own ``(m, D)`` is enumerated, and every enumerated value is
-attained by an allocation whose time is at most the enumerated time. Under a linear cost
-(``a = 0``, a linear target table) the ratio's Lagrangian decouples into one threshold per draft:
-draft the ``j``-th token of slot ``b`` iff ``s_b(j) >= tau``. ``request_policy`` applies that
-threshold along each request's own drafts (an ``AdaptiveSpeculative`` whose ``ThresholdTable``
-stops when the next draft's probability of being accepted with all before it falls below
-``tau``), with the batch-wide ``tau`` (or a fixed ``K``) of most exact goodput;
-``batch_lookahead`` chooses one ``K`` for the whole batch (vLLM's dynamic SD).
+Allocation (``allocate_drafts``, ``step_time``, the threshold rule of ``threshold_decoder``): see
+``specjax.theory.serving_allocation``; ``request_policy`` and ``batch_lookahead`` are here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 from typing import NamedTuple
@@ -67,162 +43,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.decoders.adaptive import AdaptiveSpeculative
-from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import check_decoder
 from specjax.decoders.planning import plan_run
 from specjax.decoders.speculative import Speculative
-from specjax.models.markov import MarkovChain
 from specjax.numerics import HIGHEST
 from specjax.numerics import safe_ratio
 from specjax.theory.cost import call_works
 from specjax.theory.cost import depth_works
 from specjax.theory.cost import drafted_law
+from specjax.theory.serving_allocation import DraftAllocation
+from specjax.theory.serving_allocation import allocate_drafts
+from specjax.theory.serving_allocation import step_time
+from specjax.theory.serving_allocation import threshold_decoder
+from specjax.theory.serving_cost import H100_KNEE
+from specjax.theory.serving_cost import ServingCost
+from specjax.theory.serving_cost import _check_serving_cost
+from specjax.theory.serving_cost import roofline
 from specjax.theory.values import exact
 
-#: The knee of an H100-class accelerator (SXM, dense bf16): about 989 TFLOP/s over 3.35 TB/s of
-#: HBM3, ~295 FLOP per byte; a forward pass of ``P`` bf16 weights reads ``2P`` bytes and does
-#: ``2P`` FLOP per token, so it is memory-bound below ~295 tokens per pass. Spec-sheet numbers,
-#: not a measurement.
-H100_KNEE = 295
-
-
-def _table(name: str, value, *, positive: bool):
-    """A validated step-time table (a tuple of floats, entry 0 set to 0), a constant (a float),
-    or a callable (kept, validated when evaluated)."""
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(f"{name} is a static setting: pass a number, a table or a function, "
-                         "not a traced value")
-    if callable(value):
-        return value
-    if isinstance(value, (bool, str, bytes)) or value is None:
-        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
-                         f"{value!r}")
-    if np.ndim(value) == 0:
-        number = _checks.check_finite_non_negative(name, value)
-        if positive and number <= 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
-        return number
-    try:
-        table = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, a 1-D table or a function of n, got "
-                         f"{value!r}") from None
-    if table.ndim != 1 or table.shape[0] < 2:
-        raise ValueError(f"{name} must be a 1-D table with {name}[n] for n >= 1 (entry 0 is "
-                         f"unused), got shape {table.shape}")
-    _check_entries(name, table[1:], positive, first=1)
-    return (0.0,) + tuple(float(x) for x in table[1:])
-
-
-def _check_entries(name: str, used: np.ndarray, positive: bool, first: int) -> None:
-    good = np.isfinite(used) & ((used > 0) if positive else (used >= 0))
-    if not good.all():
-        bad = int(np.argmax(~good))
-        sign = "positive" if positive else "non-negative"
-        raise ValueError(f"{name} must hold finite {sign} times at n >= 1, got "
-                         f"{name}[{bad + first}] = {used[bad]!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ServingCost:
-    """Step times of a batch: a draft pass over ``n`` slots, a target forward over ``n`` tokens.
-
-    A static, hashable value. Each time is a number (the same for every ``n``), a 1-D table
-    (entry ``n`` the time for ``n``; entry 0 is unused; longer than needed is fine) or a
-    function of ``n`` (a Python int ``>= 1``), evaluated where needed.
-
-    Args:
-      draft_time: ``draft_time[n]``, one draft pass over the ``n`` slots still drafting
-        (finite, ``>= 0``).
-      target_time: ``target_time[n]``, one target forward over ``n`` tokens (finite, ``> 0``).
-      overhead: a fixed time added to every step (keyword only), finite ``>= 0``.
-
-    Raises:
-      ValueError: a time that is not finite or of the wrong sign, a table that is not 1-D.
-
-    Example:
-      >>> import specjax
-      >>> cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=8, size=64))
-      >>> cost.target_times(16)[[1, 8, 16]].tolist()
-      [1.0, 1.0, 2.0]
-    """
-
-    draft_time: Any
-    target_time: Any
-    _: dataclasses.KW_ONLY
-    overhead: float = 0.0
-
-    def __post_init__(self):
-        set_field = object.__setattr__  # frozen: store the validated, hashable values
-        set_field(self, "draft_time", _table("draft_time", self.draft_time, positive=False))
-        set_field(self, "target_time", _table("target_time", self.target_time, positive=True))
-        set_field(self, "overhead", _checks.check_finite_non_negative("overhead",
-                                                                      self.overhead))
-
-    def draft_times(self, size: int) -> np.ndarray:
-        """``(size + 1,)`` float64: ``draft_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
-        return _evaluate("draft_time", self.draft_time, size, positive=False)
-
-    def target_times(self, size: int) -> np.ndarray:
-        """``(size + 1,)`` float64: ``target_time[n]`` for ``n = 0..size`` (entry 0 is 0)."""
-        return _evaluate("target_time", self.target_time, size, positive=True)
-
-
-def _evaluate(name: str, value, size: int, *, positive: bool) -> np.ndarray:
-    if isinstance(value, tuple):
-        if len(value) < size + 1:
-            raise ValueError(f"{name} is a table of length {len(value)}, but a step needs "
-                             f"{name}[n] up to n = {size} (length at least {size + 1}; entry 0 "
-                             f"is unused)")
-        return np.asarray(value[:size + 1], np.float64)
-    if not callable(value):
-        return np.concatenate([[0.0], np.full(size, float(value))])
-    try:
-        used = np.asarray([float(value(n)) for n in range(1, size + 1)], np.float64)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{name}(n) must return a number for n = 1..{size}: {error}") from None
-    _check_entries(name, used, positive, first=1)
-    return np.concatenate([[0.0], used])
-
-
-def _check_serving_cost(cost) -> None:
-    if not isinstance(cost, ServingCost):
-        raise ValueError(f"cost must be a specjax.ServingCost, got {type(cost).__name__} "
-                         f"{cost!r}"[:300])
-
-
-def roofline(memory_time: float, *, knee: float, size: int) -> tuple:
-    """A roofline step-time table: ``memory_time`` below the knee, proportional above it.
-
-    ``t(n) = memory_time * max(1, n / knee)``: a forward pass over ``n`` tokens reads the weights
-    once (``memory_time``, memory-bound) and does ``n`` tokens of arithmetic, which takes longer
-    than the read once ``n`` passes the knee (compute-bound). A model for users without a
-    measured profile (``H100_KNEE`` is an H100-class knee from spec-sheet numbers), not a
-    measurement: real step times add kernel launches, attention over the context and padding.
-
-    Args:
-      memory_time: the time of a pass below the knee, finite ``> 0``.
-      knee: the tokens (or sequences) per pass where compute time equals memory time, ``> 0``.
-      size: the largest ``n`` in the table, a positive int.
-
-    Returns:
-      a tuple of ``size + 1`` floats (entry 0 is 0), for ``ServingCost``.
-
-    Example:
-      >>> import specjax
-      >>> specjax.theory.roofline(2.0, knee=4, size=6)
-      (0.0, 2.0, 2.0, 2.0, 2.0, 2.5, 3.0)
-    """
-    memory_time = _checks.check_finite_non_negative("memory_time", memory_time)
-    knee = _checks.check_finite_non_negative("knee", knee)
-    if memory_time <= 0 or knee <= 0:
-        raise ValueError(f"memory_time and knee must be positive, got {memory_time}, {knee}")
-    _checks.check_static_int("size", size)
-    n = np.arange(1, size + 1, dtype=np.float64)
-    return (0.0,) + tuple(float(x) for x in memory_time * np.maximum(1.0, n / knee))
+__all__ = ["H100_KNEE", "ServingCost", "roofline", "ServingRate", "SlotWork", "slot_work",
+           "stationary_slot_work", "serving_rate", "MAX_STEP_WORK", "convolution_work",
+           "check_tables", "goodput", "DraftAllocation", "step_time", "allocate_drafts",
+           "BatchPolicy", "batch_lookahead", "threshold_decoder", "request_policy"]
 
 
 class ServingRate(NamedTuple):
@@ -484,148 +328,6 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
                        speedup=rate / ar_rate, scored_law=total_law)
 
 
-# --- Allocation ---------------------------------------------------------------------------
-
-
-class DraftAllocation(NamedTuple):
-    """The draft lengths of one step (``allocate_drafts``).
-
-    Attributes:
-      lookaheads: ``(B,)`` int, ``K_b`` for each slot (all 0: SD off this step).
-      tokens: the step's expected tokens, ``B + sum_b sum_{j <= K_b} s_b(j)``.
-      time: the step's time.
-      tokens_per_time: ``tokens / time``, the most over every allocation.
-    """
-
-    lookaheads: np.ndarray
-    tokens: float
-    time: float
-    tokens_per_time: float
-
-
-def _check_survival(survival) -> np.ndarray:
-    if isinstance(survival, jax.core.Tracer):
-        raise ValueError("survival must be concrete (allocation is planning, not traced)")
-    try:
-        table = np.asarray(survival, np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"survival must be a (B, K) array of probabilities, got "
-                         f"{survival!r}"[:300]) from None
-    if table.ndim != 2 or table.shape[0] < 1:
-        raise ValueError(f"survival must have shape (B, K) (B >= 1 slots, K drafts), got shape "
-                         f"{table.shape}")
-    if not (np.isfinite(table).all() and (table >= 0).all() and (table <= 1).all()):
-        raise ValueError("survival must hold probabilities in [0, 1]")
-    if (np.diff(table, axis=1) > 0).any():
-        raise ValueError("survival[b, j - 1] = P(the first j drafts of slot b are accepted) must "
-                         "be non-increasing in j")
-    return table
-
-
-def _affine_draft(cost: ServingCost, batch_size: int) -> tuple[float, float]:
-    """``(a, c)`` with ``draft_time[n] = a + c n`` for ``n = 1..B``; ``ValueError`` otherwise."""
-    table = cost.draft_times(batch_size)[1:]
-    slope = table[1] - table[0] if batch_size > 1 else 0.0
-    intercept = table[0] - slope
-    fit = intercept + slope * np.arange(1, batch_size + 1)
-    if not np.allclose(fit, table, rtol=1e-12, atol=1e-12 * max(1.0, float(np.abs(table).max()))):
-        raise ValueError("cost.draft_time must be affine in the slots of a pass (draft_time[n] = "
-                         f"a + c n for n = 1..{batch_size}) for the exact allocation; a roofline "
-                         "whose knee is at or above B is (constant below the knee)")
-    return float(intercept), float(slope)
-
-
-def _check_lookaheads(lookaheads) -> np.ndarray:
-    """``lookaheads`` as a ``(B,)`` int64 array of non-negative ints (``B >= 1``)."""
-    if isinstance(lookaheads, jax.core.Tracer):
-        raise ValueError("lookaheads must be concrete (a step's time is planning, not traced)")
-    k = np.asarray(lookaheads)
-    if k.ndim != 1 or k.size == 0 or not (np.issubdtype(k.dtype, np.integer)
-                                          or (np.issubdtype(k.dtype, np.floating)
-                                              and np.all(np.isfinite(k)) and np.all(k == k // 1))):
-        raise ValueError(f"lookaheads must be a (B,) vector of draft lengths, one int per slot "
-                         f"(B >= 1), got {np.asarray(lookaheads)!r}"[:300])
-    if (k < 0).any():
-        raise ValueError(f"lookaheads must be non-negative draft lengths, got {k.tolist()}"[:300])
-    return k.astype(np.int64)
-
-
-def step_time(lookaheads, cost: ServingCost) -> float:
-    """The time of one SD step whose slots draft ``lookaheads`` (``(B,)`` ints): ``K_b`` passes
-    and ``K_b + 1`` tokens scored per slot, pass ``j`` over the slots with ``K_b >= j``."""
-    k = _check_lookaheads(lookaheads)
-    _check_serving_cost(cost)
-    batch = k.shape[0]
-    draft = cost.draft_times(batch)
-    counts = [(k >= j).sum() for j in range(1, int(k.max(initial=0)) + 1)]
-    return (float(sum(draft[n] for n in counts))
-            + float(cost.target_times(int(batch + k.sum()))[batch + k.sum()]) + cost.overhead)
-
-
-def allocate_drafts(survival, cost: ServingCost) -> DraftAllocation:
-    """The draft lengths of most expected tokens per unit time in one lockstep SD step.
-
-    Slot ``b`` drafting ``K_b`` tokens emits ``1 + sum_{j <= K_b} s_b(j)`` tokens in expectation
-    and makes ``K_b`` draft passes and scores ``K_b + 1`` tokens (``step_time``). The rule
-    (module docstring): for every cap ``m = 0..K`` and total ``D = 0..m B``, take the ``D``
-    largest marginal survivals ``s_b(j)``, ``j <= m`` (greedy by marginal survival), time it as
-    ``a m + c D + target_time[B + D] + overhead``, and keep the best ratio; exact when
-    ``draft_time`` is affine in ``n`` (checked), in ``O(K^2 B log(K B))``.
-
-    Args:
-      survival: ``(B, K)``, ``survival[b, j - 1] = s_b(j)``, the probability that slot ``b``'s
-        first ``j`` drafts are all accepted (non-increasing in ``j``, in ``[0, 1]``).
-      cost: a ``ServingCost`` whose ``draft_time`` is affine over ``n = 1..B``.
-
-    Returns:
-      ``DraftAllocation`` (ties go to the fewest drafts).
-
-    Raises:
-      ValueError: a bad ``survival`` or ``cost``, a ``draft_time`` that is not affine, a
-        ``target_time`` table shorter than ``B (K + 1)``.
-
-    Example:
-      >>> import specjax
-      >>> cost = specjax.ServingCost(0.1, [0.0] + [1.0] * 4 + [1.5] * 4)
-      >>> best = specjax.theory.allocate_drafts([[0.9, 0.8, 0.7], [0.2, 0.1, 0.0]], cost)
-      >>> best.lookaheads.tolist(), round(best.tokens_per_time, 4)
-      ([2, 0], 3.0833)
-    """
-    table = _check_survival(survival)
-    _check_serving_cost(cost)
-    batch, depth = table.shape
-    intercept, slope = _affine_draft(cost, batch)
-    if intercept < -1e-12 * max(1.0, abs(slope)):
-        raise ValueError(
-            f"cost.draft_time must be a + c n with a >= 0 for the exact allocation (a pass's "
-            f"fixed part; the greedy rule's optimality needs it), got a = {intercept:.6g}, c = "
-            f"{slope:.6g}; with a < 0 compare the step_time of candidate lookaheads instead")
-    target = cost.target_times(batch * (depth + 1))
-    best = (-1.0, 0, 0)
-    for cap in range(depth + 1):
-        marginals = table[:, :cap].ravel()
-        level = np.tile(np.arange(cap), batch)
-        order = np.lexsort((level, -marginals))  # largest first, shallower first on ties
-        gains = np.concatenate([[0.0], np.cumsum(marginals[order])])
-        totals = np.arange(batch * cap + 1)
-        times = (intercept * cap * (totals > 0) + slope * totals + target[batch + totals]
-                 + cost.overhead)
-        ratios = (batch + gains) / times
-        first = int(np.argmax(ratios))
-        if ratios[first] > best[0] * (1 + 1e-14):
-            best = (float(ratios[first]), cap, first)
-    _, cap, total = best
-    lookaheads = np.zeros(batch, np.int64)
-    if total:
-        marginals = table[:, :cap].ravel()
-        order = np.lexsort((np.tile(np.arange(cap), batch), -marginals))[:total]
-        np.add.at(lookaheads, order // cap, 1)
-    tokens = float(batch + sum(table[b, :lookaheads[b]].sum() for b in range(batch)))
-    time = step_time(lookaheads, cost)
-    return DraftAllocation(lookaheads=lookaheads, tokens=tokens, time=time,
-                           tokens_per_time=tokens / time)
-
-
 class BatchPolicy(NamedTuple):
     """A draft-length policy for a batch and its exact goodput (``batch_lookahead``,
     ``request_policy``).
@@ -697,50 +399,6 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
                                 price=None, tokens_per_time=float(r.max()), fixed_rates=r)
                     for r in rates)
     return choices if many else choices[0]
-
-
-def _check_price(price) -> None:
-    """A concrete ``price`` must be one finite number (a traced one is not checked)."""
-    if not _checks.is_concrete(price):
-        return
-    try:
-        value = np.asarray(price, np.float64)
-    except (TypeError, ValueError):
-        value = None
-    if isinstance(price, bool) or value is None or value.ndim != 0 or not np.isfinite(value):
-        raise ValueError(f"price must be a finite number, got {price!r}"[:300])
-
-
-def threshold_decoder(draft, target, price, *, max_lookahead: int) -> AdaptiveSpeculative:
-    """SD that drafts the next token while its probability of being accepted together with
-    every draft before it exceeds ``price``: stop iff ``A_i alpha(x_i) <= price``, ``A_i`` the
-    probability that the ``i`` drafts so far are all accepted and ``alpha(x)`` the acceptance
-    rate of a draft after ``x`` at that position (``sum_y min(p, q)``); at most
-    ``max_lookahead`` drafts. An ``AdaptiveSpeculative`` with a ``ThresholdTable``
-    (``price / alpha``); ``price`` may be traced (a leaf).
-
-    Example:
-      >>> import specjax
-      >>> draft, target = specjax.paper_instance()
-      >>> sd = specjax.theory.serving.threshold_decoder(draft, target, 0.5, max_lookahead=4)
-      >>> round(float(specjax.exact(sd, draft, target).expected_calls), 3)
-      33.099
-    """
-    _checks.check_static_int("max_lookahead", max_lookahead)
-    _check_price(price)
-    for name, model in (("draft", draft), ("target", target)):
-        if not isinstance(model, MarkovChain):
-            raise ValueError(f"{name} must be a specjax.MarkovChain (the threshold table reads "
-                             f"its rows by position), got {type(model).__name__}")
-    _checks.check_same_shape(draft, target)
-    p, q = draft.trans, target.trans
-    horizon = q.shape[0]
-    depth = min(max_lookahead, horizon)
-    alpha = jnp.sum(jnp.minimum(p, q), axis=-1)  # (T, V)
-    rows = jnp.clip(jnp.arange(horizon)[:, None] + jnp.arange(depth + 1)[None], 0, horizon - 1)
-    table = jnp.where(alpha[rows] > 0, price / jnp.where(alpha[rows] > 0, alpha[rows], 1), 1.0)
-    table = table.at[:, depth].set(1.0)  # A_i <= 1: always stop at the cap
-    return AdaptiveSpeculative(ThresholdTable(table.astype(q.dtype)), max_lookahead=depth)
 
 
 def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int,
