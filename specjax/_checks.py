@@ -4,8 +4,7 @@ Checks on shapes and Python settings always run. Checks on *values* (negative, N
 summing to one) need concrete arrays: they run when the arrays are concrete (the usual case of a
 call from Python) and are skipped when the arrays are tracers, i.e. when the caller wraps a
 specjax function in their own ``jax.jit``/``vmap``/``grad``. Under such a transformation bad
-probabilities are not detected; validate once outside (``MarkovChain(...)`` does) if in doubt.
-"""
+probabilities are not detected; validate once outside (``MarkovChain(...)`` does) if in doubt."""
 
 from __future__ import annotations
 
@@ -16,6 +15,17 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax._settings import check_bool
+from specjax._settings import check_stop_tokens
+from specjax._settings import stop_mask
+
+__all__ = ["FUSED_CHECK_ENTRIES", "acceptance_tolerance", "array_module", "check_bool",
+           "check_finite_non_negative", "check_key", "check_logits", "check_position",
+           "check_positive_int", "check_probabilities", "check_rows", "check_same_shape",
+           "check_scalar_leaf", "check_static_int", "check_static_non_negative_int",
+           "check_stop_tokens", "device_array", "dtype_of", "host_array", "host_or_device",
+           "is_concrete", "refuse_traced", "row_sum_tolerance", "stop_mask", "suspect_rows"]
 
 
 def is_concrete(x) -> bool:
@@ -298,13 +308,6 @@ def check_static_int(name: str, value, *, allow_none: bool = False) -> None:
     check_positive_int(name, value, allow_none=allow_none)
 
 
-def check_bool(name: str, value) -> None:
-    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False`` (a Python or NumPy bool): a
-    string such as ``"no"`` is truthy, and reading it as true would be silent."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}"[:300])
-
-
 def check_static_non_negative_int(name: str, value) -> None:
     """Like ``check_static_int``, allowing 0."""
     _refuse_array(name, value)
@@ -318,40 +321,6 @@ def _refuse_array(name: str, value) -> None:
             f"{name} is a static setting (a Python int fixed when the computation is compiled), "
             f"got an array {value!r}; pass a Python int (inside your own jax.jit, mark it static "
             f"with static_argnames or bind it with functools.partial)")
-
-
-def check_stop_tokens(stop_tokens, num_states: int) -> tuple:
-    """``stop_tokens`` of a run (``decode``, ``exact``): ``None``, an id or a sequence of ids in
-    ``[0, V)``, as a sorted tuple of Python ints (empty for none). They are static: they select
-    the compiled program. A traced array is refused with a message that says so; a concrete
-    array is read."""
-    if stop_tokens is None:
-        return ()
-    if isinstance(stop_tokens, (set, frozenset)):
-        stop_tokens = sorted(stop_tokens)
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(stop_tokens)):
-        raise ValueError(
-            "stop_tokens is a static setting (token ids fixed when the run is compiled), got a "
-            "traced value; pass Python ints, a list or a concrete array")
-    ids = np.asarray(stop_tokens)
-    if ids.ndim > 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)) \
-            or isinstance(stop_tokens, (bool, np.bool_)):
-        raise ValueError(f"stop_tokens must be token ids (an int or a sequence of ints), got "
-                         f"{stop_tokens!r}")
-    ids = ids.reshape(-1)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_states):
-        raise ValueError(f"stop_tokens must be ids in [0, V) = [0, {num_states}), got "
-                         f"{ids.tolist()}")
-    return tuple(sorted({int(i) for i in ids}))
-
-
-def stop_mask(stop_tokens: tuple, num_states: int, dtype=bool):
-    """``(V,)`` mask of ``dtype`` (bool, or 0/1 floats for the exact recursions) at the stop
-    tokens of ``check_stop_tokens``, or ``None`` without any (static: no stop, no work)."""
-    if not stop_tokens:
-        return None
-    mask = jnp.zeros((num_states,), dtype)
-    return mask.at[jnp.asarray(stop_tokens, jnp.int32)].set(jnp.ones((), dtype))
 
 
 def check_position(position, horizon: int) -> None:

@@ -68,20 +68,9 @@ from specjax.decoders.verification import acceptance_probability
 from specjax.decoders.verification import speculative_residual
 from specjax.numerics import safe_ratio
 
-__all__ = [
-    "AdaptiveSpeculative",
-    "ConfidenceThreshold",
-    "DraftState",
-    "EntropyThreshold",
-    "FixedLength",
-    "MAX_PATHS",
-    "POLICIES",
-    "RejectionThreshold",
-    "StoppingPolicy",
-    "StoppingRule",
-    "ThresholdTable",
-    "entropy",
-]
+__all__ = ["AdaptiveSpeculative", "ConfidenceThreshold", "DraftState", "EntropyThreshold",
+           "FixedLength", "MAX_PATHS", "POLICIES", "RejectionThreshold", "StoppingPolicy",
+           "StoppingRule", "ThresholdTable", "entropy"]
 
 MAX_PATHS = 2**22  # largest number of (previous token, drafted path) entries the exact law holds
 

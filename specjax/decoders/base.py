@@ -114,7 +114,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import _checks
 from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder authors
@@ -274,9 +273,9 @@ class TokenwiseDecoder(Decoder):
         del draft, kind
         if not self.probes_laws:
             return
-        from specjax.decoders.probe import probe_laws  # noqa: PLC0415
+        from specjax.decoders.probe import probe_laws, rows_dtype  # noqa: PLC0415
 
-        probe_laws(self, target.num_states, _probe_dtype(target))
+        probe_laws(self, target.num_states, rows_dtype(target))
 
     def laws(self, p, q):
         """``(root, verify)`` ``VerificationLaw``s for draft rows ``p`` and target rows ``q``."""
@@ -321,14 +320,6 @@ class TokenwiseDecoder(Decoder):
             raise ValueError(f"{type(self).__name__} with num_drafts=math.inf drafts infinitely "
                              "many sequences per call: its calls have no finite cost")
         return depth, int(self.num_drafts) * depth + 1
-
-
-def _probe_dtype(model):
-    """The float dtype of a model's rows, read off its first floating leaf (float32 when none)."""
-    for leaf in jax.tree_util.tree_leaves(model):
-        if isinstance(leaf, (jax.Array, np.ndarray)) and jnp.issubdtype(leaf.dtype, jnp.floating):
-            return leaf.dtype
-    return jnp.float32
 
 
 class CallLaw(NamedTuple):

@@ -25,7 +25,7 @@ import numpy as np
 
 from specjax import _checks
 
-__all__ = ["MAX_PROBE_STATES", "probe_decoder", "probe_laws", "probe_rows"]
+__all__ = ["MAX_PROBE_STATES", "probe_decoder", "probe_laws", "probe_rows", "rows_dtype"]
 
 #: The probe rows' vocabulary: the models' ``V``, at most this (a rule's laws do not depend on
 #: ``V``; a multi-draft law's enumeration grows with it).
@@ -52,6 +52,14 @@ def probe_rows(num_states: int, dtype_name: str) -> tuple[np.ndarray, np.ndarray
     p = p / p.sum(-1, keepdims=True)
     q = q / q.sum(-1, keepdims=True)
     return p.astype(dtype_name), q.astype(dtype_name)
+
+
+def rows_dtype(model):
+    """The float dtype of a model's rows, read off its first floating leaf (float32 when none)."""
+    for leaf in jax.tree_util.tree_leaves(model):
+        if isinstance(leaf, (jax.Array, np.ndarray)) and jnp.issubdtype(leaf.dtype, jnp.floating):
+            return leaf.dtype
+    return jnp.float32
 
 
 def _concrete(decoder) -> bool:
