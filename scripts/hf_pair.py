@@ -83,7 +83,7 @@ class Settings:
 
 
 DEFAULT = Settings()
-QUICK = Settings(rollouts=96, horizon=12, max_lookahead=4, fit_runs=600)
+QUICK = Settings(rollouts=64, horizon=12, max_lookahead=4, fit_runs=400)
 
 
 def build_pair(vocab: int, layers: int, width: int, init: float, *, positions: int,

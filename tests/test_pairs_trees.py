@@ -7,7 +7,7 @@ state (``specjax.pairs.trees``).
   ``decoding_time`` and ``engine_metrics`` to 1e-10 in float64, and ``estimate(...,
   cost=ServingCost, batch_size=B)`` equals ``serving_rate``; a chain ``(1, 1)`` equals SD with
   ``K = 2`` from the same recording;
-* Monte Carlo: from 2,000 recorded rollouts of the paper's pair each tree's estimate is within
+* Monte Carlo: from 1,000 recorded rollouts of the paper's pair each tree's estimate is within
   4.5 standard errors of ``exact``; with a stop token (no exact value yet for trees), the ragged
   estimate agrees with ``decode``'s mean calls within 4.5 standard errors of the difference;
 * validation: a recording without rows, and a tree among ``decoders=``, are refused.
@@ -85,7 +85,7 @@ def test_a_chain_is_speculative_decoding(x64):
 
 def test_trees_from_recorded_rollouts_are_within_the_standard_error():
     draft, target = specjax.paper_instance()
-    rec = specjax.record(jax.random.key(3), draft, target, 2000, keep_rows=True)
+    rec = specjax.record(jax.random.key(3), draft, target, 1000, keep_rows=True)
     for tree in (specjax.TokenTree((2, 1)),
                  specjax.TokenTree((3, 2, 1), children="without_replacement"),
                  specjax.TokenTree((4, 2), children="top_k")):
@@ -99,9 +99,9 @@ def test_trees_from_recorded_rollouts_are_within_the_standard_error():
 def test_a_ragged_trees_estimate_agrees_with_decode():
     draft, target = specjax.paper_instance()
     tree = specjax.TokenTree((2, 1))
-    rec = specjax.record(jax.random.key(4), draft, target, 2000, keep_rows=True, stop_tokens=3)
+    rec = specjax.record(jax.random.key(4), draft, target, 1000, keep_rows=True, stop_tokens=3)
     est = specjax.estimate(tree, rec)
-    trace = specjax.decode(jax.random.key(5), tree, draft, target, 4000, stop_tokens=3)
+    trace = specjax.decode(jax.random.key(5), tree, draft, target, 2000, stop_tokens=3)
     calls = np.asarray(trace.num_calls, np.float64)
     se = np.hypot(float(est.expected_calls_se), calls.std(ddof=1) / np.sqrt(calls.size))
     assert abs(float(est.expected_calls) - calls.mean()) < 4.5 * se
