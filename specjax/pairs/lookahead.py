@@ -90,6 +90,16 @@ def filter_at(rejection, root_rejection, k, call_weights, lengths, *, max_lookah
     return weighted
 
 
+def decoder_to_vary(decoder):
+    """``decoder`` (default ``Speculative()``) checked for an estimate from a recording and for
+    a ``lookahead`` to vary."""
+    decoder = Speculative() if decoder is None else decoder
+    check_estimable(decoder)
+    if not decoder.varies_lookahead:
+        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
+    return decoder
+
+
 @functools.partial(jax.jit, static_argnames=("max_lookahead",))
 def _times(rejection, root_rejection, times, lengths, *, max_lookahead: int):
     """``(K_max, B)``: every ``K = 1..K_max``'s expected time of each sequence (one program);
@@ -140,10 +150,7 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a specjax.CostModel, got {cost!r}"[:300])
     _checks.check_static_int("max_lookahead", max_lookahead)
-    decoder = Speculative() if decoder is None else decoder
-    check_estimable(decoder)
-    if not decoder.varies_lookahead:
-        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
+    decoder = decoder_to_vary(decoder)
     horizon = recording.horizon
     kmax = min(max_lookahead, horizon)
     root, inside = rates(decoder, recording)
@@ -238,23 +245,16 @@ def batch_lookahead(recording: Recording, cost, *, batch_size, max_lookahead: in
     from specjax.pairs.serving import goodput_influence  # noqa: PLC0415
     from specjax.pairs.serving import slot_means  # noqa: PLC0415
     from specjax.theory.serving import ServingCost  # noqa: PLC0415
+    from specjax.theory.serving import batch_sizes  # noqa: PLC0415
     from specjax.theory.serving import check_tables  # noqa: PLC0415
     from specjax.theory.cost import call_works  # noqa: PLC0415
 
     check_recording(recording)
     if not isinstance(cost, ServingCost):
         raise ValueError(f"cost must be a specjax.ServingCost, got {cost!r}"[:300])
-    many = not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
-    sizes = tuple(batch_size) if many else (batch_size,)
-    if not sizes:
-        raise ValueError("batch_size must be a positive int or a non-empty sequence of them")
-    for size in sizes:
-        _checks.check_static_int("batch_size", size)
+    sizes, many = batch_sizes(batch_size)
     _checks.check_static_non_negative_int("max_lookahead", max_lookahead)
-    decoder = Speculative() if decoder is None else decoder
-    check_estimable(decoder)
-    if not decoder.varies_lookahead:
-        raise ValueError(f"decoder must have a lookahead to vary, got {type(decoder).__name__}")
+    decoder = decoder_to_vary(decoder)
     horizon = recording.horizon
     decoders = [Autoregressive()] + [decoder.with_lookahead(k)
                                      for k in range(1, min(max_lookahead, horizon) + 1)]
@@ -271,7 +271,7 @@ def batch_lookahead(recording: Recording, cost, *, batch_size, max_lookahead: in
             influences.append(np.asarray(influence, np.float64))
         weights = np.asarray(means[0][1], np.float64)
         rates = np.asarray(values)
-        ses = np.asarray([_mean_se(x, weights)[1] + 0.0 for x in influences])
+        ses = np.asarray([_mean_se(x, weights)[1] for x in influences])
         order = np.argsort(-rates, kind="stable")  # most goodput first, ties to the smaller K
         best = int(order[0])
         second = int(order[1]) if len(order) > 1 else -1

@@ -73,14 +73,7 @@ def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, fil
     per_sequence, weights, passes, scored = slot_means(decoder, recording, filtered)
     value, baseline, influence = goodput_influence(per_sequence, weights, passes, scored, cost,
                                                    batch_size)
-    se = _weighted_se(influence, weights)
+    from specjax.pairs.estimate import weighted_mean_se  # noqa: PLC0415 (estimate imports this)
+
+    se = weighted_mean_se(influence[:, None], weights)[1][0]  # of the linearised goodput
     return value, se, value / baseline, se / baseline
-
-
-def _weighted_se(centred, weights):
-    """The standard error of a weighted mean of values whose weighted mean is 0 (``centred``),
-    as ``weighted_mean_se``'s: ``sqrt(B / (B - 1) sum (w v)^2) / sum w``; NaN for one value."""
-    count = centred.shape[0]
-    if count < 2:
-        return jnp.full((), jnp.nan, centred.dtype)
-    return jnp.sqrt(count / (count - 1) * jnp.sum((weights * centred) ** 2)) / jnp.sum(weights)

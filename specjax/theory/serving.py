@@ -65,7 +65,7 @@ from specjax.theory.values import exact
 
 __all__ = ["H100_KNEE", "ServingCost", "roofline", "ServingRate", "SlotWork", "slot_work",
            "stationary_slot_work", "serving_rate", "MAX_STEP_WORK", "convolution_work",
-           "check_tables", "goodput", "DraftAllocation", "step_time", "allocate_drafts",
+           "check_tables", "batch_sizes", "goodput", "DraftAllocation", "step_time", "allocate_drafts",
            "BatchPolicy", "batch_lookahead", "threshold_decoder", "request_policy"]
 
 
@@ -351,7 +351,9 @@ def _fixed(k: int):
     return Autoregressive() if k == 0 else Speculative(lookahead=k)
 
 
-def _batch_sizes(batch_size) -> tuple[tuple[int, ...], bool]:
+def batch_sizes(batch_size) -> tuple[tuple[int, ...], bool]:
+    """``(sizes, many)``: ``batch_size`` (a positive int or a non-empty sequence of them) as a
+    tuple of ints, and whether a sequence was given."""
     many = not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool)
     sizes = tuple(batch_size) if many else (batch_size,)
     if not sizes:
@@ -389,7 +391,7 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
       (3, 1, 0)
     """
     _check_serving_cost(cost)
-    sizes, many = _batch_sizes(batch_size)
+    sizes, many = batch_sizes(batch_size)
     _checks.check_static_non_negative_int("max_lookahead", max_lookahead)  # 0: SD off only
     for k in range(max_lookahead + 1):  # tables too short raise before any work
         check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
@@ -427,7 +429,7 @@ def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahea
       >>> bool(best.tokens_per_time >= best.fixed_rates.max())
       True
     """
-    sizes, many = _batch_sizes(batch_size)
+    sizes, many = batch_sizes(batch_size)
     prices = np.linspace(0.04, 0.96, 24) if prices is None else np.asarray(prices, np.float64)
     if prices.ndim != 1 or not ((prices >= 0) & (prices <= 1)).all():
         raise ValueError(f"prices must be a 1-D array of numbers in [0, 1], got {prices!r}")
