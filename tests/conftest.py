@@ -2,6 +2,7 @@
 
 import atexit
 import gc
+import itertools
 import os
 import pathlib
 import subprocess
@@ -423,3 +424,19 @@ def stationary_pair(seed, num_states, horizon=40, concentration=1.0):
     p = rng.dirichlet(np.full(num_states, concentration), size=num_states)
     q = rng.dirichlet(np.full(num_states, concentration), size=num_states)
     return p, q, lift(p, horizon), lift(q, horizon)
+
+
+def every_sequence(init, p, q):
+    """``(seqs, weights, p_rows, q_rows)``: every sequence ``x_0..x_T`` of a draft/target pair of
+    Markov chains (``init (V,)``, rows ``p``, ``q`` ``(T, V, V)``, NumPy), its target
+    probability, and both chains' rows along it ``(V**(T+1), T, V)``: a recording whose weighted
+    estimates are exact."""
+    horizon, num_states = p.shape[0], p.shape[-1]
+    seqs = np.array(list(itertools.product(range(num_states), repeat=horizon + 1)))
+    weights = np.asarray(init)[seqs[:, 0]].astype(np.float64)
+    p_rows = np.zeros((len(seqs), horizon, num_states))
+    q_rows = np.zeros((len(seqs), horizon, num_states))
+    for n in range(horizon):
+        weights *= q[n, seqs[:, n], seqs[:, n + 1]]
+        p_rows[:, n], q_rows[:, n] = p[n, seqs[:, n]], q[n, seqs[:, n]]
+    return seqs, weights, p_rows, q_rows

@@ -12,7 +12,6 @@ time with its standard error, and the paired difference to the runner-up.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import jax
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 
 import specjax
 from conftest import programs_compiled
+from conftest import every_sequence
 from specjax.pairs import Recording
 
 V, T = 3, 4
@@ -32,12 +32,7 @@ def _enumerated():
     p = rng.dirichlet(np.ones(V), size=(T, V))
     q = rng.dirichlet(np.ones(V), size=(T, V))
     p[2, 1] = q[2, 1]
-    seqs = np.array(list(itertools.product(range(V), repeat=T + 1)))
-    weights = init[seqs[:, 0]].copy()
-    p_rows, q_rows = np.zeros((len(seqs), T, V)), np.zeros((len(seqs), T, V))
-    for n in range(T):
-        weights *= q[n, seqs[:, n], seqs[:, n + 1]]
-        p_rows[:, n], q_rows[:, n] = p[n, seqs[:, n]], q[n, seqs[:, n]]
+    seqs, weights, p_rows, q_rows = every_sequence(init, p, q)
     return (specjax.MarkovChain(init, p), specjax.MarkovChain(init, q)), seqs, weights, \
         p_rows, q_rows
 

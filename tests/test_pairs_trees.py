@@ -15,13 +15,13 @@ state (``specjax.pairs.trees``).
 
 from __future__ import annotations
 
-import itertools
 
 import jax
 import numpy as np
 import pytest
 
 import specjax
+from conftest import every_sequence
 from specjax.pairs import Recording
 
 V, T = 3, 4
@@ -43,12 +43,7 @@ def _enumerated():
     q[1, 2] = [0.0, 0.3, 0.7]
     p[1, 2] = [1.0, 0.0, 0.0]  # disjoint supports
     p[2, 0] = q[2, 0]  # p = q
-    seqs = np.array(list(itertools.product(range(V), repeat=T + 1)))
-    weights = init[seqs[:, 0]].copy()
-    p_rows, q_rows = np.zeros((len(seqs), T, V)), np.zeros((len(seqs), T, V))
-    for n in range(T):
-        weights *= q[n, seqs[:, n], seqs[:, n + 1]]
-        p_rows[:, n], q_rows[:, n] = p[n, seqs[:, n]], q[n, seqs[:, n]]
+    seqs, weights, p_rows, q_rows = every_sequence(init, p, q)
     models = specjax.MarkovChain(init, p), specjax.MarkovChain(init, q)
     return models, Recording.from_arrays(seqs, p_rows, q_rows, weights=weights)
 
