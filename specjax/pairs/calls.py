@@ -46,6 +46,7 @@ __all__ = [
     "check_rates",
     "checked_rates",
     "expected_call_time",
+    "live_positions",
     "phase_filter",
     "rejection_rate",
     "resolve_lookahead",
@@ -117,31 +118,43 @@ def resolve_lookahead(lookahead, horizon: int) -> int:
     return min(lookahead, horizon)
 
 
-def phase_filter(rejection, root_rejection, lookahead: int, call_weights, lengths=None):
-    """The filter itself, for a static ``K = lookahead`` (``0 <= K <= T``).
+def live_positions(lengths, horizon: int, batch: int, dtype):
+    """``(T, B)`` 1 where position ``t < lengths[b]`` holds an emitted token, 0 on padding (all
+    ones without ``lengths``): the filters' mask of ragged requests."""
+    if lengths is None:
+        return jnp.ones((horizon, batch), dtype)
+    return (jnp.arange(horizon)[:, None] < jnp.asarray(lengths)[None]).astype(dtype)
+
+
+def phase_filter(rejection, root_rejection, lookahead: int, call_weights, lengths=None, k=None):
+    """The filter itself, for a static ``K = lookahead`` (``0 <= K <= T``), or for a traced
+    ``k <= lookahead`` (``specjax.pairs.lookahead`` runs every ``K`` in one program): phases
+    ``j < k`` draft, phase ``k`` is the bonus token, the phases above ``k`` stay empty.
 
     Args:
       rejection: ``(B, T)`` rates at non-root drafted positions.
       root_rejection: ``(B, T)`` rates at a call's first drafted position.
-      lookahead: static ``K``.
+      lookahead: static ``K`` (with ``k``, the largest ``K``: the phase vector's size).
       call_weights: ``(T, W)`` per-position weights of a call start (a column of ones counts
         calls; a column of depths counts drafted levels; a column of call times gives time).
       lengths: ``(B,)`` ints or ``None``: sequence ``b`` ends after ``lengths[b]`` emitted
         tokens (an end-of-sequence token): its later positions are padding, never read, and
         open no call (whatever phase the last token left).
+      k: ``None`` (``K = lookahead``) or a traced ``K``.
 
     Returns:
-      ``(rejections (B,), weighted_calls (B, W), accepted_at (B, K))``.
+      ``(rejections (B,), weighted_calls (B, W), accepted_at (B, lookahead))``.
     """
     batch, horizon = rejection.shape
-    k = lookahead
+    kmax = lookahead
+    k = kmax if k is None else k
     dtype = rejection.dtype
     call_weights = jnp.asarray(call_weights, dtype)
-    is_root = (jnp.arange(k) == 0)[None]  # (1, K)
-    if lengths is None:
-        live = jnp.ones((horizon, batch), dtype)
-    else:
-        live = (jnp.arange(horizon)[:, None] < jnp.asarray(lengths)[None]).astype(dtype)
+    phases = jnp.arange(kmax)
+    is_root = (phases == 0)[None]  # (1, K)
+    drafting = (phases < k)[None]  # (1, K): all phases for a static K
+    bonus = (jnp.arange(kmax + 1) == k)[None]  # (1, K + 1)
+    live = live_positions(lengths, horizon, batch, dtype)
     # Padding may hold anything: its rates are replaced before they meet a product.
     rejection = jnp.where(live.T > 0, rejection, 0)
     root_rejection = jnp.where(live.T > 0, root_rejection, 0)
@@ -150,17 +163,18 @@ def phase_filter(rejection, root_rejection, lookahead: int, call_weights, length
         alpha, rejected, weighted, accepted = carry
         r, root_r, weight, on = inputs  # (B,), (B,), (W,), (B,)
         rate = jnp.where(is_root, root_r[:, None], r[:, None])  # (B, K)
-        drafted = alpha[:, :k]
+        drafted = jnp.where(drafting, alpha[:, :kmax], 0)
         rej = drafted * rate * on[:, None]
         acc = (drafted - rej) * on[:, None]  # phase j accepted: phase j + 1 next
-        start = jnp.sum(rej, axis=-1) + alpha[:, k] * on  # a rejection or a bonus opens a call
+        # A rejection or the bonus (phase k) opens a call at the next position.
+        start = jnp.sum(rej, axis=-1) + jnp.sum(jnp.where(bonus, alpha, 0), axis=-1) * on
         new_alpha = jnp.concatenate([start[:, None], acc], axis=-1)
         weighted = weighted + (alpha[:, :1] * on[:, None]) * weight[None]
         return (new_alpha, rejected + jnp.sum(rej, axis=-1), weighted, accepted + acc), None
 
-    alpha0 = jnp.zeros((batch, k + 1), dtype).at[:, 0].set(1)
+    alpha0 = jnp.zeros((batch, kmax + 1), dtype).at[:, 0].set(1)
     carry = (alpha0, jnp.zeros((batch,), dtype),
-             jnp.zeros((batch, call_weights.shape[-1]), dtype), jnp.zeros((batch, k), dtype))
+             jnp.zeros((batch, call_weights.shape[-1]), dtype), jnp.zeros((batch, kmax), dtype))
     (_, rejections, weighted, accepted_at), _ = jax.lax.scan(
         step, carry, (rejection.T, root_rejection.T, call_weights, live))
     return rejections, weighted, accepted_at

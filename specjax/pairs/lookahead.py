@@ -1,11 +1,11 @@
 """The best fixed lookahead from a recording, with standard errors: every ``K`` in one program.
 
-The phase filter (``specjax.pairs.calls``) is written for a static ``K``: its phase vector has
-``K + 1`` entries. Here the phase vector has ``K_max + 1`` entries and ``K`` is a traced number:
-phases ``j < K`` draft, phase ``K`` is the bonus token that opens the next call, and the phases
-above ``K`` stay empty. ``jax.vmap`` over ``K = 1..K_max`` then gives every lookahead's exact
-conditional expected time of every recorded sequence in one compiled program (one per
-``K_max`` and recording shape, where ``estimate`` at each ``K`` compiled one per ``K``).
+The phase filter (``specjax.pairs.calls.phase_filter``) takes a traced ``K`` over a phase vector
+of ``K_max + 1`` entries: phases ``j < K`` draft, phase ``K`` is the bonus token that opens the
+next call, and the phases above ``K`` stay empty. ``jax.vmap`` over ``K = 1..K_max`` then gives
+every lookahead's exact conditional expected time of every recorded sequence in one compiled
+program (one per ``K_max`` and recording shape, where ``estimate`` at each ``K`` compiled one per
+``K``).
 
 Each ``K``'s time is a (weighted) mean over the same sequences, so the difference between two
 lookaheads is a mean of per-sequence differences: its standard error (``difference_se``) is
@@ -23,6 +23,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.decoders.speculative import Speculative
+from specjax.pairs.calls import phase_filter
 from specjax.pairs.estimate import autoregressive_times
 from specjax.pairs.estimate import call_columns
 from specjax.pairs.estimate import check_recording
@@ -56,40 +57,6 @@ class LookaheadEstimate(NamedTuple):
     difference_se: float
 
 
-def filter_at(rejection, root_rejection, k, call_weights, lengths, *, max_lookahead: int):
-    """``weighted`` ``(B, W)`` of the phase filter at a traced lookahead ``k``
-    (``1 <= k <= max_lookahead``; module docstring), with ``call_weights`` ``(T, W)``."""
-    batch, horizon = rejection.shape
-    kmax = max_lookahead
-    dtype = rejection.dtype
-    phases = jnp.arange(kmax)
-    drafting = (phases < k)[None]  # (1, K_max)
-    bonus = (jnp.arange(kmax + 1) == k)[None]  # (1, K_max + 1)
-    if lengths is None:
-        live = jnp.ones((horizon, batch), dtype)
-    else:
-        live = (jnp.arange(horizon)[:, None] < lengths[None]).astype(dtype)
-    rejection = jnp.where(live.T > 0, rejection, 0)
-    root_rejection = jnp.where(live.T > 0, root_rejection, 0)
-
-    def step(carry, inputs):
-        alpha, weighted = carry
-        r, root_r, weight, on = inputs
-        rate = jnp.where(phases[None] == 0, root_r[:, None], r[:, None])
-        drafted = jnp.where(drafting, alpha[:, :kmax], 0)
-        rej = drafted * rate * on[:, None]
-        acc = (drafted - rej) * on[:, None]
-        start = jnp.sum(rej, axis=-1) + jnp.sum(jnp.where(bonus, alpha, 0), axis=-1) * on
-        weighted = weighted + (alpha[:, :1] * on[:, None]) * weight[None]
-        return (jnp.concatenate([start[:, None], acc], axis=-1), weighted), None
-
-    alpha0 = jnp.zeros((batch, kmax + 1), dtype).at[:, 0].set(1)
-    carry = (alpha0, jnp.zeros((batch, call_weights.shape[-1]), dtype))
-    (_, weighted), _ = jax.lax.scan(step, carry,
-                                    (rejection.T, root_rejection.T, call_weights, live))
-    return weighted
-
-
 def decoder_to_vary(decoder):
     """``decoder`` (default ``Speculative()``) checked for an estimate from a recording and for
     a ``lookahead`` to vary."""
@@ -107,9 +74,12 @@ def _times(rejection, root_rejection, times, lengths, *, max_lookahead: int):
     dtype = jnp.result_type(rejection.dtype, root_rejection.dtype, times.dtype)
     rejection, root_rejection = rejection.astype(dtype), root_rejection.astype(dtype)
     ks = jnp.arange(1, max_lookahead + 1)
-    run = functools.partial(filter_at, max_lookahead=max_lookahead)
-    return jax.vmap(lambda k, t: run(rejection, root_rejection, k, t[:, None], lengths)[:, 0])(
-        ks, times)
+
+    def one(k, call_times):  # the phase filter at a traced K (phases past it stay empty)
+        return phase_filter(rejection, root_rejection, max_lookahead, call_times[:, None],
+                            lengths, k=k)[1][:, 0]
+
+    return jax.vmap(one)(ks, times)
 
 
 def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,

@@ -34,6 +34,7 @@ import numpy as np
 
 from specjax.decoders.tree import stage_laws
 from specjax.numerics import safe_ratio
+from specjax.pairs.calls import live_positions
 from specjax.pairs.recording import probs_at
 from specjax.pairs.recording import rows_chunk
 
@@ -77,10 +78,7 @@ def _tree_filter(p, q, tokens, columns, lengths, *, children, parents, num_child
     internal = jnp.asarray(np.asarray(num_children) > 0, dtype)
     depth = jnp.asarray(depths)
     parent_index = jnp.asarray(np.maximum(np.asarray(parents), 0))
-    if lengths is None:
-        live = jnp.ones((horizon, batch), dtype)
-    else:
-        live = (jnp.arange(horizon)[:, None] < lengths[None]).astype(dtype)
+    live = live_positions(lengths, horizon, batch, dtype)
     max_depth = int(max(depths))
     at_depth = (depth[:, None] == jnp.arange(1, max_depth + 1)[None]).astype(dtype)  # (N, D)
 
