@@ -1,6 +1,11 @@
 """Models: Markov chains (the paper's setting) and any autoregressive model (n-grams, finite-state models, the protocol),
 and history-dependent processing (penalties, grammar masks) as finite-state models."""
 
+# The protocol's base classes first: every model's module imports them.
+from specjax.models.base import Model
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
+from specjax.models.base import as_model
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import paper_instance
 from specjax.models.markov import random_markov_chain
@@ -33,9 +38,13 @@ __all__ = [
     "Grammar",
     "MAX_TABLE_SIZE",
     "MarkovChain",
+    "Model",
+    "ModelKind",
     "NGramModel",
     "Penalties",
+    "ProtocolModel",
     "apply_penalties",
+    "as_model",
     "constrain",
     "greedy_draft",
     "is_autoregressive_model",

@@ -14,7 +14,9 @@ Python branching on values); the engines ``vmap`` them over chains. Optional mem
 one evaluation for ``decode(..., batched_scoring=True)`` (``probs_block`` below). A decoded sequence is
 ``x_0..x_T``: ``x_0`` (the prompt) is drawn from the *target*'s ``probs(init_state())``, as
 ``MarkovChain.init``, then ``x_1..x_T`` are decoded, and both draft and target update on every
-emitted token. ``AutoregressiveModel`` is the protocol as a ``typing.Protocol``.
+emitted token. ``AutoregressiveModel`` is the protocol as a ``typing.Protocol`` (for type
+checkers); ``specjax.models.base`` declares it as base classes, every member with its default,
+and ``as_model`` reads a user's object against it (the one place that does).
 
 **Models of the protocol**, each in its module (and importable from this one too):
 
@@ -42,7 +44,11 @@ from typing import Protocol
 from typing import runtime_checkable
 
 import jax
-import jax.numpy as jnp
+
+from specjax.models.base import ProtocolModel
+from specjax.models.base import as_model
+from specjax.models.base import model_view
+from specjax.models.base import scan_rows  # noqa: F401 - served from here too
 
 #: Largest table (``S * V`` entries, contexts times tokens) an n-gram or a lifted state space may
 #: have: 2**26 entries is 256 MiB in float32, and keeps every index ``c V + x`` within int32.
@@ -72,10 +78,12 @@ class AutoregressiveModel(Protocol):
 
 
 def is_autoregressive_model(obj) -> bool:
-    """True when ``obj`` has the protocol's members (``num_states``, ``init_state``, ``probs``,
-    ``update``); ``MarkovChain``, which keeps its own position-indexed fast path, has not."""
-    return isinstance(obj, AutoregressiveModel) and not isinstance(obj, type) and all(
-        callable(getattr(obj, name)) for name in ("init_state", "probs", "update"))
+    """True when ``obj`` is a model of the protocol with ``probs`` (``num_states``,
+    ``init_state``, ``probs``, ``update``; ``specjax.models.base.model_view``); ``MarkovChain``,
+    which keeps its own position-indexed fast path, is not. A model that gives ``logits`` alone
+    is one after ``specjax.models.process_model``."""
+    view = model_view(obj)
+    return isinstance(view, ProtocolModel) and view.has_probs
 
 
 def probs_block(model, state, tokens) -> jax.Array:
@@ -85,22 +93,10 @@ def probs_block(model, state, tokens) -> jax.Array:
     batched evaluation of the ``K`` drafted positions and the one after them. A model that can
     score a block at once defines ``probs_block(state, tokens)`` with that meaning (an optional
     member of the protocol; ``decode(..., batched_scoring=True)`` calls it once per call);
-    otherwise the rows come from a scan of ``probs`` and ``update``.
+    otherwise the rows come from a scan of ``probs`` and ``update``
+    (``specjax.models.base.ProtocolModel.probs_block``).
     """
-    own = getattr(model, "probs_block", None)
-    if callable(own):
-        return own(state, tokens)
-    return scan_rows(model.probs, model.update, state, tokens)
-
-
-def scan_rows(row, update, state, tokens) -> jax.Array:
-    """``(K + 1, ...)``: ``row(state)`` after each prefix of ``tokens``, one position at a time."""
-
-    def step(s, x):
-        return update(s, x), row(s)
-
-    last, rows = jax.lax.scan(step, state, tokens)
-    return jnp.concatenate([rows, row(last)[None]], axis=0)
+    return as_model(model).probs_block(state, tokens)
 
 
 def check_table_size(name: str, contexts: int, num_states: int) -> None:

@@ -1,8 +1,10 @@
 """Validation of models: the autoregressive-model protocol, finite-state pairs, and model kinds.
 
-Every entry point classifies its models with ``model_kind`` before any work: ``"markov"`` (two
-``MarkovChain``s), ``"finite_state"`` (two ``FiniteStateModel``s on one state space) or
-``"protocol"`` (any other models of the protocol), and refuses mixtures with a ``ValueError``.
+Every entry point classifies its models with ``model_kind`` before any work, from the ``kind``
+each model declares (``specjax.models.base``): ``ModelKind.MARKOV`` (two ``MarkovChain``s),
+``ModelKind.FINITE_STATE`` (two ``FiniteStateModel``s on one state space) or
+``ModelKind.PROTOCOL`` (any other models of the protocol), and refuses mixtures with a
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
+from specjax.models.base import as_model
+from specjax.models.base import model_view
 from specjax.models.finite_state import FiniteStateModel
-from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_pair
 
 __all__ = [
@@ -34,7 +38,8 @@ __all__ = [
 def _check_protocol_model(name: str, model) -> None:
     """Raise ``ValueError`` unless ``model`` follows the protocol: a JAX pytree whose
     ``probs(init_state())`` is a float ``(V,)`` law (values checked when concrete)."""
-    if not is_autoregressive_model(model):
+    view = as_model(model, name)  # names the members a user's object lacks
+    if not isinstance(view, ProtocolModel):
         raise ValueError(
             f"{name} must be a specjax.MarkovChain or an autoregressive model (num_states, "
             f"init_state(), probs(state), update(state, token); see specjax.models), got "
@@ -45,10 +50,14 @@ def _check_protocol_model(name: str, model) -> None:
             f"{name} must be a JAX pytree (e.g. a class registered with "
             f"jax.tree_util.register_pytree_node_class, arrays as leaves), got an unregistered "
             f"{type(model).__name__}")
-    num_states = model.num_states
-    _checks.check_positive_int(f"{name}.num_states", num_states)
     try:
-        row = jax.eval_shape(lambda m: m.probs(m.init_state()), model)
+        num_states = model.num_states
+    except Exception as error:  # a user's model: report what failed, naming the argument
+        raise ValueError(f"{name}.num_states failed: {error}") from error
+    _checks.check_positive_int(f"{name}.num_states", num_states)
+    rows_of = model if view.has_probs else view  # a model that gives logits alone: softmax
+    try:
+        row = jax.eval_shape(lambda m: m.probs(m.init_state()), rows_of)
     except Exception as error:  # a user's model: report what failed, naming the argument
         raise ValueError(f"{name}.probs(init_state()) failed: {error}") from error
     if row.shape != (num_states,) or not jnp.issubdtype(row.dtype, jnp.floating):
@@ -57,7 +66,7 @@ def _check_protocol_model(name: str, model) -> None:
             f"({num_states},), got shape {row.shape} and dtype {row.dtype}")
     if all(_checks.is_concrete(leaf) for leaf in leaves):
         try:
-            rows = probe_rows(model)
+            rows = probe_rows(rows_of)
         except Exception as error:  # a user's model: report what failed, naming the argument
             raise ValueError(f"{name}: evaluating probs(update(state, token)) on a few states "
                              f"reached from init_state() failed: {error}") from error
@@ -115,10 +124,9 @@ def check_models(draft, target) -> None:
 
 
 def model_dtype(model):
-    """The float dtype of a model's probabilities (a ``MarkovChain``'s, or the protocol's)."""
-    if hasattr(model, "trans"):
-        return model.trans.dtype
-    return model.probs(model.init_state()).dtype
+    """The float dtype of a model's probabilities (its declared ``dtype``:
+    ``specjax.models.base.Model``)."""
+    return as_model(model).dtype
 
 
 def check_shared_states(draft, target) -> None:
@@ -141,31 +149,38 @@ def check_shared_states(draft, target) -> None:
                          "lift both to one context length, e.g. as_finite_state(3)")
 
 
-def model_kind(draft, target, *, allow_no_draft: bool = False) -> str:
-    """Validates a pair of models and returns its kind: ``"markov"``, ``"finite_state"`` or
-    ``"protocol"``. With ``allow_no_draft`` (autoregressive decoding) ``draft`` may be ``None``
-    and the target is validated alone."""
+def _kind(model) -> ModelKind | None:
+    """The ``kind`` a model declares (a user's object of the protocol: ``PROTOCOL``); ``None``
+    for what is not a model."""
+    view = model_view(model)
+    return None if view is None else view.kind
+
+
+def model_kind(draft, target, *, allow_no_draft: bool = False) -> ModelKind:
+    """Validates a pair of models and returns its kind (a ``ModelKind``, equal to its name):
+    ``"markov"``, ``"finite_state"`` or ``"protocol"``. With ``allow_no_draft`` (autoregressive
+    decoding) ``draft`` may be ``None`` and the target is validated alone."""
     if draft is None and allow_no_draft:
         draft = target
-    if isinstance(draft, MarkovChain) or isinstance(target, MarkovChain):
-        other = target if isinstance(draft, MarkovChain) else draft
-        if not isinstance(other, MarkovChain) and is_autoregressive_model(other):
+    kinds = (_kind(draft), _kind(target))
+    if ModelKind.MARKOV in kinds:
+        if any(kind not in (ModelKind.MARKOV, None) for kind in kinds):
             raise ValueError("draft and target must both be MarkovChains or both other "
                              "autoregressive models (lift a MarkovChain with "
                              "specjax.FiniteStateModel.from_markov_chain)")
         check_pair(draft, target)  # names a non-model argument
-        return "markov"
-    if isinstance(draft, FiniteStateModel) and isinstance(target, FiniteStateModel):
+        return ModelKind.MARKOV
+    if kinds == (ModelKind.FINITE_STATE, ModelKind.FINITE_STATE):
         check_shared_states(draft, target)
-        return "finite_state"
+        return ModelKind.FINITE_STATE
     check_models(draft, target)
-    return "protocol"
+    return ModelKind.PROTOCOL
 
 
 def check_horizon(kind: str, target, horizon) -> int:
     """``T`` of a run on models of ``kind``: a ``MarkovChain`` carries its own (``horizon`` must
     then be ``None`` or equal), any other model needs it given."""
-    if kind == "markov":
+    if kind == ModelKind.MARKOV:
         _checks.check_positive_int("horizon", horizon, allow_none=True)
         if horizon is not None and horizon != target.horizon:
             raise ValueError(f"horizon is the chains' own T = {target.horizon} for MarkovChain "

@@ -5,6 +5,7 @@ next-token law per state (the view the exact theory needs; n-grams and Markov ch
 from __future__ import annotations
 
 import numbers
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,12 +15,14 @@ from specjax import _checks
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.autoregressive import check_table_size
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import check_chain
 
 
 @pytree_dataclass(init_on_unflatten=False)
-class FiniteStateModel:
+class FiniteStateModel(ProtocolModel):
     """A model with ``S`` integer states: ``x ~ table[s]``, then ``s <- next_state[s, x]``.
 
     The exact theory needs this view (``specjax.theory.finite_state`` propagates the law of the state). The
@@ -37,6 +40,8 @@ class FiniteStateModel:
     (``specjax._pytree.pytree_dataclass``); construction validates (values when concrete),
     unflattening does not.
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.FINITE_STATE
 
     start: int
     next_state: jax.Array = array_field()
@@ -82,6 +87,11 @@ class FiniteStateModel:
     def num_contexts(self) -> int:
         """``S``."""
         return self.table.shape[-2]
+
+    @property
+    def dtype(self):
+        """The dtype of the probabilities (``table``'s)."""
+        return self.table.dtype
 
     def init_state(self) -> jax.Array:
         return jnp.asarray(self.start, jnp.int32)

@@ -5,11 +5,15 @@ table of its own.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
 from specjax.models.finite_state import FiniteStateModel
 from specjax.models.markov import MarkovChain
 from specjax.models.markov import greedy_chain as _greedy_chain
@@ -18,12 +22,14 @@ from specjax.models.ngram import NGramModel
 
 
 @pytree_dataclass(init_on_unflatten=False)
-class GreedyModel:
+class GreedyModel(ProtocolModel):
     """Any protocol model made deterministic: ``probs`` is one-hot at the wrapped model's argmax
     (ties to the lowest index); states and updates are the wrapped model's.
 
     A frozen dataclass and a pytree whose child is the wrapped model (its leaves are this
     model's leaves)."""
+
+    kind: ClassVar[ModelKind] = ModelKind.PROTOCOL
 
     model: object = array_field()
 

@@ -28,6 +28,7 @@ A processed row is renormalised over the kept tokens (softmax of the masked logi
 from __future__ import annotations
 
 from typing import Any
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,10 @@ import numpy as np
 from specjax import _checks
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
-from specjax.models.autoregressive import scan_rows
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
+from specjax.models.base import as_model
+from specjax.models.base import model_view
 from specjax.models.finite_state import FiniteStateModel
 from specjax.models.markov import MarkovChain
 from specjax.models.ngram import NGramModel
@@ -187,7 +191,7 @@ def process_chain(chain: MarkovChain, *, temperature=1.0, top_k: int | None = No
 
 
 @pytree_dataclass
-class ProcessedModel:
+class ProcessedModel(ProtocolModel):
     """A protocol model whose rows are processed as an engine processes logits.
 
     ``probs(state)`` is ``process_logits(logits, ...)`` of ``model.logits(state)`` when the model
@@ -201,6 +205,8 @@ class ProcessedModel:
       top_k: static int or ``None``.
       order: ``"vllm"`` or ``"huggingface"`` (static).
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.PROTOCOL
 
     model: Any = array_field()
     temperature: Any = array_field(default=1.0)
@@ -221,9 +227,7 @@ class ProcessedModel:
 
     def logits(self, state):
         """The wrapped model's logits in ``state`` (``log probs`` for a probability model)."""
-        if hasattr(self.model, "logits"):
-            return self.model.logits(state)
-        return jnp.log(self.model.probs(state))
+        return as_model(self.model).logits(state)
 
     def _process(self, logits):
         """``process_logits`` of one row of logits with this model's settings."""
@@ -236,14 +240,9 @@ class ProcessedModel:
     def probs_block(self, state, tokens):
         """``(K + 1, V)`` processed rows after each prefix of ``tokens`` (batched scoring): from
         the wrapped model's ``logits_block(state, tokens)`` or ``probs_block`` when it has one,
-        else from a scan of ``logits`` and ``update``."""
-        if callable(getattr(self.model, "logits_block", None)):
-            logits = self.model.logits_block(state, tokens)
-        elif callable(getattr(self.model, "probs_block", None)):
-            logits = jnp.log(self.model.probs_block(state, tokens))
-        else:
-            logits = scan_rows(self.logits, self.update, state, tokens)
-        return jax.vmap(self._process)(logits)
+        else from a scan of ``logits`` and ``update`` (the wrapped model's ``logits_block``:
+        ``specjax.models.base.ProtocolModel.logits_block``)."""
+        return jax.vmap(self._process)(as_model(self.model).logits_block(state, tokens))
 
 
 def as_probability_model(model):
@@ -251,8 +250,8 @@ def as_probability_model(model):
     model (``ProcessedModel``: softmax of its logits); any other value unchanged. ``decode`` and
     ``decoding_statistics`` call it on both models, so a neural model need not compute a softmax
     itself."""
-    if callable(getattr(model, "logits", None)) and not callable(getattr(model, "probs", None)) \
-            and not isinstance(model, type):
+    view = model_view(model)
+    if isinstance(view, ProtocolModel) and not view.has_probs:
         return ProcessedModel(model=model)
     return model
 
@@ -282,11 +281,6 @@ def process_model(model, *, temperature=1.0, top_k: int | None = None, top_p=Non
                                 process_logits(jnp.log(model.table), **settings))
     if isinstance(model, NGramModel):
         return NGramModel(process_logits(jnp.log(model.table), **settings), model.order)
-    has_rows = callable(getattr(model, "logits", None)) or callable(getattr(model, "probs", None))
-    if not (has_rows and callable(getattr(model, "init_state", None))
-            and callable(getattr(model, "update", None)) and hasattr(model, "num_states")):
-        raise ValueError(f"model must be a MarkovChain or an autoregressive model (num_states, "
-                         f"init_state(), logits(state) or probs(state), update(state, token)), "
-                         f"got {type(model).__name__}")
+    as_model(model, "model")  # names the members a model of the protocol lacks
     _check_settings(temperature, top_k, top_p, min_p, order)
     return ProcessedModel(model, temperature, top_p, min_p, top_k=top_k, order=order)

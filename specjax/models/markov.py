@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,8 @@ from specjax import _checks
 from specjax import _memory
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
+from specjax.models.base import Model
+from specjax.models.base import ModelKind
 from specjax.models.random_chains import _blocked_draw_supported
 from specjax.models.random_chains import _dirichlet_rows
 from specjax.models.random_chains import _draw_block  # noqa: F401 - read by the tests
@@ -27,7 +30,7 @@ __all__ = ["MarkovChain", "check_chain", "check_pair", "check_values", "greedy_c
 
 
 @pytree_dataclass(init_on_unflatten=False)
-class MarkovChain:
+class MarkovChain(Model):
     """A non-stationary Markov chain over ``V`` tokens with horizon ``T``.
 
     Attributes:
@@ -48,6 +51,12 @@ class MarkovChain:
       >>> chain.num_states, chain.horizon
       (2, 3)
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.MARKOV
+    #: Whether construction checked the values: set on a constructed chain; a chain unflattened
+    #: from arrays (a batch, a transformation's output, ``tree_unflatten``) has this default and
+    #: is checked by the entry points instead (``check_values``).
+    _validated: ClassVar[bool] = False
 
     init: jax.Array = array_field()
     trans: jax.Array = array_field()
@@ -76,8 +85,6 @@ class MarkovChain:
         _checks.check_probabilities("trans", trans)
         object.__setattr__(self, "init", init)
         object.__setattr__(self, "trans", trans)
-        # Whether the values were checked here; a chain unflattened from arrays (a batch, a
-        # transformation's output, ``tree_unflatten``) is checked by the entry points instead.
         object.__setattr__(self, "_validated", _checks.is_concrete(init)
                            and _checks.is_concrete(trans))
 
@@ -111,6 +118,7 @@ class MarkovChain:
 
     @property
     def dtype(self):
+        """The dtype of the probabilities (``trans``'s)."""
         return self.trans.dtype
 
     @classmethod
@@ -180,7 +188,7 @@ def check_values(name: str, chain: MarkovChain) -> None:
     ``tree_unflatten``, ``jax.tree.map`` or a transformation), when they are concrete. Row sums
     get float32's tolerance at least: a float32 chain cast to float64 with ``jax.tree.map`` (a
     common idiom) misses one by about ``1e-8``, which is not a mistake to refuse."""
-    if getattr(chain, "_validated", False):
+    if chain._validated:
         return
     if _checks.is_concrete(chain.init) and _checks.is_concrete(chain.trans):
         tolerance = max(_checks.row_sum_tolerance(chain.trans.dtype),

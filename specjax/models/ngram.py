@@ -16,6 +16,7 @@ Context index: the last ``k`` tokens ``(y_1, ..., y_k)`` (oldest first) are the 
 from __future__ import annotations
 
 import numbers
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,8 @@ from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.autoregressive import check_order
 from specjax.models.autoregressive import check_table_size
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
 from specjax.models.finite_state import FiniteStateModel
 
 
@@ -42,7 +45,7 @@ def _shift(state, token, num_states: int, context_length: int):
 
 
 @pytree_dataclass(init_on_unflatten=False)
-class NGramModel:
+class NGramModel(ProtocolModel):
     """An n-gram: ``P(x_t | x_{t-n+1}, ..., x_{t-1})`` from a table over the ``V**(n-1)`` contexts.
 
     The state is the int32 index of the last ``n - 1`` tokens (newest least significant, padded
@@ -64,6 +67,8 @@ class NGramModel:
       >>> lm.as_finite_state(2).num_contexts  # the contexts of the last two tokens
       9
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.PROTOCOL
 
     table: jax.Array = array_field()
     order: int
@@ -96,6 +101,11 @@ class NGramModel:
     def num_contexts(self) -> int:
         """``V**(n-1)``."""
         return self.table.shape[-2]
+
+    @property
+    def dtype(self):
+        """The dtype of the probabilities (``table``'s)."""
+        return self.table.dtype
 
     def init_state(self) -> jax.Array:
         """Context 0: ``n - 1`` padding tokens 0."""

@@ -162,8 +162,8 @@ def check_penalties(penalties, num_states: int) -> Penalties:
                          "not a traced value; only the penalty strengths may be traced")
     if isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1:
         raise ValueError(f"penalties.cap must be an int >= 1, got {cap!r}")
-    for name in ("repetition", "frequency", "presence"):
-        value = getattr(penalties, name)
+    for name, value in (("repetition", penalties.repetition),
+                        ("frequency", penalties.frequency), ("presence", penalties.presence)):
         if _checks.is_concrete(value):
             v = np.asarray(value, np.float64) if not isinstance(value, (str, bytes)) else None
             if v is None or v.shape != () or not np.isfinite(v) or (

@@ -9,6 +9,7 @@ the whole prompt. Give the same prompt to the draft and the target.
 from __future__ import annotations
 
 from typing import Any
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,8 @@ import numpy as np
 from specjax._pytree import array_field
 from specjax._pytree import pytree_dataclass
 from specjax.models.autoregressive import is_autoregressive_model
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
 from specjax.models.finite_state import FiniteStateModel
 from specjax.models.logits import as_probability_model
 from specjax.models.markov import MarkovChain
@@ -40,7 +43,7 @@ def _check_prompt(prompt, num_states: int) -> np.ndarray:
 
 
 @pytree_dataclass(init_on_unflatten=False)
-class PromptedModel:
+class PromptedModel(ProtocolModel):
     """A protocol model after a fixed prompt (``with_prompt``): its state is ``(the model's
     state, whether x_0 was emitted)``; before ``x_0`` the row is the one-hot of the prompt's last
     token, after it the model's own.
@@ -49,6 +52,8 @@ class PromptedModel:
       model: the wrapped model (a pytree child).
       prompt: ``(k,)`` int32 token ids (a leaf).
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.PROTOCOL
 
     model: Any = array_field()
     prompt: Any = array_field()

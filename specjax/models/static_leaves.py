@@ -6,12 +6,15 @@ model; ``with_static_leaves`` wraps a model only when it needs it.
 from __future__ import annotations
 
 import numbers
+from typing import ClassVar
 
 import jax
 import numpy as np
 
 from specjax.models.autoregressive import is_autoregressive_model
 from specjax.models.autoregressive import probs_block
+from specjax.models.base import ModelKind
+from specjax.models.base import ProtocolModel
 from specjax.models.markov import MarkovChain
 
 
@@ -21,7 +24,7 @@ def _traceable(leaf) -> bool:
 
 
 @jax.tree_util.register_pytree_node_class
-class StaticLeaves:
+class StaticLeaves(ProtocolModel):
     """A protocol model whose leaves that are not arrays (an equinox module's activation
     function, say) travel as static data, so the engines can pass it through ``jit``.
 
@@ -32,6 +35,8 @@ class StaticLeaves:
     Attributes:
       model: the wrapped model, rebuilt from its arrays and static leaves.
     """
+
+    kind: ClassVar[ModelKind] = ModelKind.PROTOCOL
 
     def __init__(self, model):
         leaves, treedef = jax.tree_util.tree_flatten(model)

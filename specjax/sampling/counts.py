@@ -28,6 +28,7 @@ from specjax import _checks
 from specjax.sampling import sharding as _sharding
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.planning import MAX_COUNTER
+from specjax.models.base import ModelKind
 from specjax.sampling import blocks
 from specjax.sampling import decoding
 from specjax.sampling import engine
@@ -160,7 +161,7 @@ def _trace_counts(trace, verified, num_valid, *, num_states):
 def _keeps_tokens(run) -> bool:
     """Whether a run's counts are taken from each chunk's trace: call-level decoders, protocol
     models and stop tokens; token-wise decoders on Markov chains count inside the scan."""
-    return isinstance(run.decoder, CallDecoder) or run.models != "markov" \
+    return isinstance(run.decoder, CallDecoder) or run.models != ModelKind.MARKOV \
         or bool(run.stop_tokens)
 
 

@@ -31,6 +31,8 @@ from specjax import _memory
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.planning import MAX_COUNTER
 from specjax.decoders.planning import plan_run
+from specjax.models.base import ModelKind
+from specjax.models.base import as_model
 from specjax.models.static_leaves import with_static_leaves
 from specjax.models.logits import as_probability_model
 from specjax.models.prompt import PromptedModel
@@ -68,7 +70,7 @@ class Plan(NamedTuple):
     target: object
     num_chains: int
     lookahead: int  # the resolved K (0 for autoregressive decoding)
-    models: str  # the engine's model kind: "markov", or "protocol" (finite-state models too)
+    models: str  # the engine's ModelKind: MARKOV, or PROTOCOL (finite-state models too)
     horizon: int
     sharding: NamedSharding | None
     stop_tokens: tuple = ()  # sorted ids; the chains end at the first one (engine.stop_trace)
@@ -105,7 +107,7 @@ def check_batched_scoring(batched_scoring, decoder, kind: str, lookahead: int) -
                          f"{batched_scoring!r}")
     if not batched_scoring:
         return False
-    if kind == "markov":
+    if kind == ModelKind.MARKOV:
         raise ValueError(
             "batched_scoring=True runs protocol models (FiniteStateModel, NGramModel, your own "
             "model); a MarkovChain's engine reads its transition tables directly. Lift the "
@@ -167,8 +169,8 @@ class RunBytes(NamedTuple):
 
 
 def _probability_bytes(model) -> int:
-    dtype = getattr(getattr(model, "trans", None), "dtype", None)
-    return jnp.dtype(dtype).itemsize if dtype is not None else 4
+    """Bytes of one of the model's probabilities (its declared ``dtype``)."""
+    return jnp.dtype(as_model(model).dtype).itemsize
 
 
 def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunBytes:
@@ -189,7 +191,7 @@ def run_bytes(run: Plan, num_chains: int, *, keep_tokens: bool = True) -> RunByt
         per_call = num_chains * (run.lookahead + 1) * width * 4
         tables = 2 * horizon * num_states * width * 4
         return RunBytes(2 * tokens + per_call + 64 * num_chains, tables, devices)
-    if run.models == "protocol":
+    if run.models == ModelKind.PROTOCOL:
         tokens = engine.trace_bytes(num_chains, horizon, num_states) + num_chains * horizon
         per_step = num_chains * (3 * width * 4 + 4 * num_states * 4)
         if run.batched_scoring:  # a call's rows: K draft and K + 1 target rows, and temporaries
@@ -224,7 +226,7 @@ def check_fits(run: Plan, size: RunBytes, *, chains_argument: str, chains_what: 
         return
     if isinstance(run.decoder, CallDecoder):  # no law table: the per-position laws of calls
         kinds = "per-position laws of the calls"
-    elif run.models != "markov" or table_plan(run).block_rows is not None:
+    elif run.models != ModelKind.MARKOV or table_plan(run).block_rows is not None:
         kinds = "law table of one position"
     else:
         kinds = "law table of all positions"
@@ -275,7 +277,7 @@ def run_chunk(key, run: Plan, offset, num_chains: int):
         out = blocks.simulate_blocks(key, run.decoder, run.draft, run.target, offset,
                                      num_chains=num_chains, horizon=run.horizon,
                                      lookahead=run.lookahead, sharding=run.sharding)
-    elif run.models == "protocol":
+    elif run.models == ModelKind.PROTOCOL:
         out = models.simulate_models(key, run.decoder, run.draft, run.target, offset,
                                      num_chains=num_chains, horizon=run.horizon,
                                      lookahead=run.lookahead, sharding=run.sharding)
