@@ -2,7 +2,9 @@
 ``KSequential``, ``ImportanceWeighted``, ``GumbelList``, ``SpecHub``): each decoder's exact values
 and per-position laws, the Monte Carlo of ``decode`` against them, and finite values and gradients
 at edge rows; and of the adaptive draft lengths (``AdaptiveSpeculative``, ``HeuristicSchedule``):
-exact values against their literal enumeration. Not a test module itself.
+exact values against their literal enumeration; and the conformance checks of one decoder
+(``assert_conforms``), which every case of ``sampler_cases.CASES`` passes through the case-driven
+tests. Not a test module itself.
 """
 
 from collections import defaultdict
@@ -10,6 +12,7 @@ from collections import defaultdict
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import reference as ref
 import specjax
@@ -138,3 +141,73 @@ def assert_exact_matches_adaptive_literal(decoder, pair, summary, cost, tol=1e-1
     assert abs(float(metrics.expected_drafted) - means["drafted"]) < tol
     assert abs(float(jnp.sum(metrics.accepted_at)) - means["kept"]) < tol
     return exact
+
+
+# ------------------------------------------------------------------- one decoder's conformance
+#: The entry points of the support table of docs/guides/decoders.md.
+ENTRIES = ("decode", "decoding_statistics", "exact", "accepted_length", "objective")
+
+
+def supported(decoder, kind: str, entry: str) -> bool:
+    """Whether ``entry`` runs ``decoder`` on models of ``kind`` (``"markov"``,
+    ``"finite_state"``, ``"protocol"``), from what the decoder declares: every decoder runs on
+    Markov chains (but ``accepted_length`` of a decoder with call states); other kinds only where
+    ``model_kinds`` names them, for the engines (not ``accepted_length`` or the objectives, which
+    take Markov chains), and exact values on finite-state models only."""
+    if entry == "accepted_length" and isinstance(decoder, specjax.CallDecoder) \
+            and decoder.num_call_states > 1:
+        return False  # a call depends on the earlier calls
+    if kind == "markov":
+        return True
+    if entry in ("accepted_length", "objective") or kind not in decoder.model_kinds:
+        return False
+    return entry != "exact" or kind == "finite_state"
+
+
+def assert_conforms(decoder, key=jax.random.key(0), num_chains=4000):
+    """One decoder through the checks every case of ``CASES`` passes (``test_decoders``' support
+    table, ``test_scale``'s statistics test), for a decoder outside ``CASES``:
+
+    * every entry point on every model kind works (finite values), or refuses with one
+      ``ValueError`` naming the models, as ``supported`` reads from its declarations;
+    * on ``sampler_cases.instance()``, ``decoding_statistics`` in padded chunks counts what the
+      trace of ``decode`` holds, chain for chain;
+    * ``decode``'s mean rejections and calls fit ``exact``'s; a lossless decoder's final token
+      fits the exact marginal (chi-square), which is the target's."""
+    from sampler_cases import instance  # noqa: PLC0415
+    from test_decoders import _models  # noqa: PLC0415 - the support table's models
+
+    for kind in ("markov", "finite_state", "protocol"):
+        draft, target, kw = _models(kind)
+        calls = {
+            "decode": lambda: specjax.decode(key, decoder, draft, target, 4, **kw).tokens,
+            "decoding_statistics": lambda: specjax.decoding_statistics(
+                key, decoder, draft, target, 8, chunk_size=4, **kw).rejected,
+            "exact": lambda: specjax.exact(decoder, draft, target, **kw).expected_calls,
+            "accepted_length": lambda: specjax.accepted_length(decoder, draft, target),
+            "objective": lambda: specjax.objective(decoder, "calls")(draft, target),
+        }
+        for entry in ENTRIES:
+            if supported(decoder, kind, entry):
+                assert np.isfinite(np.asarray(calls[entry]())).all(), (kind, entry)
+            else:
+                with pytest.raises(ValueError, match="MarkovChain|FiniteStateModel|earlier"):
+                    calls[entry]()
+    draft, target = instance()
+    trace = specjax.decode(key, decoder, draft, target, num_chains)
+    counts = specjax.decoding_statistics(key, decoder, draft, target, num_chains,
+                                         chunk_size=num_chains // 3 + 1)  # a padded last chunk
+    np.testing.assert_array_equal(counts.num_rejections, trace.num_rejections)
+    np.testing.assert_array_equal(counts.num_calls, trace.num_calls)
+    np.testing.assert_array_equal(counts.rejected, np.asarray(trace.rejected).sum(0))
+    np.testing.assert_array_equal(counts.new_call, np.asarray(trace.new_call).sum(0))
+    exact = specjax.exact(decoder, draft, target)
+    stats.assert_mean(trace.num_rejections, float(exact.expected_rejections),
+                      f"{decoder.label}: rejections")
+    stats.assert_mean(trace.num_calls, float(exact.expected_calls), f"{decoder.label}: calls")
+    if decoder.lossless:
+        law = specjax.exact(specjax.Autoregressive(), None, target).marginals
+        np.testing.assert_allclose(exact.marginals, law, atol=1e-5)
+        final = np.bincount(np.asarray(trace.tokens[:, -1]), minlength=target.num_states)
+        stats.assert_law(dict(enumerate(final)), dict(enumerate(np.asarray(law[-1]))),
+                         num_chains, f"{decoder.label}: x_T")

@@ -166,16 +166,23 @@ def add_cases(add, S) -> None:  # noqa: PLR0915 - a flat list of cases
         check=lambda e: _close(e.expected_calls, exact32(S.TokenTree((2, 1)), "expected_calls")))
     for what, make in (("TraversalVerification((2,))", lambda: S.TraversalVerification((2,))),
                        ("ParallelDraft(2)", lambda: S.decoders.ParallelDraft(2)),
-                       ("HeuristicSchedule(1, max_lookahead=2)",
-                        lambda: S.HeuristicSchedule(1, max_lookahead=2)),
-                       ("AdaptiveSpeculative(RejectionThreshold(0.3))",
-                        lambda: S.AdaptiveSpeculative(S.decoders.RejectionThreshold(0.3),
-                                                      max_lookahead=2)),
                        ("ThresholdVerification(0.5, 0.5) (lossy)",
                         lambda: S.ThresholdVerification(0.5, 0.5)),
                        ("the class Speculative", lambda: S.Speculative),
                        ("a string", lambda: "sd")):
         add(kind, "estimate", f"decoder {what}", lambda m=make: S.estimate(m(), rec()), "decoder")
+    for what, make in (("HeuristicSchedule(1, max_lookahead=2)",
+                        lambda: S.HeuristicSchedule(1, max_lookahead=2)),
+                       ("AdaptiveSpeculative(RejectionThreshold(0.3))",
+                        lambda: S.AdaptiveSpeculative(S.decoders.RejectionThreshold(0.3),
+                                                      max_lookahead=2))):
+        add(kind, "estimate", f"{what} on enumerated rows (= exact)",
+            lambda m=make: S.estimate(m(), rec()), "decoder",
+            check=lambda e, m=make: _close(e.expected_calls, exact32(m(), "expected_calls")))
+    add(kind, "estimate", "AdaptiveSpeculative(EntropyThreshold(1.0)) with a cost model "
+        "(drafts off the path)",
+        lambda: S.estimate(S.AdaptiveSpeculative(S.decoders.EntropyThreshold(1.0),
+                                                 max_lookahead=2), rec(), cost=cost), "cost")
     add(kind, "estimate", "ThresholdVerification() (defaults: lossless) K = 2",
         lambda: S.estimate(S.ThresholdVerification(lookahead=2), rec()), "decoder",
         check=lambda e: _close(e.expected_rejections, exact32(

@@ -1,53 +1,17 @@
 """Every decoder with representative settings, shared by the scale tests and their subprocess.
 
-``CASES`` maps a name to a decoder value; every entry point takes it as it is.
+``CASES`` maps a name to a decoder value; every entry point takes it as it is. It is built by
+construction (``specjax.decoders.registry.decoder_cases``): each decoder class gives its own
+cases (``example_cases``), so a new decoder joins every test that iterates ``CASES`` with no edit
+here.
 """
 
-import jax.numpy as jnp
-
 import specjax
+from specjax.decoders.registry import decoder_cases
+from specjax.decoders.rejection import sd_accept  # noqa: F401 - the "rejection" case's rule
+from specjax.decoders.rejection import sd_residual  # noqa: F401
 
-
-def sd_accept(p, q):
-    return jnp.where(p > 0, jnp.minimum(1.0, q / jnp.where(p > 0, p, 1.0)), 1.0)
-
-
-def sd_residual(p, q, b):
-    return jnp.maximum(q - p, 0.0)
-
-
-CASES = {
-    "autoregressive": specjax.Autoregressive(),
-    "sd": specjax.Speculative(),
-    "sd K=3": specjax.Speculative(lookahead=3),
-    "batch M=3": specjax.BatchSpeculative(3),
-    "batch M=2 K=2": specjax.BatchSpeculative(2, lookahead=2),
-    "batch M=2 w/o replacement": specjax.BatchSpeculative(2, replacement=False),
-    "optimal M=3 K=2": specjax.OptimalMultiDraft(3, lookahead=2),
-    "k-sequential M=2": specjax.KSequential(2),
-    "importance-weighted M=2 K=3": specjax.ImportanceWeighted(2, lookahead=3),
-    "spechub": specjax.SpecHub(),
-    "gumbel list M=2": specjax.GumbelList(2),
-    "biased eps=0.1 UNO K=4": specjax.BiasedSpeculative(0.1, residual="target", lookahead=4),
-    "rejection": specjax.RejectionRule(sd_accept, sd_residual),
-    "block K=3": specjax.BlockVerification(3),
-    "tree (2, 2)": specjax.TokenTree((2, 2)),
-    "tree w/o replacement": specjax.TokenTree.from_parents((-1, 0, 0, 1, 2, 3),
-                                                           children="without_replacement"),
-    "tree top-k (3, 1)": specjax.TokenTree((3, 1), children="top_k"),
-    "traversal (2,)": specjax.TraversalVerification((2,)),
-    "dynamic tree P=6 D=3": specjax.DynamicTree(6, max_depth=3),
-    "speed of light P=5 D=2": specjax.DynamicTree(5, max_depth=2, rank="target"),
-    "adaptive SpecDec++ 0.3 K<=3": specjax.AdaptiveSpeculative(
-        specjax.decoders.RejectionThreshold(0.3), max_lookahead=3),
-    "HF schedule from 1, K<=3": specjax.HeuristicSchedule(1, max_lookahead=3),
-    "lenient l=0.6": specjax.LenientSpeculative(0.6),
-    "threshold 0.5/0.7 K=3": specjax.ThresholdVerification(0.5, 0.7, lookahead=3),
-    "top-2 acceptance, optimal residual": specjax.TopKAcceptance(2, residual="optimal"),
-    "typical 0.2/0.3 K=4": specjax.TypicalAcceptance(0.2, 0.3, lookahead=4),
-    "strict K=2": specjax.decoders.StrictVerification(lookahead=2),
-    "parallel draft K=2": specjax.decoders.ParallelDraft(2),
-}
+CASES = decoder_cases()
 
 
 def instance(num_states=5, horizon=12, seed=3):

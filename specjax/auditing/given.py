@@ -78,7 +78,6 @@ from specjax.decoders.given_drafts import residual_rows
 from specjax.decoders.given_drafts import verify_given
 from specjax.decoders.given_drafts import check_given_decoder
 from specjax.decoders.probe import probe_decoder
-from specjax.decoders.block import BlockVerification
 from specjax.numerics import safe_ratio
 
 __all__ = ["Verified", "DraftsLaw", "verify_drafts", "verify_drafts_law", "PAD"]
@@ -313,7 +312,7 @@ def _batched_law(decoder, inputs: Inputs, stop, with_bonus) -> DraftsLaw:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     inside = jnp.arange(lookahead)[None] < counts[:, None]
-    if isinstance(decoder, BlockVerification):
+    if decoder.verifies_jointly:
         return _law_block(inputs, stop, with_bonus)
     if lookahead:
         p, q_drafted = drafted_rows(inputs)

@@ -67,7 +67,6 @@ from specjax.auditing.given import uniforms_or_key
 from specjax.auditing.given import check_endings
 from specjax.auditing.given import computation_arrays
 from specjax.decoders.planning import resolve_decoder
-from specjax.decoders.batch import BatchSpeculative
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
 from specjax.decoders.given_drafts import PAD
@@ -120,15 +119,13 @@ class TreeLaw(NamedTuple):
 
 
 def tree_of(decoder) -> TokenTree:
-    """The ``TokenTree`` whose call ``decoder`` verifies (``BatchSpeculative(M, lookahead=K)``:
-    ``(M, 1, ..., 1)``), or a ``ValueError`` naming what is supported."""
+    """The ``TokenTree`` whose call ``decoder`` verifies, its ``given_tree()``
+    (``BatchSpeculative(M, lookahead=K)``: ``(M, 1, ..., 1)``), or a ``ValueError`` naming what
+    is supported."""
     resolve_decoder(decoder)
-    if isinstance(decoder, TokenTree):
-        return decoder
-    if isinstance(decoder, BatchSpeculative) and decoder.lookahead is not None \
-            and np.isfinite(decoder.num_drafts):
-        return TokenTree((int(decoder.num_drafts),) + (1,) * (decoder.lookahead - 1),
-                         children="iid" if decoder.replacement else "without_replacement")
+    tree = decoder.given_tree()
+    if tree is not None:
+        return tree
     raise ValueError(
         f"decoder must be a specjax.TokenTree or a specjax.BatchSpeculative(M, lookahead=K) "
         f"with finite M and K (the tree (M, 1, ..., 1)); got {decoder!r}, which has no "

@@ -49,8 +49,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from typing import Any
-from typing import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,9 +57,20 @@ import numpy as np
 from specjax import _checks
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
+from specjax.decoders.base import DepthPlan
 from specjax.decoders.base import array_field
 from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.draft_state import DraftState  # served from here
+from specjax.decoders.draft_state import entropy  # served from here
 from specjax.decoders.draws import bernoulli
+from specjax.decoders.policies import POLICIES  # served from here
+from specjax.decoders.policies import ConfidenceThreshold  # served from here
+from specjax.decoders.policies import EntropyThreshold  # served from here
+from specjax.decoders.policies import FixedLength  # served from here
+from specjax.decoders.policies import RejectionThreshold  # served from here
+from specjax.decoders.policies import StoppingPolicy  # served from here
+from specjax.decoders.policies import StoppingRule  # served from here
+from specjax.decoders.policies import ThresholdTable  # served from here
 from specjax.decoders.draws import categorical_thresholds
 from specjax.decoders.draws import draw
 from specjax.decoders.verification import acceptance_probability
@@ -73,215 +82,6 @@ __all__ = ["AdaptiveSpeculative", "ConfidenceThreshold", "DraftState", "EntropyT
            "StoppingRule", "ThresholdTable", "entropy"]
 
 MAX_PATHS = 2**22  # largest number of (previous token, drafted path) entries the exact law holds
-
-
-class DraftState(NamedTuple):
-    """What a stopping policy sees before it decides whether to draft the next token.
-
-    Every field broadcasts against the others (the exact law evaluates a policy on every drafted
-    path at once, the sampler on one chain's scalars).
-
-    Attributes:
-      position: ``n + i``, the position the next draft would fill (1-based) for a call that
-        started at ``n``.
-      depth: ``i``, the tokens drafted so far in this call (0 before the first).
-      token: the last drafted token (the call's previous token at depth 0).
-      token_prob: its draft probability ``p(x | previous)`` (1 at depth 0).
-      all_accepted: ``A_i``, the probability that every draft so far will be accepted
-        (``prod min(1, q / p)``; 1 at depth 0).
-      next_entropy: the entropy (nats) of the draft's row for the next token.
-      next_max_prob: the largest probability in that row.
-    """
-
-    position: Any
-    depth: Any
-    token: Any
-    token_prob: Any
-    all_accepted: Any
-    next_entropy: Any
-    next_max_prob: Any
-
-
-def entropy(rows: jax.Array) -> jax.Array:
-    """Entropy in nats over the last axis; ``0 log 0 = 0`` with finite gradients."""
-    positive = rows > 0
-    logs = jnp.log(jnp.where(positive, rows, jnp.ones_like(rows)))
-    return -jnp.sum(jnp.where(positive, rows * logs, 0), axis=-1)
-
-
-class StoppingPolicy:
-    """Base class of stopping policies: ``stop(state) -> bool array`` (``True``: call the target
-    now, with the drafts so far)."""
-
-    def stop(self, state: DraftState):
-        raise NotImplementedError
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` on bad numeric settings (checked before any work when
-        concrete)."""
-
-    def check_shapes(self, horizon: int, lookahead: int, num_states: int) -> None:
-        """Raise ``ValueError`` when the policy does not fit ``T`` positions, calls of at most
-        ``lookahead`` (``min(K, T)``) drafts and ``V`` tokens (static shapes: checked while
-        tracing, before any work)."""
-        del horizon, lookahead, num_states
-
-    @property
-    def label(self) -> str:
-        return repr(self)
-
-
-def _check_threshold(name: str, value, low: float, high: float | None) -> None:
-    if isinstance(value, (str, bytes, bool)) or value is None:
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if isinstance(value, jax.core.Tracer):
-        return
-    try:
-        array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if array.shape != ():
-        raise ValueError(f"{name} must be a scalar, got shape {array.shape}")
-    number = float(array)
-    if not (np.isfinite(number) and number >= low and (high is None or number <= high)):
-        bound = f"in [{low:g}, {high:g}]" if high is not None else f">= {low:g}"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-def _number_label(value) -> str:
-    return f"{float(value):g}" if _checks.is_concrete(value) else "traced"
-
-
-@pytree_dataclass
-class FixedLength(StoppingPolicy):
-    """Draft ``length`` tokens (fewer at ``max_lookahead`` or the horizon): SD with lookahead
-    ``length``."""
-
-    length: int
-
-    def __post_init__(self):
-        _checks.check_static_int("length", self.length)
-
-    def stop(self, state):
-        return state.depth >= self.length
-
-    @property
-    def label(self) -> str:
-        return f"fixed K = {self.length}"
-
-
-@pytree_dataclass
-class RejectionThreshold(StoppingPolicy):
-    """SpecDec++: stop once ``1 - A_i`` (the probability that some draft so far is rejected)
-    exceeds ``threshold`` (a leaf in ``[0, 1]``: sweep it under ``jax.vmap`` or reuse one
-    compilation for many values)."""
-
-    threshold: Any = array_field()
-
-    def validate(self):
-        _check_threshold("threshold", self.threshold, 0.0, 1.0)
-
-    def stop(self, state):
-        return (state.depth > 0) & (1 - state.all_accepted > self.threshold)
-
-    @property
-    def label(self) -> str:
-        return f"SpecDec++ (1 - A > {_number_label(self.threshold)})"
-
-
-@pytree_dataclass
-class EntropyThreshold(StoppingPolicy):
-    """Stop when the entropy (nats) of the draft's next row exceeds ``threshold`` (a leaf
-    ``>= 0``), after at least one draft."""
-
-    threshold: Any = array_field()
-
-    def validate(self):
-        _check_threshold("threshold", self.threshold, 0.0, None)
-
-    def stop(self, state):
-        return (state.depth > 0) & (state.next_entropy > self.threshold)
-
-    @property
-    def label(self) -> str:
-        return f"entropy > {_number_label(self.threshold)}"
-
-
-@pytree_dataclass
-class ConfidenceThreshold(StoppingPolicy):
-    """Stop when the last drafted token's draft probability is below ``threshold`` (a leaf in
-    ``[0, 1]``), after at least one draft."""
-
-    threshold: Any = array_field()
-
-    def validate(self):
-        _check_threshold("threshold", self.threshold, 0.0, 1.0)
-
-    def stop(self, state):
-        return (state.depth > 0) & (state.token_prob < self.threshold)
-
-    @property
-    def label(self) -> str:
-        return f"confidence < {_number_label(self.threshold)}"
-
-
-@pytree_dataclass
-class StoppingRule(StoppingPolicy):
-    """A user's policy: ``fn(state: DraftState) -> bool array`` broadcasting against the
-    state's fields (``True``: stop). ``fn`` is static (hashed by identity: define it once)."""
-
-    fn: Callable
-    name: str = "user rule"
-
-    def __post_init__(self):
-        if not callable(self.fn):
-            raise ValueError(f"fn must be a function of a DraftState, got {self.fn!r}")
-
-    def stop(self, state):
-        flags = jnp.asarray(self.fn(state))
-        if flags.dtype != jnp.bool_:  # a dtype is static: refused while tracing
-            raise ValueError(f"fn ({self.name}) must return boolean stop flags (True: stop), "
-                             f"got dtype {flags.dtype}; compare, e.g. state.token_prob < 0.3")
-        return flags
-
-    @property
-    def label(self) -> str:
-        return self.name
-
-
-@pytree_dataclass
-class ThresholdTable(StoppingPolicy):
-    """Stop iff ``A_i <= thresholds[n - 1, i, x]`` for a call started at position ``n`` after
-    ``i`` drafts whose last token is ``x``: ``thresholds`` ``(T, K + 1, V)``, a leaf (the optimal
-    policy of ``specjax.theory.optimal_stopping`` has this form)."""
-
-    thresholds: Any = array_field()
-
-    def validate(self):
-        if np.ndim(self.thresholds) != 3:
-            raise ValueError(f"thresholds must have shape (T, K + 1, V), got shape "
-                             f"{np.shape(self.thresholds)}")
-
-    def check_shapes(self, horizon, lookahead, num_states):
-        expected = (horizon, lookahead + 1, num_states)
-        if tuple(np.shape(self.thresholds)) != expected:
-            raise ValueError(f"thresholds must have shape (T, K + 1, V) = {expected} for these "
-                             f"models (K = min(max_lookahead, T)), got shape "
-                             f"{tuple(np.shape(self.thresholds))}")
-
-    def stop(self, state):
-        table = jnp.asarray(self.thresholds)
-        start = jnp.clip(state.position - state.depth - 1, 0, table.shape[0] - 1)
-        depth = jnp.clip(state.depth, 0, table.shape[1] - 1)
-        return state.all_accepted <= table[start, depth, state.token]
-
-    @property
-    def label(self) -> str:
-        return "threshold table"
-
-
-POLICIES = (FixedLength, RejectionThreshold, EntropyThreshold, ConfidenceThreshold,
-            StoppingRule, ThresholdTable)
 
 
 def _refuse_policy(policy):
@@ -323,6 +123,11 @@ class AdaptiveSpeculative(CallDecoder):
     _: dataclasses.KW_ONLY
     max_lookahead: int
     uses_position = True
+    recording_reads = "path_rows"  # the policy's state is on the emitted path
+
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"adaptive SpecDec++ 0.3 K<=3": cls(RejectionThreshold(0.3), max_lookahead=3)}
 
     def __post_init__(self):
         # Unflattening may pass placeholders for the policy subtree; refuse only what is
@@ -344,6 +149,24 @@ class AdaptiveSpeculative(CallDecoder):
     def truncate(self, lookahead: int) -> "AdaptiveSpeculative":
         del lookahead  # sample_call stops at the horizon by itself
         return self
+
+    def depth_plan(self, horizon: int) -> DepthPlan:
+        """The call-depth filter's plan (``specjax.pairs.adaptive``): one call state, the policy
+        asked before each draft, at most ``K' = min(K, T)`` drafts (``FixedLength``'s set when a
+        call starts: ``min(L, K', T - n + 1)`` at position ``n``)."""
+        lookahead = self.resolve_lookahead(horizon)
+        drafts, length = None, self.policy.fixed_length
+        if length is not None:
+            room = np.minimum(horizon - np.arange(horizon), lookahead)
+            drafts = tuple((int(d),) for d in np.minimum(room, length))
+        return DepthPlan(lookahead, (lookahead,), (0,), (0,), 0, drafts,
+                         drafts is None and lookahead == 1, self.policy)
+
+    def stationary_form(self) -> "AdaptiveSpeculative":
+        """The decoder with its policy's ``stationary_form()`` (a ``ThresholdTable``'s one row)."""
+        policy = self.policy.stationary_form()
+        return self if policy is self.policy else AdaptiveSpeculative(
+            policy, max_lookahead=self.max_lookahead)
 
     @property
     def label(self) -> str:

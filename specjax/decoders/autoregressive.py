@@ -22,6 +22,10 @@ class Autoregressive(TokenwiseDecoder):
 
     uses_draft = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"autoregressive": cls()}
+
     def laws(self, p, q):
         law = verification.bonus_law(q)
         return law, law

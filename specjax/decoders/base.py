@@ -27,12 +27,16 @@ behaviour of a decoder without it. ``PROTOCOL`` lists the members of each base c
   ``lookahead`` (what ``best_lookahead`` sweeps and a recording's rates are keyed by);
 * ``recording_reads``: what an estimate from target rollouts needs of the decoder (``"emitted"``,
   ``"rows"``, ``"path_rows"``, ``"nothing"``, or ``"off_path"``: refused);
+* ``verifies_jointly`` (default ``False``) and ``given_tree()`` (default ``None``): what the
+  given-drafts kernels verify (a block jointly; the tree of ``specjax.verify_tree``), and
+  ``over_acceptance`` (default 0): biased SD's ``eps``, for the tuning objectives;
 * ``validate()`` (default: nothing): refuse invalid numeric settings (values only when concrete),
   before any work;
 * ``check(num_states, num_rows)`` (default: nothing): refuse a setting too large for the models;
 * ``probe(draft, target, kind)`` (default: nothing): refuse the decoder's own functions when they
   misbehave on the models' rows (a user's rule: ``RejectionRule``);
-* ``label``: a short name for tables.
+* ``label``: a short name for tables; ``example_cases()`` (default ``{}``: not registered): its
+  representative settings by name, run by the tests and tabled in the docs (``registry``).
 
 There are two kinds of decoder; the entry points dispatch on the two classes.
 
@@ -99,7 +103,13 @@ jointly; its outcome is a run of kept drafts and one last token. A call-level de
   ``depth`` levels costs under ``specjax.CostModel`` (default: one chain, ``depth`` and
   ``depth + 1``);
 * optionally ``check_exact(num_states, horizon)`` (default: nothing): refuse an exact law that
-  cannot be built for ``V`` tokens and horizon ``T``.
+  cannot be built for ``V`` tokens and horizon ``T``;
+* optionally ``stationary_form()`` (default: itself): the decoder as the long run on a
+  stationary chain reads it (a ``ThresholdTable`` policy: its one row, refused unless every
+  row is the same).
+* optionally ``depth_plan(T) -> DepthPlan`` (with ``has_depth_plan``): a decoder whose every
+  choice is read on the emitted path (adaptive lengths, the schedule) is estimated from target
+  rollouts by the call-depth filter (``specjax.pairs.adaptive``).
 
 Block verification is call-level; token trees and optimal multi-draft verification fit the same
 protocol. ``docs/guides/new-decoder.md`` builds a decoder from scratch.
@@ -115,9 +125,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax import _checks
 from specjax._pytree import array_field  # noqa: F401 - re-exported for decoder authors
 from specjax._pytree import pytree_dataclass
+from specjax.decoders.members import CallLaw  # noqa: F401 - served from here
+from specjax.decoders.members import DepthPlan  # noqa: F401 - served from here
+from specjax.decoders.members import FieldDefault
+from specjax.decoders.members import check_lookahead  # noqa: F401 - served from here
+from specjax.decoders.members import flag_defined_hooks
 from specjax.numerics import HIGHEST
 
 __all__ = [
@@ -134,35 +148,6 @@ __all__ = [
 
 decoder_dataclass = pytree_dataclass
 
-
-class FieldDefault:
-    """A protocol member's default that a decoder may also declare as a dataclass field.
-
-    Read on an instance, it is ``value``; read on the class it raises ``AttributeError``, which
-    is how ``dataclasses`` learns that the member gives no default to a subclass's field of the
-    same name (``BatchSpeculative``'s ``num_drafts: int`` stays a required argument,
-    ``Speculative``'s ``lookahead: int | None = None`` keeps its own default).
-    """
-
-    def __init__(self, value):
-        self.value = value
-        self.name = ""
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            raise AttributeError(f"{self.name} (a protocol default, read on instances)")
-        return self.value
-
-
-def _flag_defined_hooks(cls, hooks: dict) -> None:
-    """Sets ``cls``'s capability flag of every hook ``cls`` defines itself, unless ``cls`` sets
-    the flag: a user's decoder that writes ``acceptance`` has acceptance probabilities."""
-    for hook, flag in hooks.items():
-        if hook in cls.__dict__ and flag not in cls.__dict__:
-            setattr(cls, flag, True)
 
 # ---------------------------------------------------------------------------------------------
 # The two protocols.
@@ -189,10 +174,25 @@ class Decoder:
     #: ``"emitted"`` (the emitted tokens' probabilities ``p_t(x_t)``, ``q_t(x_t)`` alone: SD),
     #: ``"rows"`` (a token-wise rule's rates from the full rows along the path, kept or
     #: recorded: the default of token-wise decoders), ``"path_rows"`` (a call-level decoder
-    #: whose calls read only rows along the emitted path: static token trees), ``"nothing"``
+    #: whose calls read only rows along the emitted path: static token trees, adaptive draft
+    #: lengths and the schedule, whose choices are read on the path), ``"nothing"``
     #: (autoregressive decoding) or ``"off_path"`` (the default of call-level decoders: rows off
     #: the path, such as a block's rejected drafts' contexts; refused by estimates).
     recording_reads: ClassVar[str] = "off_path"
+    #: Whether given drafts are verified jointly, as one block (``block.block_levels``'s
+    #: backward pass: ``BlockVerification``), not one position at a time by ``laws``.
+    verifies_jointly: ClassVar[bool] = False
+
+    @property
+    def over_acceptance(self):
+        """The ``eps`` of an over-acceptance ``b = min(1, (q + eps) / p)`` (biased SD's
+        ``epsilon``, a leaf); 0 for a decoder that does not over-accept."""
+        return 0.0
+
+    def given_tree(self):
+        """The ``TokenTree`` its call verifies, for ``specjax.verify_tree`` (a token tree: itself;
+        batch SD with finite ``M``, ``K``: ``(M, 1, ..., 1)``); ``None``: no given-tree form."""
+        return None
 
     def with_lookahead(self, lookahead) -> "Decoder":
         """The same decoder with ``lookahead`` (``None``: draft to the horizon) when
@@ -223,6 +223,11 @@ class Decoder:
     def label(self) -> str:
         """A short name for tables."""
         return repr(self)
+
+    @classmethod
+    def example_cases(cls) -> dict:
+        """Representative settings by case name (``specjax.decoders.registry``); ``{}``: none."""
+        return {}
 
 
 class TokenwiseDecoder(Decoder):
@@ -259,7 +264,7 @@ class TokenwiseDecoder(Decoder):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _flag_defined_hooks(cls, {
+        flag_defined_hooks(cls, {
             "acceptance": "has_acceptance",
             "residual_given_draft": "has_residual_given_draft"})
         if "probes_laws" not in cls.__dict__ and any(
@@ -322,26 +327,6 @@ class TokenwiseDecoder(Decoder):
         return depth, int(self.num_drafts) * depth + 1
 
 
-class CallLaw(NamedTuple):
-    """The exact law of one call of a call-level decoder, for every previous token ``a``.
-
-    A call from position ``n`` keeps ``i`` drafts (``x_n .. x_{n+i-1}``) and emits one last token
-    at ``n + i``, drawn after a rejection or as the target's bonus token.
-
-    Attributes:
-      kept: ``[i, a, x]`` = P(the call keeps at least ``i + 1`` drafts and draft ``i + 1`` is x).
-      rejected: ``[i, a, y]`` = P(the call keeps exactly ``i`` drafts, then ``y`` after a
-        rejection).
-      bonus: ``[i, a, y]`` = P(the call keeps exactly ``i`` drafts, then ``y`` as a bonus token).
-        The rows of ``bonus`` at ``i = K'`` may sum to less than ``P(keep all)`` when the call
-        reaches the end of the horizon: the sequence then ends.
-    """
-
-    kept: jax.Array  # shape=(K', V, V)
-    rejected: jax.Array  # shape=(K' + 1, V, V)
-    bonus: jax.Array  # shape=(K' + 1, V, V)
-
-
 class CallDecoder(Decoder):
     """A decoder that verifies a whole drafted block per call: see the module docstring.
 
@@ -390,11 +375,13 @@ class CallDecoder(Decoder):
     has_walk: ClassVar[bool] = False
     #: 31-bit uniforms one position of one chain consumes when ``has_walk``.
     walk_uniforms: ClassVar[int] = 0
+    #: Whether ``depth_plan`` is available (set for a subclass that defines it).
+    has_depth_plan: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _flag_defined_hooks(cls, {"drafted_call_law_from": "has_drafted_call_law",
-                                  "walk_step": "has_walk"})
+        flag_defined_hooks(cls, {"drafted_call_law_from": "has_drafted_call_law",
+                                  "walk_step": "has_walk", "depth_plan": "has_depth_plan"})
 
     def next_call_state(self, state, kept):
         """The call state after a call that kept ``kept`` drafts (stateless: unchanged)."""
@@ -453,6 +440,16 @@ class CallDecoder(Decoder):
         horizon ``T`` (e.g. an enumeration that would not fit)."""
         del num_states, horizon
 
+    def depth_plan(self, horizon: int) -> DepthPlan:
+        """The static plan of the call-depth filter over ``horizon`` positions (``DepthPlan``),
+        when ``has_depth_plan``: the decoder's every choice is then read on the emitted path."""
+        raise NotImplementedError(f"{type(self).__name__} has no depth plan")
+
+    def stationary_form(self) -> "CallDecoder":
+        """The decoder as the long run on a stationary chain (no position) reads it: itself, at
+        position 1, by default; ``ValueError`` when its calls differ by position (a table)."""
+        return self
+
     def resolve_lookahead(self, horizon: int) -> int:
         return min(self.lookahead, horizon)
 
@@ -468,7 +465,8 @@ class CallDecoder(Decoder):
 #: Every member of the protocol, by the base class that declares it with its default.
 PROTOCOL = {
     Decoder: ("model_kinds", "uses_draft", "lossless", "varies_lookahead", "with_lookahead",
-              "recording_reads", "validate", "check", "probe", "label"),
+              "recording_reads", "verifies_jointly", "over_acceptance", "given_tree",
+              "validate", "check", "probe", "label", "example_cases"),
     TokenwiseDecoder: ("probes_laws", "lookahead", "num_drafts", "same_root",
                        "has_root_scale", "has_acceptance", "reads_draft_probs", "has_residual_given_draft",
                        "binds_models", "laws", "root_scale", "acceptance",
@@ -478,7 +476,8 @@ PROTOCOL = {
                   "initial_call_state", "next_call_state", "num_uniforms", "prepare",
                   "sample_call", "has_walk", "walk_uniforms", "walk_start", "walk_tables",
                   "walk_step", "call_law", "call_law_from", "drafted_call_law_from",
-                  "call_work", "check_exact", "resolve_lookahead", "truncate"),
+                  "call_work", "check_exact", "stationary_form", "resolve_lookahead",
+                  "truncate"),
 }
 
 
@@ -489,9 +488,3 @@ def check_decoder(decoder) -> None:
             "decoder must be a specjax decoder such as specjax.Speculative() or "
             "specjax.BatchSpeculative(4) (a TokenwiseDecoder or CallDecoder), got "
             f"{decoder!r}")
-
-
-def check_lookahead(lookahead, *, allow_none: bool = True) -> None:
-    """``lookahead`` is a static positive int (or ``None``): refuse a traced or array value with
-    a hint, as for every static setting."""
-    _checks.check_static_int("lookahead", lookahead, allow_none=allow_none)

@@ -11,6 +11,7 @@ from specjax.decoders import verification
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.tree import TokenTree
 
 __all__ = ["BatchSpeculative"]
 
@@ -44,6 +45,11 @@ class BatchSpeculative(TokenwiseDecoder):
     lookahead: int | None = None
     same_root = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"batch M=3": cls(3), "batch M=2 K=2": cls(2, lookahead=2),
+                "batch M=2 w/o replacement": cls(2, replacement=False)}
+
     def __post_init__(self):
         multi_draft.check_num_drafts(self.num_drafts)
         if not isinstance(self.replacement, bool):
@@ -63,6 +69,14 @@ class BatchSpeculative(TokenwiseDecoder):
 
     def root_scale(self, p, q):
         return multi_draft.batch_scale(p, q, self.num_drafts)
+
+    def given_tree(self) -> TokenTree | None:
+        """The tree ``(M, 1, ..., 1)`` of a call (``M`` drafted sequences of ``K`` tokens sharing
+        the root; i.i.d. or without replacement), when ``M`` and ``K`` are finite."""
+        if self.lookahead is None or self.num_drafts == math.inf:
+            return None
+        return TokenTree((int(self.num_drafts),) + (1,) * (self.lookahead - 1),
+                         children="iid" if self.replacement else "without_replacement")
 
     def check(self, num_states: int, num_rows: int) -> None:
         if not self.replacement:

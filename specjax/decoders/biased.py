@@ -47,6 +47,10 @@ class BiasedSpeculative(TokenwiseDecoder):
     residual: str = "optimal"
     lookahead: int | None = None
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"biased eps=0.1 UNO K=4": cls(0.1, residual="target", lookahead=4)}
+
     def __post_init__(self):
         verification.check_residual_name(self.residual, tuple(RESIDUALS))
         check_lookahead(self.lookahead)
@@ -54,6 +58,11 @@ class BiasedSpeculative(TokenwiseDecoder):
     def validate(self) -> None:
         """Checks ``epsilon`` (a non-negative scalar; its value only when concrete)."""
         _checks.check_scalar_leaf("epsilon", self.epsilon)
+
+    @property
+    def over_acceptance(self):
+        """``epsilon``: the acceptance is ``min(1, (q + eps) / p)``."""
+        return self.epsilon
 
     def acceptance(self, p, q):
         """``b = min(1, (q + eps) / p)`` (1 where ``p = 0``)."""

@@ -122,8 +122,14 @@ class BlockVerification(CallDecoder):
     """
 
     varies_lookahead = True
+    #: Given drafts are verified jointly (``block_levels``' backward pass).
+    verifies_jointly = True
 
     lookahead: int
+
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"block K=3": cls(3)}
 
     def __post_init__(self):
         _checks.check_static_int("lookahead", self.lookahead)

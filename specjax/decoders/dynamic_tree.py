@@ -133,6 +133,11 @@ class DynamicTree(CallDecoder):
     max_depth: int
     rank: str = "draft"
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"dynamic tree P=6 D=3": cls(6, max_depth=3),
+                "speed of light P=5 D=2": cls(5, max_depth=2, rank="target")}
+
     def __post_init__(self):
         _checks.check_static_int("budget", self.budget)
         if self.budget < 2 or self.budget > MAX_BUDGET:

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.block import BlockVerification
 from specjax.decoders.block import block_levels
 from specjax.decoders.draws import inverse_cdf as _inverse_cdf
 from specjax.decoders.draws import mass_or_target as _mass_or_target
@@ -79,7 +78,7 @@ class Inputs(NamedTuple):
 def check_given_decoder(decoder) -> None:
     """Raise ``ValueError`` unless ``decoder`` verifies one given draft per position."""
     resolve_decoder(decoder)
-    if isinstance(decoder, BlockVerification):
+    if decoder.verifies_jointly:
         return
     if not isinstance(decoder, TokenwiseDecoder) or not decoder.same_root \
             or decoder.num_drafts != 1 or decoder.binds_models:
@@ -130,7 +129,7 @@ def verify_given(decoder, inputs: Inputs, u, v, stop, with_bonus) -> Verified:
     tokens, q, counts = inputs.tokens, inputs.target_probs, inputs.num_drafts
     num_requests, lookahead = tokens.shape
     rows = jnp.arange(num_requests)
-    if isinstance(decoder, BlockVerification):
+    if decoder.verifies_jointly:
         return _verify_block(inputs, u, v, stop, with_bonus)
     if lookahead:
         p, q_drafted = drafted_rows(inputs)

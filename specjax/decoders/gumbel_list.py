@@ -50,7 +50,6 @@ k-sequential selection).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -60,10 +59,8 @@ from specjax import _checks
 
 from specjax.decoders import multi_draft
 from specjax.decoders import optimal_acceptance
-from specjax.decoders import verification
-from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.iid_multi_draft import IidMultiDraft
 from specjax.decoders.verification import VerificationLaw
 
 __all__ = [
@@ -203,7 +200,7 @@ def gumbel_list_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Verification
 
 
 @pytree_dataclass
-class GumbelList(TokenwiseDecoder):
+class GumbelList(IidMultiDraft):
     """The Gumbel-max list coupling (GLS): ``M`` i.i.d. draft sequences per target call, the
     drafts independent of the target (drafter invariant), verified by a shared-randomness coupling.
 
@@ -234,23 +231,15 @@ class GumbelList(TokenwiseDecoder):
       applications to speculative decoding and lossy compression" (NeurIPS 2025).
     """
 
-    num_drafts: int
-    _: dataclasses.KW_ONLY
-    lookahead: int | None = None
-    same_root = False
+    scheme = "Gumbel list coupling"
+    check_num_drafts = staticmethod(_check_num_drafts)
 
-    def __post_init__(self):
-        _check_num_drafts(self.num_drafts)
-        check_lookahead(self.lookahead)
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"gumbel list M=2": cls(2)}
+
+    def root_law(self, p, q) -> VerificationLaw:
+        return gumbel_list_root_law(p, q, self.num_drafts)
 
     def check(self, num_states: int, num_rows: int) -> None:
         check_gumbel_list_size(self.num_drafts, num_states, num_rows)
-
-    def laws(self, p, q):
-        root = gumbel_list_root_law(p, q, self.num_drafts)
-        return root, verification.speculative_law(p, q)
-
-    @property
-    def label(self) -> str:
-        k = "" if self.lookahead is None else f", K = {self.lookahead}"
-        return f"Gumbel list coupling, M = {self.num_drafts}{k}"

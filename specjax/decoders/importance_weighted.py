@@ -29,7 +29,6 @@ the plain weights ``q / p`` are one member of their class and do **not** reach
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -39,10 +38,8 @@ import jax.numpy as jnp
 from specjax import _checks
 
 from specjax.decoders import multi_draft
-from specjax.decoders import verification
-from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.iid_multi_draft import IidMultiDraft
 from specjax.decoders.verification import VerificationLaw
 from specjax.numerics import divide
 
@@ -209,7 +206,7 @@ def _root_law_program(p, q, num_drafts: int) -> VerificationLaw:
 
 
 @pytree_dataclass
-class ImportanceWeighted(TokenwiseDecoder):
+class ImportanceWeighted(IidMultiDraft):
     """Importance-weighted selection of one of ``M`` i.i.d. draft sequences per target call,
     then SD (Khisti et al.'s canonical two-step architecture with weights ``q / p``).
 
@@ -244,23 +241,15 @@ class ImportanceWeighted(TokenwiseDecoder):
       theoretical limits" (ICLR 2025).
     """
 
-    num_drafts: int
-    _: dataclasses.KW_ONLY
-    lookahead: int | None = None
-    same_root = False
+    scheme = "importance-weighted"
+    check_num_drafts = staticmethod(_check_num_drafts)
 
-    def __post_init__(self):
-        _check_num_drafts(self.num_drafts)
-        check_lookahead(self.lookahead)
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"importance-weighted M=2 K=3": cls(2, lookahead=3)}
 
-    def laws(self, p, q):
-        root = importance_weighted_root_law(p, q, self.num_drafts)
-        return root, verification.speculative_law(p, q)
+    def root_law(self, p, q) -> VerificationLaw:
+        return importance_weighted_root_law(p, q, self.num_drafts)
 
     def check(self, num_states: int, num_rows: int) -> None:
         check_importance_size(self.num_drafts, num_states, num_rows)
-
-    @property
-    def label(self) -> str:
-        k = "" if self.lookahead is None else f", K = {self.lookahead}"
-        return f"importance-weighted, M = {self.num_drafts}{k}"

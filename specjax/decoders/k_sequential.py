@@ -25,7 +25,6 @@ Unlike batch SD (every draft against a new residual) the drafts share one accept
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -33,10 +32,8 @@ import jax.numpy as jnp
 from specjax import _checks
 
 from specjax.decoders import multi_draft
-from specjax.decoders import verification
-from specjax.decoders.base import TokenwiseDecoder
-from specjax.decoders.base import check_lookahead
 from specjax.decoders.base import pytree_dataclass
+from specjax.decoders.iid_multi_draft import IidMultiDraft
 from specjax.decoders.verification import VerificationLaw
 
 __all__ = ["BISECTION_STEPS", "KSequential", "k_sequential_rho", "k_sequential_root_law"]
@@ -170,7 +167,7 @@ def k_sequential_root_law(p: jax.Array, q: jax.Array, num_drafts) -> Verificatio
 
 
 @pytree_dataclass
-class KSequential(TokenwiseDecoder):
+class KSequential(IidMultiDraft):
     """SpecTr's k-sequential selection: ``M`` i.i.d. draft sequences per target call.
 
     At the root of a call the drafts' first tokens ``X_1 .. X_M ~ p`` are tried in turn, draft
@@ -194,20 +191,12 @@ class KSequential(TokenwiseDecoder):
       Sun et al. 2023, "SpecTr: fast speculative decoding via optimal transport".
     """
 
-    num_drafts: int
-    _: dataclasses.KW_ONLY
-    lookahead: int | None = None
-    same_root = False
+    scheme = "k-sequential"
+    check_num_drafts = staticmethod(_check_num_drafts)
 
-    def __post_init__(self):
-        _check_num_drafts(self.num_drafts)
-        check_lookahead(self.lookahead)
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"k-sequential M=2": cls(2)}
 
-    def laws(self, p, q):
-        root = k_sequential_root_law(p, q, self.num_drafts)
-        return root, verification.speculative_law(p, q)
-
-    @property
-    def label(self) -> str:
-        k = "" if self.lookahead is None else f", K = {self.lookahead}"
-        return f"k-sequential, M = {self.num_drafts}{k}"
+    def root_law(self, p, q) -> VerificationLaw:
+        return k_sequential_root_law(p, q, self.num_drafts)

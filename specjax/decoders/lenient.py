@@ -44,6 +44,10 @@ class LenientSpeculative(TokenwiseDecoder):
     residual: str = "standard"
     lookahead: int | None = None
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"lenient l=0.6": cls(0.6)}
+
     def __post_init__(self):
         verification.check_residual_name(self.residual)
         check_lookahead(self.lookahead)

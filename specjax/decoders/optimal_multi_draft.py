@@ -76,6 +76,10 @@ class OptimalMultiDraft(TokenwiseDecoder):
     lookahead: int | None = None
     same_root = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"optimal M=3 K=2": cls(3, lookahead=2)}
+
     def __post_init__(self):
         multi_draft.check_num_drafts(self.num_drafts)
         optimal_acceptance.check_replacement(self.replacement)

@@ -132,6 +132,10 @@ class ParallelDraft(CallDecoder):
     rule: Any = array_field(default=Speculative())  # a subtree: its numeric settings are traced
     uses_position = True  # the heads' rows depend on the call's position
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"parallel draft K=2": cls(2)}
+
     def __post_init__(self):
         _checks.check_static_int("lookahead", self.lookahead)
         # Unflattening may pass placeholders for the leaves; refuse only what is plainly wrong

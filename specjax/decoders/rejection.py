@@ -19,7 +19,18 @@ from specjax.decoders.base import pytree_dataclass
 from specjax.models.checks import probs_at
 from specjax.models.checks import update_at
 
-__all__ = ["MAX_PROBE_ROWS", "RejectionRule"]
+__all__ = ["MAX_PROBE_ROWS", "RejectionRule", "sd_accept", "sd_residual"]
+
+
+def sd_accept(p, q):
+    """SD's acceptance ``min(1, q / p)`` written as a user's ``accept_prob`` (1 where ``p = 0``):
+    with ``sd_residual``, ``RejectionRule``'s example case."""
+    return jnp.where(p > 0, jnp.minimum(1.0, q / jnp.where(p > 0, p, 1.0)), 1.0)
+
+
+def sd_residual(p, q, b):
+    """SD's residual ``[q - p]_+`` written as a user's ``residual`` (un-normalised)."""
+    return jnp.maximum(q - p, 0.0)
 
 
 @pytree_dataclass
@@ -55,6 +66,10 @@ class RejectionRule(TokenwiseDecoder):
     residual: Callable
     _: dataclasses.KW_ONLY
     lookahead: int | None = None
+
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"rejection": cls(sd_accept, sd_residual)}
 
     def __post_init__(self):
         if not callable(self.accept_prob):

@@ -37,12 +37,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax.decoders.adaptive import AdaptiveSpeculative
 from specjax.decoders.adaptive import StoppingRule
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
+from specjax.decoders.base import DepthPlan
 from specjax.decoders.base import pytree_dataclass
 from specjax.decoders.verification import speculative_law
 from specjax.numerics import matmul_highest
@@ -82,6 +84,11 @@ class HeuristicSchedule(CallDecoder):
     increase: int = 2
     decrease: int = 1
     minimum: int = 1
+    recording_reads = "path_rows"  # SD's calls; the call state is known given the output
+
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"HF schedule from 1, K<=3": cls(1, max_lookahead=3)}
 
     def __post_init__(self):
         _checks.check_static_int("initial", self.initial)
@@ -108,6 +115,20 @@ class HeuristicSchedule(CallDecoder):
     def label(self) -> str:
         return (f"HF schedule (+{self.increase} / -{self.decrease}, K from {self.initial}, "
                 f"in [{self.minimum}, {self.max_lookahead}])")
+
+    def depth_plan(self, horizon: int) -> DepthPlan:
+        """The call-depth filter's plan (``specjax.pairs.adaptive``): in state ``s`` a call drafts
+        ``min(k, T - n + 1)`` tokens, ``k = s + minimum``; its state moves up after a call that
+        kept them all and down after a rejection."""
+        lookahead = self.resolve_lookahead(horizon)
+        states = range(self.num_call_states)
+        ks = [s + self.minimum for s in states]
+        room = np.minimum(horizon - np.arange(horizon), lookahead)
+        return DepthPlan(lookahead, tuple(min(k, lookahead) for k in ks),
+                         tuple(int(self.next_call_state(s, k)) for s, k in zip(states, ks)),
+                         tuple(int(self.next_call_state(s, k - 1)) for s, k in zip(states, ks)),
+                         self.initial_call_state,
+                         tuple(tuple(int(min(k, r)) for k in ks) for r in room), False)
 
     # --- the call state: s = k - minimum --------------------------------------------------------
 

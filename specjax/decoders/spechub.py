@@ -184,6 +184,10 @@ class SpecHub(TokenwiseDecoder):
     lookahead: int | None = None
     same_root = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"spechub": cls()}
+
     def __post_init__(self):
         check_lookahead(self.lookahead)
 

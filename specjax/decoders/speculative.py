@@ -38,6 +38,10 @@ class Speculative(TokenwiseDecoder):
     lookahead: int | None = None
     has_root_scale = True
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"sd": cls(), "sd K=3": cls(lookahead=3)}
+
     def __post_init__(self):
         check_lookahead(self.lookahead)
 

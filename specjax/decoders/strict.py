@@ -54,6 +54,10 @@ class StrictVerification(TokenwiseDecoder):
     #: The test ignores the draft's probabilities (``verify_drafts`` accepts iff ``u < q(x)``).
     reads_draft_probs = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"strict K=2": cls(lookahead=2)}
+
     def __post_init__(self):
         check_lookahead(self.lookahead)
 

@@ -64,6 +64,10 @@ class ThresholdVerification(TokenwiseDecoder):
     #: The test ignores the draft's probabilities (``verify_drafts`` accepts iff ``u < b(x)``).
     reads_draft_probs = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"threshold 0.5/0.7 K=3": cls(0.5, 0.7, lookahead=3)}
+
     def __post_init__(self):
         check_lookahead(self.lookahead)
 

@@ -39,6 +39,10 @@ class TopKAcceptance(TokenwiseDecoder):
     residual: str = "standard"
     lookahead: int | None = None
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"top-2 acceptance, optimal residual": cls(2, residual="optimal")}
+
     def __post_init__(self):
         _checks.check_static_non_negative_int("k", self.k)
         verification.check_residual_name(self.residual)

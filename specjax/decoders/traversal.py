@@ -194,6 +194,10 @@ class TraversalVerification(TreeSpec, CallDecoder):
     parents: tuple | None = None
     label_name = "traversal verification"
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"traversal (2,)": cls((2,))}
+
     def __post_init__(self):
         check_tree_spec(self, allowed=CHILDREN, example="(2, 2)",
                         why_not=" for TraversalVerification (deterministic top-k drafts have no "

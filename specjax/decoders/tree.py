@@ -202,8 +202,19 @@ class TokenTree(TreeSpec, CallDecoder):
     #: read): estimated from a recording that holds the rows (``specjax.pairs.trees``).
     recording_reads = "path_rows"
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"tree (2, 2)": cls((2, 2)),
+                "tree w/o replacement": cls.from_parents((-1, 0, 0, 1, 2, 3),
+                                                         children="without_replacement"),
+                "tree top-k (3, 1)": cls((3, 1), children="top_k")}
+
     def __post_init__(self):
         check_tree_spec(self, allowed=CHILDREN, example="(4, 2)")
+
+    def given_tree(self) -> "TokenTree":
+        """The tree itself: ``specjax.verify_tree`` verifies given trees of its shape."""
+        return self
 
     def check_exact(self, num_states: int, horizon: int) -> None:
         if self.children == "without_replacement":

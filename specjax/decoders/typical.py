@@ -58,6 +58,10 @@ class TypicalAcceptance(TokenwiseDecoder):
     #: The test ignores the draft's probabilities (``verify_drafts`` accepts iff ``u < b(x)``).
     reads_draft_probs = False
 
+    @classmethod
+    def example_cases(cls) -> dict:
+        return {"typical 0.2/0.3 K=4": cls(0.2, 0.3, lookahead=4)}
+
     def __post_init__(self):
         verification.check_residual_name(self.residual)
         check_lookahead(self.lookahead)

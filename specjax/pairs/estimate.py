@@ -13,9 +13,12 @@ Which decoders (``check_estimable``): every token-wise decoder whose output is t
 (``BatchSpeculative``, ``OptimalMultiDraft``, ``KSequential``, ``GumbelList``,
 ``ImportanceWeighted``, ``SpecHub``) and any lossless ``RejectionRule`` from their rates, recorded
 with ``decoders=`` or computed from kept rows; ``Autoregressive`` trivially; static token trees
-(``TokenTree``) from the kept rows along the path (``specjax.pairs.trees``). Lossy rules
+(``TokenTree``) from the kept rows along the path (``specjax.pairs.trees``); adaptive draft
+lengths (``AdaptiveSpeculative``) and HuggingFace's schedule (``HeuristicSchedule``) from the
+emitted path (``specjax.pairs.adaptive``: their drafted tokens and time only where a call's
+length is set when it starts; ``expected_drafted`` is ``None`` otherwise). Lossy rules
 (``lossless = False``) and call-level decoders whose calls read rows off the path (blocks,
-dynamic trees, adaptive lengths: ``recording_reads = "off_path"``) are refused.
+dynamic trees: ``recording_reads = "off_path"``) are refused.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ from specjax import _checks
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.probe import probe_decoder
 from specjax.numerics import safe_ratio
+from specjax.pairs.adaptive import call_plan
+from specjax.pairs.adaptive import filtered_calls
+from specjax.pairs.adaptive import per_sequence_calls
+from specjax.pairs.adaptive import reads_call_depth
+from specjax.pairs.adaptive import serving_calls
 from specjax.pairs.calls import _filter
 from specjax.pairs.calls import rejection_rate
 from specjax.pairs.recording import Recording
@@ -72,7 +80,9 @@ class Estimate(NamedTuple):
       speedup, speedup_se: autoregressive time over ``expected_time`` (``None`` without a cost
         model).
       expected_drafted, expected_drafted_se: ``E[drafted tokens]`` (the tokens a call's target
-        scores but the root).
+        scores but the root); ``None`` for a stopping policy whose calls may draft past a
+        rejection, which a recording cannot tell (``specjax.pairs.adaptive``; then also
+        ``metrics.expected_drafted`` and ``metrics.draft_acceptance_rate``).
       accepted_at, accepted_at_se: ``(K,)``, ``E[# calls keeping >= i drafts]``.
       acceptance_per_position, acceptance_per_position_se: ``(K,)``, ``accepted_at /
         expected_calls`` (vLLM's ``num_accepted_tokens_per_pos[i] / num_drafts``).
@@ -208,6 +218,8 @@ def per_sequence(decoder, recording: Recording, cost: CostModel | None):
     """The filter's exact conditional expectations for each recorded sequence:
     ``(rejections (B,), weighted (B, 3): calls, drafted tokens, time; accepted_at (B, K))``.
     What ``estimate`` averages and a distillation objective differentiates."""
+    if reads_call_depth(decoder):  # adaptive lengths, the schedule: specjax.pairs.adaptive
+        return per_sequence_calls(decoder, recording, cost)
     horizon = recording.horizon
     lookahead = decoder.resolve_lookahead(horizon)
     columns = call_columns(decoder, horizon, lookahead, cost)
@@ -218,6 +230,8 @@ def filtered(decoder, recording: Recording, columns):
     """The filter of ``decoder``'s calls along each recorded sequence with call weights
     ``columns`` ``(T, W)``: the phase filter of a token-wise decoder (its rates), or the node
     filter of a token tree (``specjax.pairs.trees``, from the rows)."""
+    if reads_call_depth(decoder):
+        return filtered_calls(decoder, recording, columns)
     if decoder.recording_reads == "path_rows":
         return tree_per_sequence(decoder, recording, columns)
     lookahead = decoder.resolve_lookahead(recording.horizon)
@@ -286,7 +300,9 @@ def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Es
     else:
         check_cost(cost)
     if serving:
-        served = serving_estimate(decoder, recording, cost, batch_size, filtered)
+        served = serving_calls(decoder, recording, cost, batch_size) if \
+            reads_call_depth(decoder) else \
+            serving_estimate(decoder, recording, cost, batch_size, filtered)
         cost = None
     rejections, weighted, accepted_at = per_sequence(decoder, recording, cost)
     result = summarise(rejections, weighted, accepted_at, recording.weights,
@@ -296,6 +312,11 @@ def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Es
         rate, rate_se, speedup, speedup_se = served
         result = result._replace(tokens_per_time=rate, tokens_per_time_se=rate_se,
                                  speedup=speedup, speedup_se=speedup_se)
+    if reads_call_depth(decoder) and not call_plan(decoder, recording.horizon).drafts_known:
+        # drafts past a rejection are off the path: no number rather than a NaN
+        result = result._replace(
+            expected_drafted=None, expected_drafted_se=None,
+            metrics=result.metrics._replace(expected_drafted=None, draft_acceptance_rate=None))
     return result
 
 

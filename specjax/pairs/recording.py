@@ -102,10 +102,9 @@ def check_estimable(decoder) -> None:
     if decoder.recording_reads == "off_path":
         raise ValueError(
             f"decoder: {name} is a call-level decoder whose calls read the draft's rows off the "
-            f"recorded path (blocks' rejected drafts, dynamic trees, adaptive or scheduled draft "
-            f"lengths), which a recording of target rollouts does not hold; estimate token-wise "
-            f"decoders (Speculative, BatchSpeculative, OptimalMultiDraft, KSequential, ...) or "
-            f"static token trees (TokenTree), or use specjax.decode on the models")
+            f"recorded path (blocks' rejected drafts, dynamic trees), which a recording of "
+            f"target rollouts does not hold; estimate token-wise decoders, static token trees "
+            f"(TokenTree) or adaptive draft lengths, or use specjax.decode on the models")
     if decoder.lossless is False:
         raise ValueError(
             f"decoder: {name} is a lossy rule (its output is not the target's), so target "
@@ -456,8 +455,8 @@ def check_decoders(decoders) -> tuple:
         check_estimable(decoder)
         if decoder.recording_reads == "path_rows":
             raise ValueError(f"decoders: {decoder!r} has no per-position rates to record (a "
-                             f"tree's node changes what is read); keep the rows instead "
-                             f"(keep_rows=True) and estimate it from them")
+                             f"tree's node or a call's depth changes what is read); keep the "
+                             f"rows instead (keep_rows=True) and estimate it from them")
     keys = []
     for decoder in decoders:
         key = rate_key(decoder)

@@ -219,19 +219,12 @@ def _solve_on(kernel, tokens, times, index):
     return lam, mu, h, mu @ tokens, mu @ times, 1 / lam
 
 
-def _at_first_position(decoder):
-    """The decoder as a call at position 1 reads it: a ``ThresholdTable``'s first row (its rows
-    are the same), so that one program serves the chains of every horizon."""
-    if isinstance(decoder, AdaptiveSpeculative) and isinstance(decoder.policy, ThresholdTable):
-        first = jax.device_put(np.asarray(decoder.policy.thresholds)[:1])
-        return AdaptiveSpeculative(ThresholdTable(first), max_lookahead=decoder.max_lookahead)
-    return decoder
-
-
 def _evaluate(decoder, p, q, times, depth: int, argument: str):
     """``_solve_rate``'s ``(lambda, mu, h, mu . R, mu . tau, 1 / lambda)`` of a decoder's call
     chain from its initial call state."""
-    kernel, tokens, call_times = _call_kernel(_at_first_position(decoder), p, q, times,
+    # The decoder as a call at position 1 reads it (a ThresholdTable's one row): one program
+    # serves the chains of every horizon.
+    kernel, tokens, call_times = _call_kernel(decoder.stationary_form(), p, q, times,
                                               depth=depth)
     num_states = q.shape[-1]
     starts = np.zeros(kernel.shape[0], bool)
@@ -239,15 +232,6 @@ def _evaluate(decoder, p, q, times, depth: int, argument: str):
     starts[first:first + num_states] = True  # any token, in the initial call state
     part = _recurrent_part(kernel, starts, argument)
     return _solve_rate(kernel, tokens, call_times, part)
-
-
-def _check_stationary_policy(decoder) -> None:
-    """A threshold table must not depend on the position: the long run has none."""
-    if isinstance(decoder, AdaptiveSpeculative) and isinstance(decoder.policy, ThresholdTable) \
-            and not _same_at_every_position(decoder.policy.thresholds):
-        raise ValueError("decoder: its ThresholdTable's rows differ from position to position, "
-                         "and the long run has no position; give the same row at every "
-                         "position")
 
 
 def _check_depth(argument: str, depth: int, horizon: int) -> None:
@@ -313,7 +297,7 @@ def stationary_rate(decoder, draft, target, cost) -> StationaryRate:
     p, q = _stationary_rows("draft", draft), _stationary_rows("target", target)
     depth = decoder.lookahead
     _check_depth("decoder", depth, target.horizon)
-    _check_stationary_policy(decoder)
+    decoder.stationary_form()  # refuses calls that differ by position (a ThresholdTable's rows)
     dtype = q.dtype
     times = _work_times(decoder, depth, cost, dtype)
     argument = "decoder" if decoder.num_call_states > 1 else "target"
@@ -401,7 +385,7 @@ def optimal_rate(draft, target, cost, *, max_lookahead: int,
     start = np.full((depth + 1, num_states), -1.0, dtype)
     start[depth] = 1.0
     thresholds = jax.device_put(start)
-    # The policies are evaluated as a call at position 1 reads them (one row: _at_first_position).
+    # The policies are evaluated as a call at position 1 reads them (one row: stationary_form).
     policy = _policy(thresholds, 1, depth)
     times = _work_times(policy, depth, cost, dtype)
     costs = _adaptive.call_costs(cost, depth, dtype)

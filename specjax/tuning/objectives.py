@@ -79,8 +79,9 @@ class Objective:
 
     @property
     def epsilon(self):
-        """Biased SD's ``epsilon`` (0 for the other decoders)."""
-        return self.decoder.epsilon if isinstance(self.decoder, BiasedSpeculative) else 0.0
+        """The decoder's ``over_acceptance``: biased SD's ``epsilon`` (0 for the other decoders
+        and for ``"kl"``)."""
+        return 0.0 if self.decoder is None else self.decoder.over_acceptance
 
     @property
     def label(self) -> str:
