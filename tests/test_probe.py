@@ -107,3 +107,28 @@ def test_a_decoder_declared_lossless_whose_laws_are_not():
     assert "in-call law must give the emitted token a law" in next(iter(messages.values()))
     assert not specjax.Speculative.probes_laws and specjax.RejectionRule.probes_laws
     assert PoweredSpeculative.probes_laws
+
+
+@specjax.decoder_dataclass
+class CountedSpeculative(specjax.Speculative):
+    """SD that counts how often an entry point probes it on the models (``plan_run``)."""
+
+    probes = []
+
+    def probe(self, draft, target, kind):
+        CountedSpeculative.probes.append(kind)
+        super().probe(draft, target, kind)
+
+
+@pytest.mark.parametrize("entry", ["exact", "serving_rate", "decode"])
+def test_each_entry_point_plans_once(entry):
+    """One planning path: ``serving_rate`` planned three times (itself, ``slot_work``, then
+    ``exact``), probing the decoder's laws each time; now every entry point plans once."""
+    draft, target = specjax.paper_instance(num_states=4, horizon=5)
+    cost = specjax.ServingCost(0.05, specjax.theory.roofline(1.0, knee=4, size=64))
+    decoder = CountedSpeculative(lookahead=2)
+    CountedSpeculative.probes.clear()
+    {"exact": lambda: specjax.exact(decoder, draft, target),
+     "serving_rate": lambda: specjax.serving_rate(decoder, draft, target, cost, batch_size=2),
+     "decode": lambda: specjax.decode(jax.random.key(0), decoder, draft, target, 8)}[entry]()
+    assert CountedSpeculative.probes == ["markov"], CountedSpeculative.probes

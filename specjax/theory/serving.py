@@ -61,12 +61,13 @@ from specjax.theory.serving_cost import H100_KNEE
 from specjax.theory.serving_cost import ServingCost
 from specjax.theory.serving_cost import _check_serving_cost
 from specjax.theory.serving_cost import roofline
-from specjax.theory.values import exact
+from specjax.theory.values import exact_planned
 
 __all__ = ["H100_KNEE", "ServingCost", "roofline", "ServingRate", "SlotWork", "slot_work",
-           "stationary_slot_work", "serving_rate", "MAX_STEP_WORK", "convolution_work",
-           "check_tables", "batch_sizes", "goodput", "DraftAllocation", "step_time", "allocate_drafts",
-           "BatchPolicy", "batch_lookahead", "threshold_decoder", "request_policy"]
+           "slot_work_planned", "stationary_slot_work", "serving_rate", "MAX_STEP_WORK",
+           "convolution_work", "check_tables", "batch_sizes", "goodput", "DraftAllocation",
+           "step_time", "allocate_drafts", "BatchPolicy", "batch_lookahead", "threshold_decoder",
+           "request_policy"]
 
 
 class ServingRate(NamedTuple):
@@ -152,15 +153,19 @@ def slot_work(decoder, draft, target, *, horizon: int | None = None) -> SlotWork
     and the models, whatever the batch size (compute it once, then ``goodput`` for every
     ``B``). Arguments as ``serving_rate``'s."""
     check_decoder(decoder)
-    decoder, draft, target, _, num_positions, lookahead = plan_run(
-        decoder, draft, target, engine="exact", horizon=horizon)
+    return slot_work_planned(plan_run(decoder, draft, target, engine="exact", horizon=horizon))
+
+
+def slot_work_planned(run) -> SlotWork:
+    """``slot_work`` of a run already planned (``plan_run(..., engine="exact")``)."""
+    decoder, draft, target, _, num_positions, lookahead = run
     if isinstance(decoder, CallDecoder) and decoder.has_drafted_call_law:  # a random length
         weights, new_call = drafted_law(decoder, draft, target, lookahead)
         passes, scored = depth_works(decoder, lookahead)
         mass = jnp.sum(weights, axis=0)
     else:  # a call at n does call_work(min(K, T - n + 1))
         passes, scored = call_works(decoder, num_positions, lookahead)
-        new_call = exact(decoder, draft, target, horizon=horizon).new_call
+        new_call = exact_planned(run).new_call
         mass = new_call
     return SlotWork(tokens=num_positions, calls=jnp.sum(new_call, axis=-1), mass=mass,
                     passes=passes, scored=scored)
@@ -244,10 +249,10 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     check_decoder(decoder)
     _check_serving_cost(cost)
     _checks.check_static_int("batch_size", batch_size)
-    planned, *_, lookahead = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
-    check_tables(cost, batch_size, *depth_works(planned, lookahead))  # before any work
+    run = plan_run(decoder, draft, target, engine="exact", horizon=horizon)  # planned once
+    check_tables(cost, batch_size, *depth_works(run.decoder, run.lookahead))  # before any work
     work = (stationary_slot_work(decoder, draft, target) if stationary else
-            slot_work(decoder, draft, target, horizon=horizon))
+            slot_work_planned(run))
     return goodput(work, cost, batch_size=batch_size)
 
 

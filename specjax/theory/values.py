@@ -48,6 +48,7 @@ __all__ = [
     "accepted_length",
     "batch_expected_rejections",
     "exact",
+    "exact_planned",
     "exact_batch_speculative_decoding",
     "exact_biased_speculative_decoding",
     "exact_rejection_decoding",
@@ -99,8 +100,14 @@ def exact(decoder, draft, target, *, horizon: int | None = None,
     References:
       Theorems 1 and 3 (``E[N_rej]`` as a sum of per-position rejection masses).
     """
-    decoder, draft, target, kind, horizon, lookahead = plan_run(decoder, draft, target,
-                                                                engine="exact", horizon=horizon)
+    run = plan_run(decoder, draft, target, engine="exact", horizon=horizon)
+    return exact_planned(run, stop_tokens=stop_tokens)
+
+
+def exact_planned(run, *, stop_tokens=None) -> ExactDecoding:
+    """``exact`` of a run already planned (``plan_run(..., engine="exact")``): the entry points
+    that plan once and then need the exact values (``serving_rate``) call this."""
+    decoder, draft, target, kind, horizon, lookahead = run
     stop_tokens = _checks.check_stop_tokens(stop_tokens, target.num_states)
     if isinstance(decoder, CallDecoder):
         if stop_tokens:
