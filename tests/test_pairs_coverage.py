@@ -10,8 +10,10 @@ of 95% (``3 sqrt(0.95 * 0.05 / 200) = 0.046``), for
 * ``pairs.best_lookahead``'s time of every ``K`` and its paired difference between the two best
   ``K`` against ``expected_time``;
 * ``pairs.batch_lookahead``'s goodput of every ``K`` against ``serving_rate``;
-* an engine trace's Rao-Blackwellised and counterfactual acceptance against the enumerated
-  exact means (``test_traces``' pair).
+* adaptive draft lengths (SpecDec++'s policy) and HuggingFace's schedule against ``exact`` and
+  ``expected_time``.
+
+(An engine trace's Rao-Blackwellised and counterfactual acceptance: ``test_traces``.)
 
 The recordings are one draw split in 200 parts (fixed seeds; none tuned): the parts are
 independent, so each coverage indicator is a Bernoulli draw of the interval's true coverage.
@@ -128,4 +130,26 @@ def test_lookahead_choices_intervals_cover(pair):
     covered = np.mean(np.abs(np.asarray(diffs) - (times[second] - times[best]))
                       <= 1.959964 * np.asarray(diff_ses))
     assert abs(covered - 0.95) <= 3 * np.sqrt(0.95 * 0.05 / len(diffs)), covered
+    _check(rates)
+
+
+def test_adaptive_and_schedule_intervals_cover(pair):
+    """SpecDec++'s stopping policy (calls, rejections: read on the path) and HuggingFace's
+    schedule (calls and time: its draft length is set when a call starts)."""
+    draft, target = pair
+    rec = specjax.record(jax.random.key(5), draft, target, NUM * SIZE)
+    rates = {}
+    for decoder, timed in ((specjax.AdaptiveSpeculative(specjax.decoders.RejectionThreshold(0.4),
+                                                        max_lookahead=3), False),
+                           (specjax.HeuristicSchedule(1, max_lookahead=3), True)):
+        exact = specjax.exact(decoder, draft, target)
+        ests = [specjax.estimate(decoder, part, cost=COST if timed else None)
+                for part in _parts(rec)]
+        wants = {"expected_calls": exact.expected_calls,
+                 "expected_rejections": exact.expected_rejections}
+        if timed:
+            wants["expected_time"] = specjax.expected_time(decoder, draft, target, COST)
+        for name, want in wants.items():
+            rates[decoder.label, name] = _rate([getattr(e, name) for e in ests],
+                                               [getattr(e, name + "_se") for e in ests], want)
     _check(rates)
