@@ -14,6 +14,7 @@ from specjax.decoders.adaptive import ThresholdTable
 from specjax.decoders.autoregressive import Autoregressive
 from specjax.decoders.base import CallDecoder
 from specjax.decoders.base import CallLaw
+from specjax.decoders.base import DepthPlan
 from specjax.decoders.base import Decoder
 from specjax.decoders.base import TokenwiseDecoder
 from specjax.decoders.base import array_field
@@ -58,6 +59,7 @@ __all__ = [
     "BlockVerification",
     "CallDecoder",
     "CallLaw",
+    "DepthPlan",
     "Decoder",
     "DynamicTree",
     "GumbelList",
