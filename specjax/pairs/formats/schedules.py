@@ -6,8 +6,11 @@ vLLM's dynamic speculative decoding schedule (``vllm_dynamic_table``) and Tensor
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 
 from specjax import _checks
+from specjax.pairs.lookahead import BatchLookahead
+from specjax.theory.serving import BatchPolicy
 
 __all__ = [
     "trtllm_draft_len_schedule",
@@ -18,11 +21,12 @@ __all__ = [
 def _schedule(policies, batch_sizes) -> tuple[list[tuple[int, int]], int]:
     """``[(batch size, K)]`` checked, runs of one ``K`` merged to their first size; and the last
     batch size."""
-    single = hasattr(policies, "lookahead") or not isinstance(policies, (tuple, list))
+    single = isinstance(policies, (BatchPolicy, BatchLookahead)) or \
+        not isinstance(policies, (tuple, list))
     policies = (policies,) if single else tuple(policies)
     if isinstance(batch_sizes, numbers.Integral):
         batch_sizes = (batch_sizes,)
-    if isinstance(batch_sizes, (str, bytes)) or not hasattr(batch_sizes, "__iter__"):
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Iterable):
         raise ValueError(f"batch_sizes must be a positive int or a sequence of them, got "
                          f"{batch_sizes!r}"[:300])
     sizes = tuple(batch_sizes)
@@ -31,10 +35,10 @@ def _schedule(policies, batch_sizes) -> tuple[list[tuple[int, int]], int]:
                          f"for {len(policies)} policies")
     ks = []
     for policy in policies:
-        k = getattr(policy, "lookahead", policy)
+        k = policy.lookahead if isinstance(policy, (BatchPolicy, BatchLookahead)) else policy
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise ValueError(f"policies must be batch_lookahead's BatchPolicy values (or "
-                             f"non-negative ints K), got {policy!r}"[:300])
+            raise ValueError(f"policies must be batch_lookahead's BatchPolicy or BatchLookahead "
+                             f"values (or non-negative ints K), got {policy!r}"[:300])
         ks.append(int(k))
     for size in sizes:
         _checks.check_positive_int("batch_sizes", size)
