@@ -4,7 +4,8 @@
   kernel every estimate (and a distillation objective) is built on;
 * ``recording``: ``Recording`` (from arrays, statistics or a ``.npz`` file) and ``record``;
 * ``estimate``: ``estimate`` from a recording; ``lookahead``: ``best_lookahead``, every ``K`` in
-  one program, with standard errors;
+  one program, with standard errors; ``choice``: ``best_decoder``, which tree, which budget,
+  which decoder, with the paired difference to the runner-up;
 * ``profiles``: engines' per-position acceptance vectors;
 * ``distill``: objectives to distill a draft for what decoding costs (``decoding_objective``)
   and the forward-KL and total-variation baselines (``divergence_objective``);
@@ -21,6 +22,8 @@ from specjax.pairs.calls import CallStructure
 from specjax.pairs.calls import call_structure
 from specjax.pairs.calls import expected_call_time
 from specjax.pairs.calls import rejection_rate
+from specjax.pairs.choice import DecoderChoice
+from specjax.pairs.choice import best_decoder
 from specjax.pairs.distill import DistillLoss
 from specjax.pairs.distill import decoding_objective
 from specjax.pairs.distill import divergence_objective
@@ -61,6 +64,7 @@ from specjax.pairs.rollouts import record
 __all__ = [
     "BatchLookahead",
     "CallStructure",
+    "DecoderChoice",
     "DecoderRates",
     "DistillLoss",
     "Estimate",
@@ -75,6 +79,7 @@ __all__ = [
     "VllmMetrics",
     "acceptance_profile",
     "batch_lookahead",
+    "best_decoder",
     "best_lookahead",
     "call_structure",
     "conditional_from_marginal",

@@ -59,6 +59,7 @@ __all__ = [
     "autoregressive_times",
     "call_columns",
     "check_cost",
+    "check_inputs",
     "check_recording",
     "estimate",
     "filtered",
@@ -207,6 +208,16 @@ def check_recording(recording) -> None:
                          f"{type(recording).__name__}")
 
 
+def check_inputs(decoder, recording) -> None:
+    """``estimate``'s checks of ``decoder`` and ``recording``, before any work."""
+    check_estimable(decoder)
+    check_recording(recording)
+    # A new rule's laws on probe rows (the recording's V when it holds rows; a rule's laws do not
+    # depend on V): the same error as exact, decode and serving_rate give.
+    probe_decoder(decoder, 8 if recording.target_probs is None else
+                  recording.target_probs.shape[-1], recording.target_prob.dtype)
+
+
 def check_cost(cost) -> None:
     """``ValueError`` naming ``cost`` unless it is ``None`` or a ``CostModel``."""
     if cost is not None and not isinstance(cost, CostModel):
@@ -285,12 +296,7 @@ def estimate(decoder, recording: Recording, *, cost=None, batch_size=None) -> Es
       >>> bool(abs(est.expected_calls - exact.expected_calls) < 4.5 * est.expected_calls_se)
       True
     """
-    check_estimable(decoder)
-    check_recording(recording)
-    # A new rule's laws on probe rows (the recording's V when it holds rows; a rule's laws do not
-    # depend on V): the same error as exact, decode and serving_rate give.
-    probe_decoder(decoder, 8 if recording.target_probs is None else
-                  recording.target_probs.shape[-1], recording.target_prob.dtype)
+    check_inputs(decoder, recording)
     serving = isinstance(cost, ServingCost)
     if serving:
         _checks.check_static_int("batch_size", batch_size)
