@@ -3,6 +3,7 @@
 * ``calls``: the filter over the phase of a call given the output (``call_structure``), the
   kernel every estimate (and a distillation objective) is built on;
 * ``recording``: ``Recording`` (from arrays, statistics or a ``.npz`` file) and ``record``;
+  ``top_k_dumps``: ``from_top_k``, a recording from engines' top-``k`` log-probabilities;
 * ``estimate``: ``estimate`` from a recording; ``lookahead``: ``best_lookahead``, every ``K`` in
   one program, with standard errors; ``choice``: ``best_decoder``, which tree, which budget,
   which decoder, with the paired difference to the runner-up;
@@ -60,6 +61,9 @@ from specjax.pairs.profiles import read_profile
 from specjax.pairs.recording import DecoderRates
 from specjax.pairs.recording import Recording
 from specjax.pairs.rollouts import record
+from specjax.pairs.top_k_dumps import TopKRecording
+from specjax.pairs.top_k_dumps import from_top_k
+from specjax.pairs.top_k_dumps import pack_top_k
 
 __all__ = [
     "BatchLookahead",
@@ -74,6 +78,7 @@ __all__ = [
     "SglangRequests",
     "SpecBenchSteps",
     "SpeculationProfile",
+    "TopKRecording",
     "VllmLogLine",
     "VllmLogTotals",
     "VllmMetrics",
@@ -87,7 +92,9 @@ __all__ = [
     "divergence_objective",
     "estimate",
     "expected_call_time",
+    "from_top_k",
     "marginal_from_conditional",
+    "pack_top_k",
     "profile_accepted_length",
     "profile_lookahead",
     "profile_of",

@@ -144,7 +144,9 @@ def rates(decoder, recording: Recording):
     raise ValueError(
         f"decoder: the recording holds no rates of {decoder!r} and no rows to compute them "
         f"from; record them with decoders=({decoder!r},) (specjax.record or "
-        f"Recording.from_arrays) or keep the rows (keep_rows=True)")
+        f"Recording.from_arrays) or keep the rows (keep_rows=True); a recording of top-k "
+        f"log-probabilities (specjax.pairs.from_top_k) cannot give them: the rows' mass outside "
+        f"the top-k is unknown")
 
 
 def weighted_mean_se(values, weights):
