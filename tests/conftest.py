@@ -440,3 +440,33 @@ def every_sequence(init, p, q):
         weights *= q[n, seqs[:, n], seqs[:, n + 1]]
         p_rows[:, n], q_rows[:, n] = p[n, seqs[:, n]], q[n, seqs[:, n]]
     return seqs, weights, p_rows, q_rows
+
+
+def every_ragged_sequence(init, p, q, stop: int, *, skip_zero: bool = False):
+    """``(seqs, lengths, weights, p_rows, q_rows)``: every sequence of a Markov pair (``init``
+    ``(V,)``, rows ``p``, ``q`` ``(T, V, V)``, NumPy) up to its first ``stop`` token, with its
+    target probability; tokens padded with -1, rows along it padded with NaN (never read).
+    ``skip_zero``: leave out the sequences of target probability 0."""
+    horizon, num_states = p.shape[0], p.shape[-1]
+    seqs, lengths, weights = [], [], []
+
+    def walk(prefix, weight):
+        n = len(prefix) - 1
+        if n == horizon or (n > 0 and prefix[-1] == stop):
+            seqs.append(prefix + [-1] * (horizon - n))
+            lengths.append(n)
+            weights.append(weight)
+            return
+        for x in range(num_states):
+            if not skip_zero or q[n, prefix[-1], x] > 0:
+                walk(prefix + [x], weight * q[n, prefix[-1], x])
+
+    for x0 in range(num_states):
+        walk([x0], init[x0])
+    seqs, lengths, weights = np.array(seqs), np.array(lengths), np.array(weights)
+    p_rows = np.full((len(seqs), horizon, num_states), np.nan)
+    q_rows = np.full((len(seqs), horizon, num_states), np.nan)
+    for b, seq in enumerate(seqs):
+        for t in range(lengths[b]):
+            p_rows[b, t], q_rows[b, t] = p[t, seq[t]], q[t, seq[t]]
+    return seqs, lengths, weights, p_rows, q_rows

@@ -31,6 +31,7 @@ import pytest
 
 import reference as ref
 import specjax
+from conftest import every_ragged_sequence
 from conftest import every_sequence
 from specjax.pairs import Recording
 from specjax.pairs.distill import decoding_objective
@@ -202,28 +203,7 @@ def test_a_schedule_over_a_longer_horizon(x64):
 def _ragged():
     """Every sequence up to its first stop token: tokens (padding -1), lengths, weights, and the
     rows along it (padding NaN)."""
-    init, p, q = _pair()
-    seqs, lengths, weights = [], [], []
-
-    def walk(prefix, weight):
-        n = len(prefix) - 1
-        if n == T or (n > 0 and prefix[-1] == STOP):
-            seqs.append(prefix + [-1] * (T - n))
-            lengths.append(n)
-            weights.append(weight)
-            return
-        for x in range(V):
-            walk(prefix + [x], weight * q[n, prefix[-1], x])
-
-    for x0 in range(V):
-        walk([x0], init[x0])
-    seqs, lengths, weights = np.array(seqs), np.array(lengths), np.array(weights)
-    p_rows = np.full((len(seqs), T, V), np.nan)
-    q_rows = np.full((len(seqs), T, V), np.nan)
-    for b, seq in enumerate(seqs):
-        for t in range(lengths[b]):
-            p_rows[b, t], q_rows[b, t] = p[t, seq[t]], q[t, seq[t]]
-    return seqs, lengths, weights, p_rows, q_rows
+    return every_ragged_sequence(*_pair(), STOP)
 
 
 def _literal_with_stop(name, lookahead):
