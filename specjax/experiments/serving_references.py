@@ -4,7 +4,8 @@
 ``numpy_goodput`` computes the long-run goodput of ``B`` lockstep slots from one slot's law of
 work by the definition: the law of the tokens scored in a step by ``B`` successive direct
 convolutions (no squaring), the number of slots in each draft pass from SciPy's binomial law, in
-float64. ``numpy_best_allocation`` tries every allocation of draft lengths.
+float64 (``numpy_goodput_grid``: a loop over slot works and batch sizes).
+``numpy_best_allocation`` tries every allocation of draft lengths.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 import numpy as np
 from scipy import stats
 
-__all__ = ["numpy_best_allocation", "numpy_goodput"]
+__all__ = ["host_works", "numpy_best_allocation", "numpy_goodput", "numpy_goodput_grid"]
 
 
 def numpy_goodput(mass, calls, tokens: float, passes, scored, draft_table, target_table,
@@ -37,6 +38,21 @@ def numpy_goodput(mass, calls, tokens: float, passes, scored, draft_table, targe
         time += float(stats.binom.pmf(counts, batch_size, tail)
                       @ np.asarray(draft_table, np.float64)[:batch_size + 1])
     return batch_size * tokens / float(calls) / time
+
+
+def host_works(works) -> list:
+    """``(mass, calls, tokens, passes, scored)`` of each slot work (``specjax.theory.slot_work``)
+    in NumPy and floats: ``numpy_goodput``'s first arguments."""
+    return [(np.asarray(w.mass), float(w.calls), float(w.tokens), w.passes, w.scored)
+            for w in works]
+
+
+def numpy_goodput_grid(works, draft_table, target_table, batch_sizes) -> np.ndarray:
+    """``(len(batch_sizes), len(works))``: ``numpy_goodput`` of every work ``(mass, calls,
+    tokens, passes, scored)`` at every batch size, one at a time (the tables long enough for the
+    largest)."""
+    return np.asarray([[numpy_goodput(*work, draft_table, target_table, size) for work in works]
+                       for size in batch_sizes])
 
 
 def numpy_best_allocation(survival, draft_table, target_table, overhead: float = 0.0):

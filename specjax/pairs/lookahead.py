@@ -212,7 +212,7 @@ def batch_lookahead(recording: Recording, cost, *, batch_size, max_lookahead: in
     """
     from specjax.decoders.autoregressive import Autoregressive  # noqa: PLC0415
     from specjax.pairs.estimate import filtered  # noqa: PLC0415
-    from specjax.pairs.serving import goodput_influence  # noqa: PLC0415
+    from specjax.pairs.serving import goodput_influences  # noqa: PLC0415
     from specjax.pairs.serving import slot_means  # noqa: PLC0415
     from specjax.theory.serving import ServingCost  # noqa: PLC0415
     from specjax.theory.serving import batch_sizes  # noqa: PLC0415
@@ -231,22 +231,19 @@ def batch_lookahead(recording: Recording, cost, *, batch_size, max_lookahead: in
     for d in decoders:  # short tables or huge batches: before any work
         check_tables(cost, max(sizes), *call_works(d, horizon, d.resolve_lookahead(horizon)))
     means = [slot_means(d, recording, filtered) for d in decoders]
+    # Every K at every batch size: one compiled program (value and gradient).
+    values, _, influences = goodput_influences([m[0] for m in means], means[0][1],
+                                               [m[2:] for m in means], cost, sizes)
+    values, influences = np.asarray(values, np.float64), np.asarray(influences, np.float64)
+    weights = np.asarray(means[0][1], np.float64)
     choices = []
-    for size in sizes:
-        values, influences = [], []
-        for per_sequence, weights, passes, scored in means:
-            value, _, influence = goodput_influence(per_sequence, weights, passes, scored, cost,
-                                                    int(size))
-            values.append(float(value))
-            influences.append(np.asarray(influence, np.float64))
-        weights = np.asarray(means[0][1], np.float64)
-        rates = np.asarray(values)
-        ses = np.asarray([_mean_se(x, weights)[1] for x in influences])
+    for size, rates, influence in zip(sizes, values, influences):  # (K + 1,), (K + 1, B)
+        ses = np.asarray([_mean_se(x, weights)[1] for x in influence])
         order = np.argsort(-rates, kind="stable")  # most goodput first, ties to the smaller K
         best = int(order[0])
         second = int(order[1]) if len(order) > 1 else -1
         difference = float(rates[best] - rates[second]) if second >= 0 else 0.0
-        difference_se = (float(_mean_se(influences[best] - influences[second], weights)[1])
+        difference_se = (float(_mean_se(influence[best] - influence[second], weights)[1])
                          if second >= 0 else 0.0)
         choices.append(BatchLookahead(int(size), best, float(rates[best]), rates, ses, second,
                                       difference, difference_se))

@@ -12,22 +12,30 @@ so its standard error is the delta method's: the gradient of the goodput with re
 means (``jax.grad`` through the convolutions) dotted with each sequence's deviation. With every
 sequence enumerated and weighted by its target probability the estimate equals ``serving_rate``
 on the models.
+
+The value and the gradient are one compiled program per static shape (``goodput_influences``:
+the works' supports, the cost, the batch sizes), reused by every call with new means; every
+lookahead of ``specjax.pairs.batch_lookahead`` at every batch size is one such program
+(``theory.goodput_grid`` under ``jax.grad``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax.numerics import HIGHEST
 from specjax.theory.cost import call_works
 from specjax.theory.serving import ServingCost
 from specjax.theory.serving import SlotWork
 from specjax.theory.serving import check_tables
-from specjax.theory.serving import goodput
+from specjax.theory.serving import goodput_grid
 
-__all__ = ["goodput_influence", "serving_estimate", "slot_means"]
+__all__ = ["goodput_influence", "goodput_influences", "serving_estimate", "slot_means"]
 
 
 def slot_means(decoder, recording, filtered):
@@ -47,19 +55,59 @@ def slot_means(decoder, recording, filtered):
     return per_sequence, weights, passes, scored
 
 
+@functools.partial(jax.jit, static_argnames=("works", "cost", "batch_sizes", "single"))
+def _influences(per_sequences, weights, *, works: tuple, cost: ServingCost,
+                batch_sizes: tuple, single: bool):
+    per_sequences = jnp.stack(per_sequences)  # (W, B, T + 1)
+    means = jnp.sum(weights[None, :, None] * per_sequences, axis=1) / jnp.sum(weights)
+
+    def rates(means, size):  # (W,): every work's goodput; rates[w] reads means[w] alone
+        slots = [SlotWork(tokens=m[-1], calls=jnp.sum(m[:-1]), mass=m[:-1],
+                          passes=np.asarray(passes), scored=np.asarray(scored))
+                 for m, (passes, scored) in zip(means, works)]
+        result = goodput_grid(slots, cost, batch_size=size)
+        return jnp.sum(result.tokens_per_time), (result.tokens_per_time,
+                                                 result.autoregressive_tokens_per_time[0])
+
+    values, baselines, influences = [], [], []
+    for size in batch_sizes:  # one gradient per size: the sum over works, row w its own
+        (_, (value, baseline)), grad = jax.value_and_grad(rates, has_aux=True)(means, size)
+        values.append(value)
+        baselines.append(baseline)
+        influences.append(jnp.einsum("wbt,wt->wb", per_sequences - means[:, None], grad,
+                                     precision=HIGHEST))
+    if single:  # one work at one size: scalars and (B,)
+        return values[0][0], baselines[0], influences[0][0]
+    return jnp.stack(values), jnp.stack(baselines), jnp.stack(influences)
+
+
+def goodput_influences(per_sequences, weights, works, cost: ServingCost, batch_sizes, *,
+                       single: bool = False):
+    """``(tokens_per_time (S, W), autoregressive tokens_per_time (S,), influence (S, W, B))`` of
+    ``W`` decoders' means at each of ``S`` batch sizes, in one compiled program (reused for new
+    means of the same shapes).
+
+    Args:
+      per_sequences: ``W`` arrays ``(B, T + 1)`` (``slot_means``'s first output per decoder).
+      weights: ``(B,)``, the sequences' weights.
+      works: ``W`` pairs ``(passes, scored)`` (``slot_means``'s last two outputs).
+      cost: a ``ServingCost``.
+      batch_sizes: the sizes, positive ints.
+      single: one work at one size: ``(tokens_per_time, autoregressive, influence (B,))``.
+    """
+    works = tuple((tuple(int(x) for x in np.asarray(passes).reshape(-1)),
+                   tuple(int(x) for x in np.asarray(scored).reshape(-1)))
+                  for passes, scored in works)
+    return _influences(tuple(per_sequences), weights, works=works, cost=cost,
+                       batch_sizes=tuple(int(b) for b in batch_sizes), single=single)
+
+
 def goodput_influence(per_sequence, weights, passes, scored, cost, batch_size: int):
     """``(tokens_per_time, autoregressive tokens_per_time, influence (B,))``: the goodput of the
-    means and each sequence's linearised contribution (its standard error's terms)."""
-
-    def rate(means):
-        work = SlotWork(tokens=means[-1], calls=jnp.sum(means[:-1]), mass=means[:-1],
-                        passes=passes, scored=scored)
-        result = goodput(work, cost, batch_size=batch_size)
-        return result.tokens_per_time, result.autoregressive_tokens_per_time
-
-    means = jnp.sum(weights[:, None] * per_sequence, axis=0) / jnp.sum(weights)
-    (value, baseline), grad = jax.value_and_grad(rate, has_aux=True)(means)
-    return value, baseline, (per_sequence - means[None]) @ grad
+    means and each sequence's linearised contribution (its standard error's terms);
+    ``goodput_influences`` of one decoder at one size."""
+    return goodput_influences([per_sequence], weights, [(passes, scored)], cost, [batch_size],
+                              single=True)
 
 
 def serving_estimate(decoder, recording, cost: ServingCost, batch_size: int, filtered):

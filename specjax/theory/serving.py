@@ -58,16 +58,20 @@ from specjax.theory.serving_allocation import allocate_drafts
 from specjax.theory.serving_allocation import step_time
 from specjax.theory.serving_allocation import threshold_decoder
 from specjax.theory.serving_cost import H100_KNEE
+from specjax.theory.serving_cost import MAX_STEP_WORK
 from specjax.theory.serving_cost import ServingCost
 from specjax.theory.serving_cost import _check_serving_cost
+from specjax.theory.serving_cost import _step_parts
+from specjax.theory.serving_cost import check_tables
+from specjax.theory.serving_cost import convolution_work
 from specjax.theory.serving_cost import roofline
 from specjax.theory.values import exact_planned
 
 __all__ = ["H100_KNEE", "ServingCost", "roofline", "ServingRate", "SlotWork", "slot_work",
            "slot_work_planned", "stationary_slot_work", "serving_rate", "MAX_STEP_WORK",
-           "convolution_work", "check_tables", "batch_sizes", "goodput", "DraftAllocation",
-           "step_time", "allocate_drafts", "BatchPolicy", "batch_lookahead", "threshold_decoder",
-           "request_policy"]
+           "convolution_work", "check_tables", "batch_sizes", "goodput", "goodput_grid",
+           "DraftAllocation", "step_time", "allocate_drafts", "BatchPolicy", "batch_lookahead",
+           "threshold_decoder", "request_policy"]
 
 
 class ServingRate(NamedTuple):
@@ -93,38 +97,6 @@ class ServingRate(NamedTuple):
     autoregressive_tokens_per_time: jax.Array
     speedup: jax.Array
     scored_law: jax.Array
-
-
-def _convolution_power(law: jax.Array, power: int) -> jax.Array:
-    """The law of the sum of ``power`` independent draws of ``law`` (a pmf over 0, 1, ...), by
-    repeated squaring (``2 log2 power`` convolutions)."""
-    result = jnp.ones((1,), law.dtype)
-    base = law
-    while power:
-        if power & 1:
-            result = jnp.convolve(result, base, precision=HIGHEST)
-        power >>= 1
-        if power:
-            base = jnp.convolve(base, base, precision=HIGHEST)
-    return result
-
-
-@functools.partial(jax.jit, static_argnames=("batch_size", "passes", "scored"))
-def _expected_step(law, draft_table, target_table, *, batch_size: int, passes: tuple,
-                   scored: tuple):
-    """``(E[draft time], E[target time], law of S)`` of a step of ``batch_size`` independent
-    slots, each doing ``(passes[i], scored[i])`` with probability ``law[i]``."""
-    scored_law = jnp.zeros((max(scored) + 1,), law.dtype).at[jnp.asarray(scored)].add(law)
-    total_law = _convolution_power(scored_law, batch_size)
-    target_part = jnp.dot(total_law, target_table[:total_law.shape[0]], precision=HIGHEST)
-    draft_part = jnp.zeros((), law.dtype)
-    if max(passes) > 0:
-        tails = jnp.clip(jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
-                                    for j in range(1, max(passes) + 1)]), 0, 1)
-        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
-        counts = jax.vmap(lambda b: _convolution_power(b, batch_size))(bernoulli)  # (J, B + 1)
-        draft_part = jnp.sum(counts @ draft_table[:batch_size + 1])
-    return draft_part, target_part, total_law
 
 
 class SlotWork(NamedTuple):
@@ -256,46 +228,72 @@ def serving_rate(decoder, draft, target, cost: ServingCost, *, batch_size: int,
     return goodput(work, cost, batch_size=batch_size)
 
 
-#: The most multiply-adds the law of a step's work may take (``convolution_work``): about 20-60 s
-#: on a 2-core CPU (``batch_size = 32,000`` with calls scoring up to 3 tokens took 23 s). It grows
-#: as ``(batch_size * max scored) ** 2``.
-MAX_STEP_WORK = 3 * 10**9
+def _goodput_arrays(masses, calls, tokens, which, draft_table, target_table, overhead,
+                    baselines, *, batch_sizes: tuple, passes: tuple, scored: tuple) -> ServingRate:
+    """The goodput of ``W`` slot works on one support ``(passes[i], scored[i])`` at each of
+    ``batch_sizes``: fields ``(S, W)``, ``scored_law`` ``(S, W, max B * max scored + 1)`` (zeros
+    past a batch size's own law). ``masses``, ``calls``, ``tokens``: ``W`` each (the masses of
+    any lengths, padded here with zeros); ``which`` ``(W, N)``: each mass entry's support index;
+    ``baselines`` ``(S,)``: the autoregressive rates (float64 on the host)."""
+    dtype = jnp.result_type(*masses)
+    width = which.shape[1]
+    mass = jnp.stack([jnp.pad(jnp.asarray(m, dtype), (0, width - m.shape[0])) for m in masses])
+    calls = jnp.stack([jnp.asarray(c, dtype) for c in calls])
+    tokens = jnp.stack([jnp.asarray(t, dtype) for t in tokens])
+    law = jax.vmap(lambda m, w, c: jnp.zeros((len(passes),), dtype).at[w].add(
+        safe_ratio(m, c, 0)))(mass, which, calls)  # (W, support)
+    parts = jax.vmap(lambda x: _step_parts(x, draft_table, target_table, batch_sizes=batch_sizes,
+                                           passes=passes, scored=scored))(law)
+    length = max(batch_sizes) * max(scored) + 1
+    rows = []
+    for (draft_part, target_part, total), size, baseline in zip(parts, batch_sizes, baselines):
+        time_per_step = draft_part + target_part + overhead
+        tokens_per_step = size * tokens / calls
+        rate = tokens_per_step / time_per_step
+        rows.append(ServingRate(
+            tokens_per_time=rate, tokens_per_step=tokens_per_step, time_per_step=time_per_step,
+            draft_time_per_step=draft_part, target_time_per_step=target_part,
+            autoregressive_tokens_per_time=jnp.broadcast_to(baseline.astype(dtype), rate.shape),
+            speedup=rate / baseline, scored_law=jnp.pad(total, ((0, 0),
+                                                                (0, length - total.shape[1])))))
+    return jax.tree.map(lambda *x: jnp.stack(x), *rows)
 
 
-def convolution_work(length: int, power: int) -> int:
-    """Multiply-adds of ``_convolution_power`` of a law over ``0..length - 1`` to ``power``."""
-    result, base, work = 1, length, 0
-    while power:
-        if power & 1:
-            work += result * base
-            result += base - 1
-        power >>= 1
-        if power:
-            work += base * base
-            base = 2 * base - 1
-    return work
+@functools.partial(jax.jit, static_argnames=("batch_sizes", "passes", "scored", "keep"))
+def _goodput_program(*args, keep: int, **static) -> ServingRate:
+    """``_goodput_arrays`` compiled, one program per support, sizes and ``keep``: the axes kept
+    (2: ``(S, W)``; 1: ``(W,)``, one size; 0: one size and one work)."""
+    return jax.tree.map(lambda x: x[(0,) * (2 - keep)], _goodput_arrays(*args, **static))
 
 
-def check_tables(cost: ServingCost, batch_size: int, passes, scored):
-    """The tables a batch of ``B`` needs, evaluated (a short table raises here), after checking
-    that the step's law is not too costly to compute (``MAX_STEP_WORK``)."""
-    most_scored, most_passes = int(np.max(scored)), int(np.max(passes))
-    work = convolution_work(most_scored + 1, batch_size) + \
-        most_passes * convolution_work(2, batch_size)
-    if work > MAX_STEP_WORK:
-        raise ValueError(
-            f"batch_size = {batch_size:,} (with calls scoring up to {most_scored} tokens) needs "
-            f"about {work:.2g} multiply-adds for the law of a step's scored tokens, more than "
-            f"the {MAX_STEP_WORK:.2g} allowed (specjax.theory.serving.MAX_STEP_WORK; it grows as "
-            f"the square of batch_size times the tokens a call scores): use a smaller "
-            f"batch_size")
-    return (cost.draft_times(batch_size),
-            cost.target_times(batch_size * max(int(np.max(scored)), 1)))
+def _arguments(works, cost: ServingCost, sizes: tuple) -> tuple:
+    """``(arguments, static)`` of ``_goodput_arrays`` for ``works`` at ``sizes``: the host-side
+    facts (the distinct ``(passes, scored)`` of every work, static; the tables, checked)."""
+    passes = [np.asarray(w.passes, np.int64).reshape(-1) for w in works]
+    scored = [np.asarray(w.scored, np.int64).reshape(-1) for w in works]
+    base = max(int(x.max()) for x in scored) + 1  # (passes, scored) as one int, in their order
+    codes, inverse = np.unique(np.concatenate(passes) * base + np.concatenate(scored),
+                               return_inverse=True)
+    bounds = np.cumsum([0] + [len(x) for x in passes])
+    which = np.zeros((len(works), max(len(x) for x in passes)), np.int32)
+    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        which[i, :stop - start] = inverse[start:stop]
+    support = np.stack([codes // base, codes % base], axis=1)  # the distinct (passes, scored)
+    draft_table, target_table = check_tables(cost, max(sizes), support[:, 0], support[:, 1])
+    dtype = jnp.result_type(*(w.mass for w in works))
+    tokens = tuple(t if isinstance(t, jax.Array) else np.asarray(t, dtype)
+                   for t in (w.tokens for w in works))
+    baselines = np.asarray([b / (target_table[b] + cost.overhead) for b in sizes], np.float64)
+    return ((tuple(w.mass for w in works), tuple(w.calls for w in works), tokens, which,
+             draft_table.astype(dtype), target_table.astype(dtype), cost.overhead, baselines),
+            dict(batch_sizes=sizes, passes=tuple(int(x) for x in support[:, 0]),
+                 scored=tuple(int(x) for x in support[:, 1])))
 
 
 def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRate:
     """``serving_rate`` from a slot's law of work (``slot_work``): the renewal-reward ratio for
-    ``batch_size`` slots.
+    ``batch_size`` slots. The checks and the tables on the host, then one compiled program per
+    support of ``work`` and ``batch_size`` (``goodput_grid``: many works and sizes at once).
 
     Example:
       >>> import specjax
@@ -312,25 +310,62 @@ def goodput(work: SlotWork, cost: ServingCost, *, batch_size: int) -> ServingRat
     if not isinstance(work, SlotWork):
         raise ValueError(f"work must be a SlotWork (specjax.theory.serving.slot_work), got "
                          f"{type(work).__name__} {work!r}"[:300])
-    draft_table, target_table = check_tables(cost, batch_size, work.passes, work.scored)
-    dtype = work.mass.dtype
-    works, which = np.unique(np.stack([work.passes, work.scored], axis=1), axis=0,
-                             return_inverse=True)  # the distinct (passes, scored): static
-    law = jnp.zeros((works.shape[0],), dtype).at[jnp.asarray(which.reshape(-1))].add(
-        safe_ratio(work.mass, work.calls, 0))
-    draft_part, target_part, total_law = _expected_step(
-        law, jnp.asarray(draft_table, dtype), jnp.asarray(target_table, dtype),
-        batch_size=batch_size, passes=tuple(int(x) for x in works[:, 0]),
-        scored=tuple(int(x) for x in works[:, 1]))
-    time_per_step = draft_part + target_part + cost.overhead
-    tokens_per_step = batch_size * work.tokens / work.calls
-    ar_rate = batch_size / (target_table[batch_size] + cost.overhead)
-    rate = tokens_per_step / time_per_step
-    return ServingRate(tokens_per_time=rate, tokens_per_step=tokens_per_step,
-                       time_per_step=time_per_step, draft_time_per_step=draft_part,
-                       target_time_per_step=target_part,
-                       autoregressive_tokens_per_time=jnp.asarray(ar_rate, dtype),
-                       speedup=rate / ar_rate, scored_law=total_law)
+    arguments, static = _arguments([work], cost, (int(batch_size),))
+    return _goodput_program(*arguments, keep=0, **static)
+
+
+def goodput_grid(works, cost: ServingCost, *, batch_size) -> ServingRate:
+    """``goodput`` of every slot work at every batch size in one compiled program: the works'
+    supports ``(passes, scored)`` joined (each work's law zero elsewhere) and ``jax.vmap`` over
+    the works; the squarings of the convolution powers shared by the batch sizes. A new number
+    of works, support or tuple of sizes compiles a new program; new values do not. Traceable
+    (``jax.grad`` through the works' arrays).
+
+    Args:
+      works: a non-empty sequence of ``SlotWork`` (``slot_work``), e.g. ``K = 0..8``.
+      cost: a ``ServingCost``.
+      batch_size: ``B``, a positive int, or a non-empty sequence of them (static).
+
+    Returns:
+      ``ServingRate`` whose fields have shape ``(len(works),)`` for an int ``batch_size`` and
+      ``(len(batch_size), len(works))`` for a sequence; ``scored_law`` adds an axis of
+      ``max B * max scored + 1`` (zeros past a work's own law). Entry ``[i, j]`` equals
+      ``goodput(works[j], cost, batch_size=batch_size[i])`` to float rounding.
+
+    Raises:
+      ValueError: ``works`` empty, not a sequence or holding a non-``SlotWork``; what
+        ``goodput`` raises (``cost``, ``batch_size``, a table too short for the largest size).
+
+    Example:
+      >>> import specjax
+      >>> from specjax.theory import serving
+      >>> draft, target = specjax.paper_instance()
+      >>> works = [serving.slot_work(specjax.Autoregressive(), None, target)] + [
+      ...     serving.slot_work(specjax.Speculative(lookahead=k), draft, target)
+      ...     for k in (1, 2, 3)]
+      >>> cost = specjax.ServingCost(0.05, serving.roofline(1.0, knee=16, size=512))
+      >>> grid = serving.goodput_grid(works, cost, batch_size=(1, 32))
+      >>> grid.speedup.shape
+      (2, 4)
+      >>> [round(float(x), 3) for x in grid.speedup[:, 3]]  # K = 3, as goodput's example
+      [1.72, 0.491]
+    """
+    _check_serving_cost(cost)
+    sizes, many = batch_sizes(batch_size)
+    if isinstance(works, SlotWork):
+        raise ValueError("works must be a non-empty sequence of SlotWork, got one SlotWork: "
+                         "pass [work]")
+    if not isinstance(works, (list, tuple)):
+        raise ValueError(f"works must be a non-empty sequence of SlotWork "
+                         f"(specjax.theory.serving.slot_work), got {type(works).__name__}")
+    if not works:
+        raise ValueError("works must be a non-empty sequence of SlotWork, got an empty one")
+    for i, work in enumerate(works):
+        if not isinstance(work, SlotWork):
+            raise ValueError(f"works[{i}] must be a SlotWork (specjax.theory.serving.slot_work), "
+                             f"got {type(work).__name__} {work!r}"[:300])
+    arguments, static = _arguments(works, cost, sizes)
+    return _goodput_program(*arguments, keep=2 if many else 1, **static)
 
 
 class BatchPolicy(NamedTuple):
@@ -368,8 +403,10 @@ def batch_sizes(batch_size) -> tuple[tuple[int, ...], bool]:
     return tuple(int(b) for b in sizes), many
 
 
-def _rates(work: SlotWork, cost: ServingCost, sizes) -> np.ndarray:
-    return np.asarray([float(goodput(work, cost, batch_size=b).tokens_per_time) for b in sizes])
+def _rates(works, cost: ServingCost, sizes) -> np.ndarray:
+    """``(sizes, works)`` float64: every work's goodput at every size (one program)."""
+    return np.asarray(goodput_grid(list(works), cost, batch_size=tuple(sizes)).tokens_per_time,
+                      np.float64)
 
 
 def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahead: int):
@@ -400,8 +437,8 @@ def batch_lookahead(draft, target, cost: ServingCost, *, batch_size, max_lookahe
     _checks.check_static_non_negative_int("max_lookahead", max_lookahead)  # 0: SD off only
     for k in range(max_lookahead + 1):  # tables too short raise before any work
         check_tables(cost, max(sizes), *depth_works(_fixed(k), k))
-    rates = np.stack([_rates(slot_work(_fixed(k), None if k == 0 else draft, target), cost, sizes)
-                      for k in range(max_lookahead + 1)], axis=1)  # (sizes, K + 1)
+    rates = _rates([slot_work(_fixed(k), None if k == 0 else draft, target)
+                    for k in range(max_lookahead + 1)], cost, sizes)  # (sizes, K + 1)
     choices = tuple(BatchPolicy(decoder=_fixed(int(np.argmax(r))), lookahead=int(np.argmax(r)),
                                 price=None, tokens_per_time=float(r.max()), fixed_rates=r)
                     for r in rates)
@@ -441,9 +478,10 @@ def request_policy(draft, target, cost: ServingCost, *, batch_size, max_lookahea
     best = list(batch_lookahead(draft, target, cost, batch_size=sizes,
                                 max_lookahead=max_lookahead))
     for cap in range(1, max_lookahead + 1):
-        for price in prices:
-            decoder = threshold_decoder(draft, target, float(price), max_lookahead=cap)
-            rates = _rates(slot_work(decoder, draft, target), cost, sizes)
+        decoders = [threshold_decoder(draft, target, float(price), max_lookahead=cap)
+                    for price in prices]
+        grid = _rates([slot_work(d, draft, target) for d in decoders], cost, sizes)
+        for price, decoder, rates in zip(prices, decoders, grid.T):  # every price in one program
             for i, rate in enumerate(rates):
                 if rate > best[i].tokens_per_time * (1 + 1e-12):
                     best[i] = best[i]._replace(decoder=decoder, lookahead=decoder.max_lookahead,

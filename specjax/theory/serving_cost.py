@@ -10,19 +10,27 @@ tokens of all slots and takes ``target_time[S]``; a step adds ``overhead``::
 A slot's pass counts once whatever it drafts in it (one level of a tree, ``M`` sequences of batch
 SD): the tables are per slot-pass and per token scored. ``roofline`` builds a table from a
 memory-bound time and a knee; it is a model, not a measurement.
+
+The expected step time of ``B`` independent slots (``check_tables``, ``convolution_work``): the
+``B``-fold convolution of a slot's law of tokens scored and the binomial law of ``N_j``, by
+repeated squaring, the squares shared by every batch size of one program.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax.numerics import HIGHEST
 
-__all__ = ["H100_KNEE", "ServingCost", "roofline"]
+__all__ = ["H100_KNEE", "MAX_STEP_WORK", "ServingCost", "check_tables", "convolution_work",
+           "roofline"]
 
 
 #: The knee of an H100-class accelerator (SXM, dense bf16): about 989 TFLOP/s over 3.35 TB/s of
@@ -166,3 +174,103 @@ def roofline(memory_time: float, *, knee: float, size: int) -> tuple:
     _checks.check_static_int("size", size)
     n = np.arange(1, size + 1, dtype=np.float64)
     return (0.0,) + tuple(float(x) for x in memory_time * np.maximum(1.0, n / knee))
+
+
+#: The most multiply-adds the law of a step's work may take (``convolution_work``): about 20-60 s
+#: on a 2-core CPU with XLA's convolutions (``batch_size = 32,000`` with calls scoring up to 3
+#: tokens took 23 s), about a twentieth with ``_convolve``'s products (``batch_size = 16,000``:
+#: 0.2 s against 4.3 s, compilation excluded). It grows as ``(batch_size * max scored) ** 2``.
+MAX_STEP_WORK = 3 * 10**9
+
+
+def convolution_work(length: int, power: int) -> int:
+    """Multiply-adds of ``_convolution_powers`` of a law over ``0..length - 1`` to ``power``."""
+    result, base, work = 1, length, 0
+    while power:
+        if power & 1:
+            work += result * base
+            result += base - 1
+        power >>= 1
+        if power:
+            work += base * base
+            base = 2 * base - 1
+    return work
+
+
+def check_tables(cost: ServingCost, batch_size: int, passes, scored):
+    """The tables a batch of ``B`` needs, evaluated (a short table raises here), after checking
+    that the step's law is not too costly to compute (``MAX_STEP_WORK``)."""
+    most_scored, most_passes = int(np.max(scored)), int(np.max(passes))
+    work = convolution_work(most_scored + 1, batch_size) + \
+        most_passes * convolution_work(2, batch_size)
+    if work > MAX_STEP_WORK:
+        raise ValueError(
+            f"batch_size = {batch_size:,} (with calls scoring up to {most_scored} tokens) needs "
+            f"about {work:.2g} multiply-adds for the law of a step's scored tokens, more than "
+            f"the {MAX_STEP_WORK:.2g} allowed (specjax.theory.serving.MAX_STEP_WORK; it grows as "
+            f"the square of batch_size times the tokens a call scores): use a smaller "
+            f"batch_size")
+    return (cost.draft_times(batch_size),
+            cost.target_times(batch_size * max(int(np.max(scored)), 1)))
+
+
+def _convolve(a: jax.Array, b: jax.Array) -> jax.Array:
+    """The full convolution of two 1-D arrays, by direct sums in one matrix product (XLA's
+    convolution of long vectors is slow on CPU: 0.5 ms for two of 289 entries, here 30 us):
+    ``b`` cut into ``J`` blocks of ``s ~ sqrt(len b)``; row ``j`` of ``blocks @ M``, with
+    ``M[i, n] = a[n - i]``, is block ``j``'s convolution with ``a``; the rows are added at their
+    offsets ``j s``. ``M`` and the offsets are pads and reshapes (row ``i`` of a flat array read
+    with rows one entry shorter, or ``s`` longer, is shifted by ``i`` or ``i s``), no gathers.
+    Memory ``~ 2 len(a) sqrt(len b)``."""
+    m, k = a.shape[0], b.shape[0]
+    if k > m:
+        a, b, m, k = b, a, k, m
+    s = max(1, math.isqrt(k))
+    blocks = -(-k // s)
+    width = m + s - 1  # M (s, width): a shifted right by i in row i
+    shifted = jnp.tile(jnp.pad(a, (0, s)), s)[:s * width].reshape(s, width)
+    rows = jnp.dot(jnp.pad(b, (0, blocks * s - k)).reshape(blocks, s), shifted,
+                   precision=HIGHEST)  # (J, width): block j's convolution with a
+    wide = width + blocks * s  # row j shifted right by j s
+    skewed = jnp.pad(rows, ((0, 0), (0, blocks * s + s))).reshape(-1)[:blocks * wide]
+    return jnp.sum(skewed.reshape(blocks, wide), axis=0)[:m + k - 1]
+
+
+def _convolution_powers(law: jax.Array, powers: tuple) -> list:
+    """The law of the sum of ``power`` independent draws of ``law`` (a pmf over 0, 1, ...) for
+    each of ``powers``, by repeated squaring (``2 log2 power`` convolutions), the squares
+    ``law^(2^i)`` computed once for all: each power's convolutions are those of squaring alone."""
+    bases = [law]
+    while (1 << len(bases)) <= max(powers):
+        bases.append(_convolve(bases[-1], bases[-1]))
+    results = []
+    for power in powers:
+        result, bit = None, 0
+        while power:
+            if power & 1:
+                result = bases[bit] if result is None else _convolve(result, bases[bit])
+            power, bit = power >> 1, bit + 1
+        results.append(result)
+    return results
+
+
+def _step_parts(law, draft_table, target_table, *, batch_sizes: tuple, passes: tuple,
+                scored: tuple) -> list:
+    """For each ``B`` of ``batch_sizes``: ``(E[draft time], E[target time], law of S)`` of a step
+    of ``B`` independent slots, each doing ``(passes[i], scored[i])`` with probability
+    ``law[i]`` (traceable; ``passes`` and ``scored`` static)."""
+    scored_law = jnp.zeros((max(scored) + 1,), law.dtype).at[jnp.asarray(scored)].add(law)
+    totals = _convolution_powers(scored_law, batch_sizes)
+    counts = [None] * len(batch_sizes)
+    if max(passes) > 0:
+        tails = jnp.clip(jnp.stack([jnp.sum(jnp.where(jnp.asarray(passes) >= j, law, 0))
+                                    for j in range(1, max(passes) + 1)]), 0, 1)
+        bernoulli = jnp.stack([1 - tails, tails], axis=-1)
+        counts = jax.vmap(lambda b: _convolution_powers(b, batch_sizes))(bernoulli)  # (J, B + 1)
+    parts = []
+    for size, total, count in zip(batch_sizes, totals, counts):
+        target_part = jnp.dot(total, target_table[:total.shape[0]], precision=HIGHEST)
+        draft_part = (jnp.zeros((), law.dtype) if count is None else
+                      jnp.sum(count @ draft_table[:size + 1]))
+        parts.append((draft_part, target_part, total))
+    return parts
