@@ -24,6 +24,7 @@ from specjax.theory.serving import SlotWork
 from specjax.theory.serving import allocate_drafts
 from specjax.theory.serving import batch_lookahead
 from specjax.theory.serving import goodput
+from specjax.theory.serving import goodput_grid
 from specjax.theory.serving import request_policy
 from specjax.theory.serving import roofline
 from specjax.theory.serving import serving_rate
@@ -75,6 +76,7 @@ __all__ = [
     "allocate_drafts",
     "batch_lookahead",
     "goodput",
+    "goodput_grid",
     "request_policy",
     "roofline",
     "serving_rate",
