@@ -22,7 +22,7 @@ import numpy as np
 from specjax._progress import Progress
 from specjax.pairs.estimate import check_inputs
 from specjax.pairs.estimate import per_sequence
-from specjax.pairs.lookahead import _mean_se as mean_se
+from specjax.pairs.lookahead import least_time
 from specjax.pairs.recording import Recording
 from specjax.theory.cost import CostModel
 
@@ -100,16 +100,7 @@ def best_decoder(recording: Recording, cost: CostModel, candidates, *,
                 raise ValueError(f"candidates[{len(per)}]: {error}") from None
             per.append(np.asarray(weighted[:, 2], np.float64))
             bar.step(decoder.label)
-    per = np.stack(per)  # (N, B)
-    weights = (np.ones(per.shape[1]) if recording.weights is None else
-               np.asarray(recording.weights, np.float64))
-    means, ses = mean_se(per, weights)
-    order = np.argsort(means, kind="stable")  # ties: the earlier candidate
-    best = int(order[0])
-    if len(order) == 1:
-        return DecoderChoice(best, candidates[best], float(means[best]), means, ses, -1, 0.0,
-                             0.0)
-    second = int(order[1])
-    difference, difference_se = mean_se(per[second] - per[best], weights)
+    best, means, ses, second, difference, difference_se = least_time(np.stack(per),
+                                                                     recording.weights)
     return DecoderChoice(best, candidates[best], float(means[best]), means, ses, second,
-                         float(difference), float(difference_se))
+                         difference, difference_se)

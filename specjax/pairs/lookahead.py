@@ -32,7 +32,8 @@ from specjax.pairs.recording import Recording
 from specjax.pairs.recording import check_estimable
 from specjax.theory.cost import CostModel
 
-__all__ = ["BatchLookahead", "LookaheadEstimate", "batch_lookahead", "best_lookahead"]
+__all__ = ["BatchLookahead", "LookaheadEstimate", "batch_lookahead", "best_lookahead",
+           "least_time"]
 
 
 class LookaheadEstimate(NamedTuple):
@@ -134,17 +135,28 @@ def best_lookahead(recording: Recording, cost: CostModel, *, max_lookahead: int,
     baseline = np.broadcast_to(np.asarray(autoregressive_times(recording, cost), np.float64),
                                per_k.shape[1:])
     per_sequence = np.concatenate([baseline[None], per_k])  # (K_max + 1, B)
-    weights = (np.ones(per_k.shape[1]) if recording.weights is None else
-               np.asarray(recording.weights, np.float64))
+    best, means, ses, second, difference, difference_se = least_time(per_sequence,
+                                                                     recording.weights)
+    return LookaheadEstimate(best, float(means[best]), means, ses, second, difference,
+                             difference_se)
+
+
+def least_time(per_sequence, weights):
+    """``(best, means, ses, runner_up, difference, difference_se)`` of candidates' times
+    ``per_sequence`` ``(N, B)`` on the same sequences (``weights`` ``(B,)`` or ``None``): the
+    least mean (ties to the earlier candidate), every mean with its standard error, and the
+    runner-up's paired difference (``-1``, 0, 0 for one candidate)."""
+    per_sequence = np.asarray(per_sequence, np.float64)
+    weights = (np.ones(per_sequence.shape[1]) if weights is None else
+               np.asarray(weights, np.float64))
     means, ses = _mean_se(per_sequence, weights)
-    order = np.argsort(means, kind="stable")  # ties: the smaller K first
+    order = np.argsort(means, kind="stable")
     best = int(order[0])
     if len(order) == 1:
-        return LookaheadEstimate(best, float(means[best]), means, ses, -1, 0.0, 0.0)
+        return best, means, ses, -1, 0.0, 0.0
     second = int(order[1])
     difference, difference_se = _mean_se(per_sequence[second] - per_sequence[best], weights)
-    return LookaheadEstimate(best, float(means[best]), means, ses, second, float(difference),
-                             float(difference_se))
+    return best, means, ses, second, float(difference), float(difference_se)
 
 
 def _mean_se(values, weights):
